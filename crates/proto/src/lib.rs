@@ -1,0 +1,19 @@
+//! warren-proto: the sans-IO core of Warren's wire protocol.
+//!
+//! No sockets, no tokio, no clock reads: everything here is a pure function or a state
+//! machine over bytes, taking `now` (and, except for snow's ephemeral keys, randomness) from
+//! the caller, so it can be unit-tested on a virtual clock and fuzzed without a network.
+//!
+//! * [`cipher`]: cipher suites and their negotiation.
+//! * [`handshake`]: connection preambles, the Noise handshake, data channel hellos.
+//! * [`message`]: control messages and their size-capped codec.
+//! * [`liveness`]: heartbeat and reconnect backoff state machines.
+//!
+//! The wire format is described in `docs/protocol.md`.
+
+pub mod cipher;
+pub mod handshake;
+pub mod liveness;
+pub mod message;
+
+pub use cipher::CipherSuite;
