@@ -1,1 +1,271 @@
-fn main() {}
+//! The `warren` command: a thin CLI over the `warren` library.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand, ValueEnum};
+use tokio_util::sync::CancellationToken;
+use tracing::error;
+use warren::config::{Config, ConfigErrors};
+use warren::{Client, Server};
+
+const EXAMPLES: &str = "\
+Examples:
+  warren demo                      # try it: server, client and a web page on loopback
+  warren keygen                    # print a fresh PSK and token
+  warren server server.toml        # on the public machine
+  warren client client.toml        # on the machine behind NAT
+  warren check client.toml         # validate a config and exit";
+
+/// Warren: a fast, encrypted tunnel that exposes services behind NAT.
+#[derive(Debug, Parser)]
+#[command(name = "warren", version, about, after_help = EXAMPLES)]
+struct Cli {
+    /// Log level: error, warn, info, debug, trace (or a tracing filter such as `warren=debug`).
+    #[arg(long, global = true, default_value = "info", env = "WARREN_LOG")]
+    log_level: String,
+    /// Log format.
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the public server: binds the server port and the service ports.
+    #[command(after_help = "Example:\n  WARREN_PSK=... warren server server.toml")]
+    Server {
+        /// Config file with a [server] section.
+        #[arg(default_value = "warren.toml")]
+        config: PathBuf,
+    },
+    /// Run the client behind NAT: connects to the server and serves local targets.
+    #[command(after_help = "Example:\n  WARREN_PSK=... warren client client.toml")]
+    Client {
+        /// Config file with a [client] section.
+        #[arg(default_value = "warren.toml")]
+        config: PathBuf,
+    },
+    /// Print a strong random PSK and token for new configs.
+    #[command(after_help = "Example:\n  warren keygen >> secrets.env")]
+    Keygen,
+    /// Validate a config file; exit 0 when valid, 1 with every problem listed when not.
+    #[command(after_help = "Example:\n  warren check server.toml")]
+    Check {
+        /// The config file.
+        config: PathBuf,
+    },
+    /// Start a server, a client and a local web page on loopback, tunnelled end to end.
+    #[command(after_help = "Example:\n  warren demo            # then open the printed URL")]
+    Demo {
+        /// Public port to try for the demo page (any free port if taken).
+        #[arg(long, default_value_t = 8080)]
+        port: u16,
+    },
+}
+
+/// How `main` ends: maps to the documented exit codes.
+enum Outcome {
+    /// Exit 0.
+    Clean,
+    /// Exit 1: a runtime failure.
+    Failed,
+    /// Exit 2: bad configuration or usage.
+    BadConfig,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    if let Err(message) = init_logging(&cli.log_level, cli.log_format) {
+        eprintln!("error: {message}");
+        return ExitCode::from(2);
+    }
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    match runtime.block_on(run(cli.command)) {
+        Outcome::Clean => ExitCode::SUCCESS,
+        Outcome::Failed => ExitCode::from(1),
+        Outcome::BadConfig => ExitCode::from(2),
+    }
+}
+
+fn init_logging(level: &str, format: LogFormat) -> Result<(), String> {
+    let filter = tracing_subscriber::EnvFilter::try_new(level).map_err(|e| {
+        format!("invalid --log-level `{level}`: {e}; use error, warn, info, debug or trace")
+    })?;
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+    Ok(())
+}
+
+async fn run(command: Command) -> Outcome {
+    match command {
+        Command::Keygen => {
+            println!("psk = \"{}\"", warren::demo::random_secret());
+            println!("default_token = \"{}\"", warren::demo::random_secret());
+            Outcome::Clean
+        }
+        Command::Check { config } => match load(&config) {
+            Ok(Config::Server(server)) => {
+                println!(
+                    "{}: valid server config ({} services)",
+                    config.display(),
+                    server.services.len()
+                );
+                Outcome::Clean
+            }
+            Ok(Config::Client(client)) => {
+                println!(
+                    "{}: valid client config ({} services)",
+                    config.display(),
+                    client.services.len()
+                );
+                Outcome::Clean
+            }
+            Err(errors) => {
+                eprintln!("{errors}");
+                Outcome::Failed
+            }
+        },
+        Command::Server { config } => {
+            let server_config = match load(&config) {
+                Ok(Config::Server(server)) => server,
+                Ok(Config::Client(_)) => return wrong_kind(&config, "server", "client"),
+                Err(errors) => return bad_config(errors),
+            };
+            let server = match Server::from_config(server_config) {
+                Ok(server) => server,
+                Err(errors) => return bad_config(errors),
+            };
+            let bound = match server.bind().await {
+                Ok(bound) => bound,
+                Err(e) => {
+                    error!("{e}");
+                    return Outcome::Failed;
+                }
+            };
+            let cancel = bound.shutdown_token();
+            tokio::spawn(stop_on_signal(cancel));
+            bound.run().await;
+            Outcome::Clean
+        }
+        Command::Client { config } => {
+            let client_config = match load(&config) {
+                Ok(Config::Client(client)) => client,
+                Ok(Config::Server(_)) => return wrong_kind(&config, "client", "server"),
+                Err(errors) => return bad_config(errors),
+            };
+            let client = match Client::from_config(client_config) {
+                Ok(client) => client,
+                Err(errors) => return bad_config(errors),
+            };
+            let cancel = CancellationToken::new();
+            tokio::spawn(stop_on_signal(cancel.clone()));
+            match client.run(cancel).await {
+                Ok(()) => Outcome::Clean,
+                Err(e) => {
+                    error!("{e}");
+                    Outcome::Failed
+                }
+            }
+        }
+        Command::Demo { port } => demo(port).await,
+    }
+}
+
+fn load(path: &Path) -> Result<Config, ConfigErrors> {
+    Config::load(path)
+}
+
+fn bad_config(errors: ConfigErrors) -> Outcome {
+    eprintln!("{errors}");
+    Outcome::BadConfig
+}
+
+fn wrong_kind(path: &Path, wanted: &str, found: &str) -> Outcome {
+    eprintln!(
+        "error: {} is a {found} config (it has a [{found}] section); run `warren {found} {}` or give a file with a [{wanted}] section",
+        path.display(),
+        path.display()
+    );
+    Outcome::BadConfig
+}
+
+async fn demo(port: u16) -> Outcome {
+    let demo = match warren::demo::Demo::start(port).await {
+        Ok(demo) => demo,
+        Err(e) => {
+            error!("demo failed to start: {e}");
+            return Outcome::Failed;
+        }
+    };
+    println!();
+    println!("  Warren demo is running: a server, a client and a local web service, on loopback.");
+    println!();
+    println!("  Open {}", demo.url);
+    println!();
+    println!(
+        "  The page is served by {} and reaches you through an encrypted",
+        demo.local_addr
+    );
+    println!(
+        "  Warren session ({}) via the server at {}.",
+        demo.cipher, demo.server_addr
+    );
+    println!();
+    println!("  To split it across two machines, run on the public one:");
+    println!("      warren keygen > secrets    # then put the values in both configs");
+    println!("      warren server examples/server.toml");
+    println!("  and on the machine behind NAT (server = \"PUBLIC-HOST:7000\"):");
+    println!("      warren client examples/client.toml");
+    println!();
+    println!("  Press Ctrl-C to stop.");
+    let cancel = CancellationToken::new();
+    stop_on_signal(cancel.clone()).await;
+    demo.stop().await;
+    Outcome::Clean
+}
+
+/// Cancels `cancel` on SIGINT or SIGTERM.
+async fn stop_on_signal(cancel: CancellationToken) {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        let mut term = match signal(SignalKind::terminate()) {
+            Ok(term) => term,
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+                cancel.cancel();
+                return;
+            }
+        };
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = tokio::signal::ctrl_c().await;
+    tracing::info!(event = "shutdown_requested", "shutting down");
+    cancel.cancel();
+}

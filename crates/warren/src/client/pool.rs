@@ -1,0 +1,116 @@
+//! The client's half of the data channel pool.
+//!
+//! Each pooled channel is one task: connect to the server, prove membership of the session,
+//! then wait (holding no buffers) for the server's `StreamOpen`. Once opened it is replaced
+//! by a fresh one, dials the service's target and relays until the stream ends.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::TcpStream;
+use tracing::{debug, warn};
+use warren_proto::message;
+
+use super::{ClientSession, Shared};
+use crate::crypto::record::RecordKind;
+use crate::relay;
+use crate::transport::records::Record;
+use crate::transport::{Channel, preamble, tcp};
+
+/// How long dialing a service's target may take.
+const TARGET_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Opens one more pooled data channel for `session`, if the pool has room.
+pub(super) fn spawn_channel(shared: &Arc<Shared>, session: &Arc<ClientSession>) {
+    let Ok(slot) = Arc::clone(&session.pool_slots).try_acquire_owned() else {
+        debug!(
+            event = "pool_full",
+            "data channel pool at its limit; not opening another"
+        );
+        return;
+    };
+    let shared_for_task = Arc::clone(shared);
+    let session = Arc::clone(session);
+    shared.tasks.spawn(async move {
+        let cancel = session.cancel.clone();
+        let channel = tokio::select! {
+            () = cancel.cancelled() => return,
+            channel = open_channel(&session) => channel,
+        };
+        let mut channel = match channel {
+            Ok(channel) => channel,
+            Err(error) => {
+                debug!(event = "channel_open_failed", %error, "could not open a data channel");
+                return;
+            }
+        };
+        // Idle until the server hands this channel to a visitor.
+        let service = tokio::select! {
+            () = cancel.cancelled() => return,
+            first = channel.reader.read() => match first {
+                Ok(Some(Record::Control(bytes))) => match message::decode_stream_open(bytes) {
+                    Ok(open) => open.service,
+                    Err(error) => {
+                        warn!(event = "protocol_error", %error, "bad stream open from server");
+                        return;
+                    }
+                },
+                Ok(None) => return, // the server closed an extra idle channel
+                Ok(Some(_)) | Err(_) => return,
+            },
+        };
+        drop(slot);
+        // The pool lost one channel: replace it before serving this one.
+        spawn_channel(&shared_for_task, &session);
+        serve_stream(&shared_for_task, &session, channel, service).await;
+    });
+}
+
+async fn open_channel(session: &ClientSession) -> Result<Channel, String> {
+    let attempt = async {
+        let stream = TcpStream::connect(session.server_addr)
+            .await
+            .map_err(|e| e.to_string())?;
+        tcp::tune(&stream);
+        preamble::client_data_channel(stream, &session.keys)
+            .await
+            .map_err(|e| e.to_string())
+    };
+    tokio::time::timeout(session.handshake_timeout, attempt)
+        .await
+        .unwrap_or_else(|_| Err("data channel handshake timed out".into()))
+}
+
+async fn serve_stream(
+    shared: &Shared,
+    session: &ClientSession,
+    mut channel: Channel,
+    service: String,
+) {
+    let Some(config) = session.services.get(&service) else {
+        warn!(event = "stream_rejected", %service, "server opened a stream for a service this session does not serve");
+        let _ = channel
+            .writer
+            .send(RecordKind::Close, b"unknown service")
+            .await;
+        return;
+    };
+    let target = match tcp::connect(&config.target, TARGET_CONNECT_TIMEOUT).await {
+        Ok(target) => target,
+        Err(error) => {
+            warn!(event = "target_unreachable", %service, target = %config.target, %error, "cannot reach the service's target");
+            let reason = format!("target unreachable: {error}");
+            let _ = channel
+                .writer
+                .send(RecordKind::Close, reason.as_bytes())
+                .await;
+            return;
+        }
+    };
+    match relay::pump(target, channel, &shared.cancel).await {
+        Ok(moved) => {
+            debug!(event = "stream_closed", %service, up = moved.to_tunnel, down = moved.to_local, "stream done")
+        }
+        Err(error) => debug!(event = "stream_aborted", %service, %error, "stream aborted"),
+    }
+}

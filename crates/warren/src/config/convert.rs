@@ -1,0 +1,500 @@
+//! File model -> typed config (`TryFrom`), reporting every bad value at once.
+//!
+//! Each field is converted on its own. A field that fails is reported, replaced by a
+//! harmless placeholder and its key poisoned, so conversion carries on, the semantic
+//! rules (`check()`) still run on everything else, and no rule fires again on the
+//! placeholder. Positions are added later by the loader from the key paths.
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::time::Duration;
+
+use warren_proto::CipherSuite;
+
+use super::Config;
+use super::duration::{format_duration, parse_duration};
+use super::error::{ConfigError, ConfigErrors, Report, join_index, join_key};
+use super::file::{
+    FileClient, FileClientService, FileConfig, FileServer, FileServerService, RawDuration,
+};
+use super::suggest::did_you_mean;
+use super::typed::{
+    ClientConfig, ClientService, DEFAULT_HANDSHAKE_TIMEOUT, DEFAULT_HEARTBEAT_INTERVAL,
+    DEFAULT_HEARTBEAT_TIMEOUT, DEFAULT_RECONNECT_INITIAL_DELAY, DEFAULT_RECONNECT_MAX_DELAY,
+    HostPort, HostPortError, ServerConfig, ServerService, ServiceKind, Transport, has_aes_hardware,
+    service_key,
+};
+use crate::crypto::secret::Secret;
+
+impl TryFrom<FileConfig> for Config {
+    type Error = ConfigErrors;
+
+    fn try_from(file: FileConfig) -> Result<Self, Self::Error> {
+        let mut report = Report::default();
+        let config = convert_config(file, &mut report);
+        report.into_result(None)?;
+        config.ok_or_else(unreachable_empty)
+    }
+}
+
+impl TryFrom<FileServer> for ServerConfig {
+    type Error = ConfigErrors;
+
+    fn try_from(file: FileServer) -> Result<Self, Self::Error> {
+        let mut report = Report::default();
+        let config = convert_server(file, &mut report);
+        report.into_result(None).map(|()| config)
+    }
+}
+
+impl TryFrom<FileClient> for ClientConfig {
+    type Error = ConfigErrors;
+
+    fn try_from(file: FileClient) -> Result<Self, Self::Error> {
+        let mut report = Report::default();
+        let config = convert_client(file, &mut report);
+        report.into_result(None).map(|()| config)
+    }
+}
+
+/// `convert_config` returns `None` only after reporting why; this keeps that promise
+/// from turning into a panic if it is ever broken.
+fn unreachable_empty() -> ConfigErrors {
+    ConfigErrors::Invalid {
+        source_name: None,
+        errors: vec![ConfigError::new("", "the config is invalid")],
+    }
+}
+
+/// Converts a whole file; `None` (with errors in `report`) unless it has exactly one side.
+pub(crate) fn convert_config(file: FileConfig, report: &mut Report) -> Option<Config> {
+    match (file.server, file.client) {
+        (Some(server), None) => Some(Config::Server(convert_server(server, report))),
+        (None, Some(client)) => Some(Config::Client(convert_client(client, report))),
+        (Some(server), Some(client)) => {
+            report.push(
+                ConfigError::new("client", "the file has both a [server] and a [client] section")
+                    .with_hint("one warren process is either a server or a client: put each section in its own file"),
+            );
+            // Still convert both, so their own mistakes show up in the same run.
+            convert_server(server, report);
+            convert_client(client, report);
+            None
+        }
+        (None, None) => {
+            if !report.is_poisoned("server") && !report.is_poisoned("client") {
+                report.push(
+                    ConfigError::new("", "the file has neither a [server] nor a [client] section")
+                        .with_hint("start from examples/server.toml or examples/client.toml"),
+                );
+            }
+            None
+        }
+    }
+}
+
+/// Converts `[server]`, then checks the semantic rules on the result.
+pub(crate) fn convert_server(file: FileServer, report: &mut Report) -> ServerConfig {
+    let side = "server";
+    // A broken `insecure` must not add "too short" or "plaintext" errors on top.
+    let insecure = file.insecure.unwrap_or(false) || report.is_poisoned("server.insecure");
+    let bind = match &file.bind {
+        Some(text) => socket_addr(report, "server.bind", text),
+        None => {
+            missing(
+                report,
+                "server.bind",
+                "the address clients connect to, e.g. bind = \"0.0.0.0:7000\"",
+            );
+            None
+        }
+    }
+    .unwrap_or(SocketAddr::from((Ipv4Addr::UNSPECIFIED, 0)));
+    let psk = Secret::new(file.psk.unwrap_or_default());
+    let default_token = file.default_token.map(Secret::new);
+    let mut config = ServerConfig::new(bind, psk);
+    config.transport = transport(report, side, file.transport.as_deref());
+    config.ciphers = ciphers(report, side, file.ciphers.as_deref());
+    config.heartbeat_interval = duration(
+        report,
+        "server.heartbeat_interval",
+        file.heartbeat_interval.as_ref(),
+        DEFAULT_HEARTBEAT_INTERVAL,
+    );
+    config.handshake_timeout = duration(
+        report,
+        "server.handshake_timeout",
+        file.handshake_timeout.as_ref(),
+        DEFAULT_HANDSHAKE_TIMEOUT,
+    );
+    config.insecure = insecure;
+    config.services = server_services(report, file.services, default_token.as_ref());
+    config.default_token = default_token;
+    report.extend_checked(config.check());
+    config
+}
+
+fn server_services(
+    report: &mut Report,
+    services: BTreeMap<String, FileServerService>,
+    default_token: Option<&Secret>,
+) -> BTreeMap<String, ServerService> {
+    let mut out = BTreeMap::new();
+    for (name, service) in services {
+        let key = service_key("server", &name);
+        let kind = service_kind(report, &key, service.kind.as_deref());
+        let bind_key = join_key(&key, "bind");
+        let bind = match &service.bind {
+            Some(text) => socket_addr(report, &bind_key, text),
+            None => {
+                missing(
+                    report,
+                    &bind_key,
+                    "where visitors connect, e.g. bind = \"0.0.0.0:8080\"",
+                );
+                None
+            }
+        };
+        let token = token(report, "server", &name, service.token, default_token);
+        // Port 0 as placeholder: the duplicate-port rule skips port 0.
+        let bind = bind.unwrap_or(SocketAddr::from((Ipv4Addr::UNSPECIFIED, 0)));
+        out.insert(
+            name.clone(),
+            ServerService {
+                name,
+                kind,
+                bind,
+                token,
+            },
+        );
+    }
+    out
+}
+
+/// Converts `[client]`, then checks the semantic rules on the result.
+pub(crate) fn convert_client(file: FileClient, report: &mut Report) -> ClientConfig {
+    let side = "client";
+    let insecure = file.insecure.unwrap_or(false) || report.is_poisoned("client.insecure");
+    let server = match &file.server {
+        Some(text) => host_port(report, "client.server", text),
+        None => {
+            missing(
+                report,
+                "client.server",
+                "the server's address, e.g. server = \"example.com:7000\"",
+            );
+            None
+        }
+    }
+    .unwrap_or_else(|| HostPort {
+        host: "placeholder.invalid".to_owned(),
+        port: 1,
+    });
+    let psk = Secret::new(file.psk.unwrap_or_default());
+    let default_token = file.default_token.map(Secret::new);
+    let mut config = ClientConfig::new(server, psk);
+    config.transport = transport(report, side, file.transport.as_deref());
+    config.ciphers = ciphers(report, side, file.ciphers.as_deref());
+    config.heartbeat_timeout = duration(
+        report,
+        "client.heartbeat_timeout",
+        file.heartbeat_timeout.as_ref(),
+        DEFAULT_HEARTBEAT_TIMEOUT,
+    );
+    config.reconnect_initial_delay = duration(
+        report,
+        "client.reconnect_initial_delay",
+        file.reconnect_initial_delay.as_ref(),
+        DEFAULT_RECONNECT_INITIAL_DELAY,
+    );
+    if report.is_poisoned("client.reconnect_initial_delay") {
+        // Its placeholder says nothing about whether the max delay is long enough.
+        report.poison("client.reconnect_max_delay");
+    }
+    config.reconnect_max_delay = duration(
+        report,
+        "client.reconnect_max_delay",
+        file.reconnect_max_delay.as_ref(),
+        DEFAULT_RECONNECT_MAX_DELAY,
+    );
+    config.handshake_timeout = duration(
+        report,
+        "client.handshake_timeout",
+        file.handshake_timeout.as_ref(),
+        DEFAULT_HANDSHAKE_TIMEOUT,
+    );
+    config.insecure = insecure;
+    config.services = client_services(report, file.services, default_token.as_ref());
+    config.default_token = default_token;
+    report.extend_checked(config.check());
+    config
+}
+
+fn client_services(
+    report: &mut Report,
+    services: BTreeMap<String, FileClientService>,
+    default_token: Option<&Secret>,
+) -> BTreeMap<String, ClientService> {
+    let mut out = BTreeMap::new();
+    for (name, service) in services {
+        let key = service_key("client", &name);
+        let kind = service_kind(report, &key, service.kind.as_deref());
+        let target_key = join_key(&key, "target");
+        let target = match &service.target {
+            Some(text) => host_port(report, &target_key, text),
+            None => {
+                missing(
+                    report,
+                    &target_key,
+                    "the local service to forward to, e.g. target = \"127.0.0.1:3000\"",
+                );
+                None
+            }
+        }
+        .unwrap_or_else(|| HostPort {
+            host: "placeholder.invalid".to_owned(),
+            port: 1,
+        });
+        let token = token(report, "client", &name, service.token, default_token);
+        out.insert(
+            name.clone(),
+            ClientService {
+                name,
+                kind,
+                target,
+                token,
+            },
+        );
+    }
+    out
+}
+
+/// Reports a required key that is absent (unless it failed earlier and was removed).
+fn missing(report: &mut Report, key: &str, what: &str) {
+    if !report.is_poisoned(key) {
+        let leaf = key.rsplit('.').next().unwrap_or(key);
+        report.fail(
+            ConfigError::new(key, format!("missing `{leaf}`")).with_hint(format!("add {what}")),
+        );
+    }
+}
+
+/// The service's own token, else the default one, else an error at the service.
+fn token(
+    report: &mut Report,
+    side: &str,
+    name: &str,
+    own: Option<String>,
+    default_token: Option<&Secret>,
+) -> Secret {
+    let key = join_key(&service_key(side, name), "token");
+    match (own, default_token) {
+        (Some(token), _) => Secret::new(token),
+        (None, Some(default)) => default.clone(),
+        (None, None) => {
+            let default_key = join_key(side, "default_token");
+            if !report.is_poisoned(&key) && !report.is_poisoned(&default_key) {
+                report.fail(
+                    ConfigError::new(&key, format!("service `{name}` has no token and [{side}] has no default_token"))
+                        .with_hint(format!(
+                            "add token = \"${{WARREN_TOKEN}}\" to [{side}.services.{name}], or set default_token in [{side}]"
+                        )),
+                );
+            }
+            report.poison(&key);
+            Secret::default()
+        }
+    }
+}
+
+fn socket_addr(report: &mut Report, key: &str, text: &str) -> Option<SocketAddr> {
+    match text.trim().parse::<SocketAddr>() {
+        Ok(addr) if addr.port() == 0 => {
+            report.fail(
+                ConfigError::new(
+                    key,
+                    format!("port 0 in {text:?} would listen on a random port"),
+                )
+                .with_hint(format!(
+                    "write the port to listen on, e.g. \"{}:8080\"",
+                    show_ip(addr.ip())
+                )),
+            );
+            None
+        }
+        Ok(addr) => Some(addr),
+        Err(_) => {
+            let (reason, hint) = match text.trim().parse::<HostPort>() {
+                Ok(host_port) => (
+                    "the host must be an IP address".to_owned(),
+                    format!(
+                        "listen on an IP: \"0.0.0.0:{port}\" for every interface, \"127.0.0.1:{port}\" for this machine only",
+                        port = host_port.port
+                    ),
+                ),
+                Err(HostPortError::MissingPort) if text.trim().parse::<IpAddr>().is_ok() => (
+                    "missing port".to_owned(),
+                    format!(
+                        "add a port: \"{}:8080\"",
+                        show_ip(
+                            text.trim()
+                                .parse::<IpAddr>()
+                                .unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED))
+                        )
+                    ),
+                ),
+                Err(HostPortError::UnbracketedIpv6) => (
+                    "IPv6 addresses need brackets".to_owned(),
+                    "write it as \"[::]:8080\" or \"[2001:db8::1]:8080\"".to_owned(),
+                ),
+                Err(error) => (
+                    error.to_string(),
+                    "write it as IP:PORT, e.g. \"0.0.0.0:8080\" or \"[::]:8080\"".to_owned(),
+                ),
+            };
+            report.fail(
+                ConfigError::new(key, format!("invalid socket address {text:?}: {reason}"))
+                    .with_hint(hint),
+            );
+            None
+        }
+    }
+}
+
+/// An IP as it appears before `:PORT` (IPv6 in brackets).
+fn show_ip(ip: IpAddr) -> String {
+    match ip {
+        IpAddr::V4(v4) => v4.to_string(),
+        IpAddr::V6(v6) => format!("[{v6}]"),
+    }
+}
+
+fn host_port(report: &mut Report, key: &str, text: &str) -> Option<HostPort> {
+    match text.parse::<HostPort>() {
+        Ok(host_port) => Some(host_port),
+        Err(error) => {
+            let hint = match &error {
+                HostPortError::MissingPort => format!("add the port: \"{}:7000\"", text.trim()),
+                HostPortError::UnbracketedIpv6 => "put IPv6 addresses in brackets: \"[2001:db8::1]:7000\"".to_owned(),
+                HostPortError::Url => "drop the scheme and path: \"example.com:443\"".to_owned(),
+                _ => "write it as HOST:PORT, e.g. \"example.com:7000\", \"192.0.2.1:7000\" or \"[2001:db8::1]:7000\"".to_owned(),
+            };
+            report.fail(
+                ConfigError::new(key, format!("invalid address {text:?}: {error}")).with_hint(hint),
+            );
+            None
+        }
+    }
+}
+
+fn duration(
+    report: &mut Report,
+    key: &str,
+    raw: Option<&RawDuration>,
+    default: Duration,
+) -> Duration {
+    let leaf = key.rsplit('.').next().unwrap_or(key);
+    let (message, hint) = match raw {
+        None => return default,
+        Some(RawDuration::Text(text)) => match parse_duration(text) {
+            Ok(duration) => return duration,
+            Err(error) => (error.to_string(), error.hint()),
+        },
+        Some(RawDuration::Integer(number)) => (
+            format!("a bare number ({number}) has no unit"),
+            format!("write {leaf} = \"{number}s\" (or \"{number}ms\", \"{number}m\")"),
+        ),
+        Some(RawDuration::Float(number)) => (
+            format!("a bare number ({number}) has no unit"),
+            format!(
+                "write a string with a unit, e.g. {leaf} = \"{}\"",
+                format_duration(default)
+            ),
+        ),
+    };
+    report.fail(ConfigError::new(key, message).with_hint(hint));
+    default
+}
+
+fn transport(report: &mut Report, side: &str, name: Option<&str>) -> Transport {
+    let Some(name) = name else {
+        return Transport::default();
+    };
+    match name.parse::<Transport>() {
+        Ok(transport) => transport,
+        Err(error) => {
+            let names: Vec<&str> = Transport::ALL.iter().map(|t| t.name()).collect();
+            let hint = match did_you_mean(name, &names) {
+                Some(close) => format!("did you mean \"{close}\"?"),
+                None => "write \"noise\" (encrypted, the default) or \"tcp\" (plaintext, needs insecure = true)".to_owned(),
+            };
+            report.fail(
+                ConfigError::new(join_key(side, "transport"), error.to_string()).with_hint(hint),
+            );
+            Transport::default()
+        }
+    }
+}
+
+fn service_kind(report: &mut Report, service: &str, name: Option<&str>) -> ServiceKind {
+    let Some(name) = name else {
+        return ServiceKind::default();
+    };
+    let key = join_key(service, "type");
+    match name.parse::<ServiceKind>() {
+        Ok(kind) => kind,
+        Err(error) => {
+            let lower = name.trim().to_ascii_lowercase();
+            if ServiceKind::PLANNED.contains(&lower.as_str()) {
+                report.fail(
+                    ConfigError::new(
+                        &key,
+                        format!("service type \"{lower}\" is not supported yet"),
+                    )
+                    .with_hint("only type = \"tcp\" works in this version"),
+                );
+            } else {
+                let names: Vec<&str> = ServiceKind::ALL.iter().map(|k| k.name()).collect();
+                let hint = match did_you_mean(name, &names) {
+                    Some(close) => format!("did you mean \"{close}\"?"),
+                    None => "write type = \"tcp\"".to_owned(),
+                };
+                report.fail(ConfigError::new(&key, error.to_string()).with_hint(hint));
+            }
+            ServiceKind::default()
+        }
+    }
+}
+
+fn ciphers(report: &mut Report, side: &str, names: Option<&[String]>) -> Vec<CipherSuite> {
+    let key = join_key(side, "ciphers");
+    let Some(names) = names else {
+        return CipherSuite::default_preference(has_aes_hardware());
+    };
+    let all: Vec<&str> = std::iter::once(CipherSuite::None)
+        .chain(CipherSuite::ENCRYPTING)
+        .map(CipherSuite::name)
+        .collect();
+    let mut suites = Vec::with_capacity(names.len());
+    let mut failed = false;
+    for (i, name) in names.iter().enumerate() {
+        match name.parse::<CipherSuite>() {
+            Ok(suite) => suites.push(suite),
+            Err(error) => {
+                failed = true;
+                let hint = match did_you_mean(name, &all) {
+                    Some(close) => format!("did you mean \"{close}\"?"),
+                    None => "remove it, or remove the whole key to use the defaults".to_owned(),
+                };
+                report
+                    .push(ConfigError::new(join_index(&key, i), error.to_string()).with_hint(hint));
+            }
+        }
+    }
+    if failed {
+        // Rules about the list as a whole would judge a list the user did not write.
+        report.poison(&key);
+        return CipherSuite::default_preference(has_aes_hardware());
+    }
+    suites
+}

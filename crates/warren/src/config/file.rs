@@ -1,0 +1,233 @@
+//! The file model: exactly what a Warren TOML file may contain, as serde sees it.
+//!
+//! This is the first of the two config layers. Every struct denies unknown fields, every
+//! field is optional here (defaults and "required" are decided in the typed layer, which
+//! can then say *which* key is missing and how to fill it), and values stay close to the
+//! text (`String` addresses, [`RawDuration`]) so the typed layer can explain what is wrong
+//! with them. [`super::Config`] is built from this with `TryFrom`.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde::Deserialize;
+use serde::de::{self, Deserializer, Visitor};
+
+/// A whole config file: exactly one of `[server]` or `[client]`.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileConfig {
+    /// `[server]`: run the public side.
+    pub server: Option<FileServer>,
+    /// `[client]`: run the side behind NAT.
+    pub client: Option<FileClient>,
+}
+
+/// The `[server]` section.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileServer {
+    /// `IP:PORT` to listen on for clients. Required.
+    pub bind: Option<String>,
+    /// Pre-shared key, at least 16 characters. Required unless `insecure = true`.
+    pub psk: Option<String>,
+    /// Token for services that set none. Optional.
+    pub default_token: Option<String>,
+    /// `"noise"` (default) or `"tcp"` (plaintext, needs `insecure = true`).
+    pub transport: Option<String>,
+    /// Allowed ciphers, in preference order. Default: AES-GCM first on CPUs with AES
+    /// instructions, ChaCha20-Poly1305 first elsewhere.
+    pub ciphers: Option<Vec<String>>,
+    /// How often the server sends a heartbeat. Default `"10s"`.
+    pub heartbeat_interval: Option<RawDuration>,
+    /// One deadline for handshake, hello and auth. Default `"10s"`.
+    pub handshake_timeout: Option<RawDuration>,
+    /// Allows weak or placeholder secrets, `transport = "tcp"` and the `none` cipher.
+    /// Default `false`.
+    pub insecure: Option<bool>,
+    /// `[server.services.NAME]` tables. Default: none.
+    #[serde(default)]
+    pub services: BTreeMap<String, FileServerService>,
+}
+
+/// A `[server.services.NAME]` table.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileServerService {
+    /// Service type: `"tcp"` (default). `"udp"` and `"http"` are not supported yet.
+    #[serde(rename = "type")]
+    pub kind: Option<String>,
+    /// `IP:PORT` where visitors connect. Required.
+    pub bind: Option<String>,
+    /// Token the client must prove. Default: `[server].default_token`.
+    pub token: Option<String>,
+}
+
+/// The `[client]` section.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileClient {
+    /// `HOST:PORT` of the server (host: name, IPv4 or `[IPv6]`). Required.
+    pub server: Option<String>,
+    /// Pre-shared key, at least 16 characters. Required unless `insecure = true`.
+    pub psk: Option<String>,
+    /// Token for services that set none. Optional.
+    pub default_token: Option<String>,
+    /// `"noise"` (default) or `"tcp"` (plaintext, needs `insecure = true`).
+    pub transport: Option<String>,
+    /// Offered ciphers, in preference order. Default as for the server.
+    pub ciphers: Option<Vec<String>>,
+    /// Reconnect when the server has been silent this long. Default `"30s"`.
+    pub heartbeat_timeout: Option<RawDuration>,
+    /// First wait before reconnecting. Default `"1s"`.
+    pub reconnect_initial_delay: Option<RawDuration>,
+    /// Longest wait between reconnects; at least the initial delay. Default `"30s"`.
+    pub reconnect_max_delay: Option<RawDuration>,
+    /// One deadline for handshake, hello and auth. Default `"10s"`.
+    pub handshake_timeout: Option<RawDuration>,
+    /// As for the server. Default `false`.
+    pub insecure: Option<bool>,
+    /// `[client.services.NAME]` tables. Default: none.
+    #[serde(default)]
+    pub services: BTreeMap<String, FileClientService>,
+}
+
+/// A `[client.services.NAME]` table.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileClientService {
+    /// Service type: `"tcp"` (default). `"udp"` and `"http"` are not supported yet.
+    #[serde(rename = "type")]
+    pub kind: Option<String>,
+    /// `HOST:PORT` of the local service to forward to. Required.
+    pub target: Option<String>,
+    /// Token proving the client may serve this service. Default: `[client].default_token`.
+    pub token: Option<String>,
+}
+
+/// A duration as written: a string such as `"10s"`, or a bare number, which is kept only
+/// so the typed layer can answer "write \"10s\"" instead of a serde type error.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RawDuration {
+    /// A string, parsed by [`super::duration::parse_duration`].
+    Text(String),
+    /// A bare integer (refused with a hint).
+    Integer(i64),
+    /// A bare float (refused with a hint).
+    Float(f64),
+}
+
+impl<'de> Deserialize<'de> for RawDuration {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct RawDurationVisitor;
+
+        impl Visitor<'_> for RawDurationVisitor {
+            type Value = RawDuration;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a duration string such as \"10s\"")
+            }
+
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<RawDuration, E> {
+                Ok(RawDuration::Text(v.to_owned()))
+            }
+
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<RawDuration, E> {
+                Ok(RawDuration::Integer(v))
+            }
+
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<RawDuration, E> {
+                Ok(RawDuration::Integer(i64::try_from(v).unwrap_or(i64::MAX)))
+            }
+
+            fn visit_f64<E: de::Error>(self, v: f64) -> Result<RawDuration, E> {
+                Ok(RawDuration::Float(v))
+            }
+        }
+
+        deserializer.deserialize_any(RawDurationVisitor)
+    }
+}
+
+/// The keys serde accepts for a struct, read from its derived `Deserialize` impl, so the
+/// unknown-key check and the did-you-mean hints can never drift from the structs above.
+pub(crate) fn field_names<'de, T: Deserialize<'de>>() -> &'static [&'static str] {
+    let mut capture = FieldCapture(&[]);
+    // The capture deserializer always fails after recording the field list.
+    let _ = T::deserialize(&mut capture);
+    capture.0
+}
+
+struct FieldCapture(&'static [&'static str]);
+
+#[derive(Debug)]
+struct CaptureDone;
+
+impl fmt::Display for CaptureDone {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("field names captured")
+    }
+}
+
+impl std::error::Error for CaptureDone {}
+
+impl de::Error for CaptureDone {
+    fn custom<T: fmt::Display>(_msg: T) -> Self {
+        CaptureDone
+    }
+}
+
+impl<'de> Deserializer<'de> for &mut FieldCapture {
+    type Error = CaptureDone;
+
+    fn deserialize_any<V: Visitor<'de>>(self, _visitor: V) -> Result<V::Value, CaptureDone> {
+        Err(CaptureDone)
+    }
+
+    fn deserialize_struct<V: Visitor<'de>>(
+        self,
+        _name: &'static str,
+        fields: &'static [&'static str],
+        _visitor: V,
+    ) -> Result<V::Value, CaptureDone> {
+        self.0 = fields;
+        Err(CaptureDone)
+    }
+
+    serde::forward_to_deserialize_any! {
+        bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes byte_buf
+        option unit unit_struct newtype_struct seq tuple tuple_struct map enum identifier
+        ignored_any
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn field_names_follow_the_structs() {
+        assert_eq!(field_names::<FileConfig>(), ["server", "client"]);
+        assert!(field_names::<FileServer>().contains(&"heartbeat_interval"));
+        assert!(field_names::<FileServer>().contains(&"services"));
+        assert_eq!(
+            field_names::<FileServerService>(),
+            ["type", "bind", "token"]
+        );
+        assert_eq!(
+            field_names::<FileClientService>(),
+            ["type", "target", "token"]
+        );
+    }
+
+    #[test]
+    fn whole_file_deserializes_with_plain_serde() {
+        let file: FileConfig = toml::from_str(
+            "[client]\nserver = \"a:1\"\nheartbeat_timeout = 30\n[client.services.web]\ntarget = \"b:2\"\n",
+        )
+        .expect("valid file model");
+        let client = file.client.expect("client section");
+        assert_eq!(client.heartbeat_timeout, Some(RawDuration::Integer(30)));
+        assert_eq!(client.services["web"].target.as_deref(), Some("b:2"));
+        assert!(toml::from_str::<FileConfig>("[client]\nbogus = 1\n").is_err());
+    }
+}

@@ -1,0 +1,834 @@
+//! The typed config: what the server and client run with.
+//!
+//! This is the second config layer. Values have their real types (`SocketAddr`,
+//! `Duration`, [`CipherSuite`], [`Secret`]) and defaults are filled in, so nothing is
+//! `Option` that must be `Some` at runtime. The structs are built either from a file (see
+//! [`super::load`]) or in code by builders, starting from [`ServerConfig::new`] /
+//! [`ClientConfig::new`]. Both paths run the same semantic rules through `validate()`.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::net::{Ipv6Addr, SocketAddr};
+use std::str::FromStr;
+use std::time::Duration;
+
+use warren_proto::CipherSuite;
+
+use super::duration::format_duration;
+use super::error::{ConfigError, ConfigErrors, Report, join_index, join_key};
+use crate::crypto::secret::Secret;
+
+/// Shortest PSK or token accepted without `insecure = true`.
+pub const MIN_SECRET_LEN: usize = 16;
+/// Prefix of the placeholder secrets in the example configs; refused without `insecure`.
+pub const PLACEHOLDER_PREFIX: &str = "CHANGE-ME";
+/// Longest service name.
+pub const MAX_SERVICE_NAME_LEN: usize = 64;
+/// Default `[server] heartbeat_interval`.
+pub const DEFAULT_HEARTBEAT_INTERVAL: Duration = Duration::from_secs(10);
+/// Default `[client] heartbeat_timeout`.
+pub const DEFAULT_HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(30);
+/// Default `handshake_timeout` on both sides.
+pub const DEFAULT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Default `[client] reconnect_initial_delay`.
+pub const DEFAULT_RECONNECT_INITIAL_DELAY: Duration = Duration::from_secs(1);
+/// Default `[client] reconnect_max_delay`.
+pub const DEFAULT_RECONNECT_MAX_DELAY: Duration = Duration::from_secs(30);
+
+/// How a client and server talk on the control port.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Transport {
+    /// TCP with a Noise handshake and the AEAD record layer (the default).
+    #[default]
+    Noise,
+    /// Plain TCP, no encryption: only with `insecure = true`.
+    Tcp,
+}
+
+impl Transport {
+    /// Every transport, in the order the docs list them.
+    pub const ALL: [Transport; 2] = [Transport::Noise, Transport::Tcp];
+
+    /// The name used in config files (`"noise"`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Transport::Noise => "noise",
+            Transport::Tcp => "tcp",
+        }
+    }
+}
+
+impl fmt::Display for Transport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A name that is not one of the values a setting accepts.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown {what} `{name}`; expected one of: {}", expected.join(", "))]
+pub struct UnknownName {
+    /// What kind of name it was (`"transport"`).
+    pub what: &'static str,
+    /// What was written.
+    pub name: String,
+    /// The accepted names.
+    pub expected: Vec<&'static str>,
+}
+
+impl FromStr for Transport {
+    type Err = UnknownName;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Transport::ALL
+            .into_iter()
+            .find(|t| t.name().eq_ignore_ascii_case(s.trim()))
+            .ok_or_else(|| UnknownName {
+                what: "transport",
+                name: s.to_owned(),
+                expected: Transport::ALL.iter().map(|t| t.name()).collect(),
+            })
+    }
+}
+
+/// What a service forwards.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
+pub enum ServiceKind {
+    /// TCP connections (the default).
+    #[default]
+    Tcp,
+}
+
+impl ServiceKind {
+    /// Every supported kind.
+    pub const ALL: [ServiceKind; 1] = [ServiceKind::Tcp];
+    /// Kinds that are planned but refused for now with "not supported yet".
+    pub const PLANNED: [&'static str; 2] = ["udp", "http"];
+
+    /// The name used in config files (`"tcp"`).
+    pub fn name(self) -> &'static str {
+        match self {
+            ServiceKind::Tcp => "tcp",
+        }
+    }
+}
+
+impl fmt::Display for ServiceKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for ServiceKind {
+    type Err = UnknownName;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        ServiceKind::ALL
+            .into_iter()
+            .find(|k| k.name().eq_ignore_ascii_case(s.trim()))
+            .ok_or_else(|| UnknownName {
+                what: "service type",
+                name: s.to_owned(),
+                expected: ServiceKind::ALL.iter().map(|k| k.name()).collect(),
+            })
+    }
+}
+
+/// A host (DNS name, IPv4 or IPv6 address) and a non-zero port, resolved when dialled so a
+/// name can follow DNS changes across reconnects.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct HostPort {
+    /// The host without brackets: `example.com`, `192.0.2.1` or `2001:db8::1`.
+    pub host: String,
+    /// The port, never 0.
+    pub port: u16,
+}
+
+/// Why a `HOST:PORT` string was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum HostPortError {
+    /// No `:PORT` at the end.
+    #[error("missing port")]
+    MissingPort,
+    /// The port is not a number from 1 to 65535.
+    #[error("invalid port `{0}`")]
+    BadPort(String),
+    /// Port 0 cannot be dialled.
+    #[error("port 0 is not a port you can connect to")]
+    ZeroPort,
+    /// Nothing before the `:`.
+    #[error("missing host")]
+    EmptyHost,
+    /// An IPv6 address without brackets (ambiguous with the port).
+    #[error("IPv6 addresses need brackets")]
+    UnbracketedIpv6,
+    /// Characters that cannot be in a host name, or a bracketed non-IPv6.
+    #[error("invalid host `{0}`")]
+    BadHost(String),
+    /// Looks like a URL (`http://...`).
+    #[error("a URL is not a HOST:PORT")]
+    Url,
+}
+
+impl FromStr for HostPort {
+    type Err = HostPortError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let s = s.trim();
+        if s.contains("://") {
+            return Err(HostPortError::Url);
+        }
+        let (host, port) = if let Some(rest) = s.strip_prefix('[') {
+            let (inside, after) = rest
+                .split_once(']')
+                .ok_or_else(|| HostPortError::BadHost(s.to_owned()))?;
+            if inside.parse::<Ipv6Addr>().is_err() {
+                return Err(HostPortError::BadHost(inside.to_owned()));
+            }
+            let port = after.strip_prefix(':').ok_or(HostPortError::MissingPort)?;
+            (inside, port)
+        } else {
+            let (host, port) = s.rsplit_once(':').ok_or(HostPortError::MissingPort)?;
+            if host.contains(':') {
+                return Err(HostPortError::UnbracketedIpv6);
+            }
+            if host.is_empty() {
+                return Err(HostPortError::EmptyHost);
+            }
+            let valid = host
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_'));
+            if !valid || host.starts_with('.') || host.contains("..") {
+                return Err(HostPortError::BadHost(host.to_owned()));
+            }
+            (host, port)
+        };
+        if port.is_empty() {
+            return Err(HostPortError::MissingPort);
+        }
+        let port: u16 = port
+            .parse()
+            .map_err(|_| HostPortError::BadPort(port.to_owned()))?;
+        if port == 0 {
+            return Err(HostPortError::ZeroPort);
+        }
+        Ok(HostPort {
+            host: host.to_owned(),
+            port,
+        })
+    }
+}
+
+impl fmt::Display for HostPort {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.host.contains(':') {
+            write!(f, "[{}]:{}", self.host, self.port)
+        } else {
+            write!(f, "{}:{}", self.host, self.port)
+        }
+    }
+}
+
+impl From<SocketAddr> for HostPort {
+    fn from(addr: SocketAddr) -> Self {
+        HostPort {
+            host: addr.ip().to_string(),
+            port: addr.port(),
+        }
+    }
+}
+
+/// Everything the server runs with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerConfig {
+    /// Where clients connect.
+    pub bind: SocketAddr,
+    /// Pre-shared key mixed into every handshake.
+    pub psk: Secret,
+    /// Token of services that set none; already copied into each [`ServerService`].
+    pub default_token: Option<Secret>,
+    /// Control-port transport.
+    pub transport: Transport,
+    /// Allowed ciphers in preference order; never empty.
+    pub ciphers: Vec<CipherSuite>,
+    /// How often to send heartbeats.
+    pub heartbeat_interval: Duration,
+    /// One deadline for handshake, hello and auth.
+    pub handshake_timeout: Duration,
+    /// Allows weak secrets, plaintext transport and the `none` cipher.
+    pub insecure: bool,
+    /// Services by name.
+    pub services: BTreeMap<String, ServerService>,
+}
+
+/// A service the server exposes to visitors.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerService {
+    /// The service name (same as its key in [`ServerConfig::services`]).
+    pub name: String,
+    /// What it forwards.
+    pub kind: ServiceKind,
+    /// Where visitors connect.
+    pub bind: SocketAddr,
+    /// Token the client must prove (the service's own or the default one).
+    pub token: Secret,
+}
+
+/// Everything the client runs with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClientConfig {
+    /// The server to dial.
+    pub server: HostPort,
+    /// Pre-shared key mixed into every handshake.
+    pub psk: Secret,
+    /// Token of services that set none; already copied into each [`ClientService`].
+    pub default_token: Option<Secret>,
+    /// Control-port transport.
+    pub transport: Transport,
+    /// Offered ciphers in preference order; never empty.
+    pub ciphers: Vec<CipherSuite>,
+    /// Reconnect when the server has been silent this long.
+    pub heartbeat_timeout: Duration,
+    /// First wait before reconnecting.
+    pub reconnect_initial_delay: Duration,
+    /// Longest wait between reconnects (at least `reconnect_initial_delay`).
+    pub reconnect_max_delay: Duration,
+    /// One deadline for handshake, hello and auth.
+    pub handshake_timeout: Duration,
+    /// Allows weak secrets, plaintext transport and the `none` cipher.
+    pub insecure: bool,
+    /// Services by name.
+    pub services: BTreeMap<String, ClientService>,
+}
+
+/// A service the client serves from a local target.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClientService {
+    /// The service name (same as its key in [`ClientConfig::services`]).
+    pub name: String,
+    /// What it forwards.
+    pub kind: ServiceKind,
+    /// The local service to connect to for each visitor.
+    pub target: HostPort,
+    /// Token proving the client may serve this service.
+    pub token: Secret,
+}
+
+/// Whether this CPU has AES instructions, which decides the default cipher order.
+pub fn has_aes_hardware() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("aes")
+            && std::arch::is_x86_feature_detected!("pclmulqdq")
+    }
+    #[cfg(target_arch = "aarch64")]
+    {
+        std::arch::is_aarch64_feature_detected!("aes")
+    }
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+    {
+        false
+    }
+}
+
+impl ServerConfig {
+    /// A server on `bind` with `psk`, no services and every other setting at its default.
+    /// Call [`ServerConfig::validate`] after changing fields.
+    pub fn new(bind: SocketAddr, psk: Secret) -> Self {
+        ServerConfig {
+            bind,
+            psk,
+            default_token: None,
+            transport: Transport::default(),
+            ciphers: CipherSuite::default_preference(has_aes_hardware()),
+            heartbeat_interval: DEFAULT_HEARTBEAT_INTERVAL,
+            handshake_timeout: DEFAULT_HANDSHAKE_TIMEOUT,
+            insecure: false,
+            services: BTreeMap::new(),
+        }
+    }
+
+    /// Checks the rules a file and a builder must both obey: secret strength, transport
+    /// and cipher rules, non-zero durations, service names and unique service ports.
+    /// Errors carry key paths such as `server.services.web.bind`, but no line numbers.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigErrors::Invalid`] listing every broken rule.
+    pub fn validate(&self) -> Result<(), ConfigErrors> {
+        let mut report = Report::default();
+        report.extend_checked(self.check());
+        report.into_result(None)
+    }
+
+    /// The broken rules, unsorted.
+    pub(crate) fn check(&self) -> Vec<ConfigError> {
+        let mut errors = Vec::new();
+        let side = "server";
+        check_common(
+            &mut errors,
+            side,
+            Common {
+                psk: &self.psk,
+                default_token: self.default_token.as_ref(),
+                transport: self.transport,
+                ciphers: &self.ciphers,
+                handshake_timeout: self.handshake_timeout,
+                insecure: self.insecure,
+            },
+        );
+        check_nonzero(
+            &mut errors,
+            side,
+            "heartbeat_interval",
+            self.heartbeat_interval,
+        );
+        // (port, service key) of every bind seen so far, to find two listeners on one port.
+        let mut binds: Vec<(SocketAddr, String)> = vec![(self.bind, "server.bind".to_owned())];
+        for (name, service) in &self.services {
+            let key = service_key(side, name);
+            check_service(&mut errors, side, name, &service.name, &service.token, self);
+            let bind_key = join_key(&key, "bind");
+            // Port 0 asks the OS for a free port, so it never conflicts.
+            let conflict = binds
+                .iter()
+                .find(|(addr, _)| service.bind.port() != 0 && binds_conflict(*addr, service.bind));
+            if let Some((_, other)) = conflict {
+                errors.push(
+                    ConfigError::new(
+                        &bind_key,
+                        format!("{} is already used by {other}", service.bind),
+                    )
+                    .with_hint("give every service its own port"),
+                );
+            }
+            binds.push((service.bind, bind_key));
+        }
+        errors
+    }
+}
+
+impl ClientConfig {
+    /// A client of `server` with `psk`, no services and every other setting at its
+    /// default. Call [`ClientConfig::validate`] after changing fields.
+    pub fn new(server: HostPort, psk: Secret) -> Self {
+        ClientConfig {
+            server,
+            psk,
+            default_token: None,
+            transport: Transport::default(),
+            ciphers: CipherSuite::default_preference(has_aes_hardware()),
+            heartbeat_timeout: DEFAULT_HEARTBEAT_TIMEOUT,
+            reconnect_initial_delay: DEFAULT_RECONNECT_INITIAL_DELAY,
+            reconnect_max_delay: DEFAULT_RECONNECT_MAX_DELAY,
+            handshake_timeout: DEFAULT_HANDSHAKE_TIMEOUT,
+            insecure: false,
+            services: BTreeMap::new(),
+        }
+    }
+
+    /// Checks the rules a file and a builder must both obey: secret strength, transport
+    /// and cipher rules, non-zero durations, reconnect delays in order, service names and
+    /// targets. Errors carry key paths but no line numbers.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigErrors::Invalid`] listing every broken rule.
+    pub fn validate(&self) -> Result<(), ConfigErrors> {
+        let mut report = Report::default();
+        report.extend_checked(self.check());
+        report.into_result(None)
+    }
+
+    /// The broken rules, unsorted.
+    pub(crate) fn check(&self) -> Vec<ConfigError> {
+        let mut errors = Vec::new();
+        let side = "client";
+        check_common(
+            &mut errors,
+            side,
+            Common {
+                psk: &self.psk,
+                default_token: self.default_token.as_ref(),
+                transport: self.transport,
+                ciphers: &self.ciphers,
+                handshake_timeout: self.handshake_timeout,
+                insecure: self.insecure,
+            },
+        );
+        if self.server.port == 0 {
+            errors.push(port_zero("client.server"));
+        }
+        check_nonzero(
+            &mut errors,
+            side,
+            "heartbeat_timeout",
+            self.heartbeat_timeout,
+        );
+        check_nonzero(
+            &mut errors,
+            side,
+            "reconnect_initial_delay",
+            self.reconnect_initial_delay,
+        );
+        check_nonzero(
+            &mut errors,
+            side,
+            "reconnect_max_delay",
+            self.reconnect_max_delay,
+        );
+        if self.reconnect_max_delay < self.reconnect_initial_delay {
+            errors.push(
+                ConfigError::new(
+                    "client.reconnect_max_delay",
+                    format!(
+                        "reconnect_max_delay ({}) is shorter than reconnect_initial_delay ({})",
+                        format_duration(self.reconnect_max_delay),
+                        format_duration(self.reconnect_initial_delay)
+                    ),
+                )
+                .with_hint("raise reconnect_max_delay or lower reconnect_initial_delay"),
+            );
+        }
+        for (name, service) in &self.services {
+            check_service(&mut errors, side, name, &service.name, &service.token, self);
+            if service.target.port == 0 {
+                errors.push(port_zero(&join_key(&service_key(side, name), "target")));
+            }
+        }
+        errors
+    }
+}
+
+/// Whether two listeners would fight over a port: same port, and the same address or a
+/// wildcard on either side (`0.0.0.0`/`[::]` take the port on every address).
+fn binds_conflict(a: SocketAddr, b: SocketAddr) -> bool {
+    a.port() == b.port() && (a.ip() == b.ip() || a.ip().is_unspecified() || b.ip().is_unspecified())
+}
+
+/// `server.services.NAME`
+pub(crate) fn service_key(side: &str, name: &str) -> String {
+    join_key(&join_key(side, "services"), name)
+}
+
+fn port_zero(key: &str) -> ConfigError {
+    ConfigError::new(key, "port 0 is not a port you can connect to")
+        .with_hint("write the real port, e.g. \"127.0.0.1:3000\"")
+}
+
+/// The settings both sides share, borrowed for [`check_common`].
+struct Common<'a> {
+    psk: &'a Secret,
+    default_token: Option<&'a Secret>,
+    transport: Transport,
+    ciphers: &'a [CipherSuite],
+    handshake_timeout: Duration,
+    insecure: bool,
+}
+
+/// Access to what [`check_service`] needs from either side's config.
+trait Side {
+    fn default_token(&self) -> Option<&Secret>;
+    fn insecure(&self) -> bool;
+}
+
+impl Side for ServerConfig {
+    fn default_token(&self) -> Option<&Secret> {
+        self.default_token.as_ref()
+    }
+    fn insecure(&self) -> bool {
+        self.insecure
+    }
+}
+
+impl Side for ClientConfig {
+    fn default_token(&self) -> Option<&Secret> {
+        self.default_token.as_ref()
+    }
+    fn insecure(&self) -> bool {
+        self.insecure
+    }
+}
+
+fn check_common(errors: &mut Vec<ConfigError>, side: &str, c: Common<'_>) {
+    if !c.insecure {
+        if c.psk.is_empty() {
+            errors.push(
+                ConfigError::new(join_key(side, "psk"), "missing pre-shared key (psk)").with_hint(
+                    "add psk = \"${WARREN_PSK}\" and set WARREN_PSK to the same random value on server and client, e.g. from `openssl rand -base64 32`",
+                ),
+            );
+        } else if let Some(error) = check_secret(&join_key(side, "psk"), c.psk) {
+            errors.push(error);
+        }
+        if let Some(error) = c
+            .default_token
+            .and_then(|token| check_secret(&join_key(side, "default_token"), token))
+        {
+            errors.push(error);
+        }
+        if c.transport == Transport::Tcp {
+            errors.push(
+                ConfigError::new(
+                    join_key(side, "transport"),
+                    "transport \"tcp\" sends everything in plaintext",
+                )
+                .with_hint(
+                    "use transport = \"noise\" (the default), or set insecure = true if the network is already private",
+                ),
+            );
+        }
+    }
+    let ciphers_key = join_key(side, "ciphers");
+    if c.ciphers.is_empty() {
+        errors.push(
+            ConfigError::new(&ciphers_key, "the cipher list is empty").with_hint(
+                "remove the key to use the defaults, or list at least one of: aes-256-gcm, aes-128-gcm, chacha20-poly1305, aegis-128l, aegis-256",
+            ),
+        );
+    }
+    if !c.insecure {
+        for (i, suite) in c.ciphers.iter().enumerate() {
+            if !suite.is_encrypting() {
+                errors.push(
+                    ConfigError::new(
+                        join_index(&ciphers_key, i),
+                        "cipher \"none\" sends data unencrypted",
+                    )
+                    .with_hint(
+                        "remove \"none\", or set insecure = true if the network is already private",
+                    ),
+                );
+            }
+        }
+    }
+    check_nonzero(errors, side, "handshake_timeout", c.handshake_timeout);
+}
+
+fn check_service(
+    errors: &mut Vec<ConfigError>,
+    side: &str,
+    key_name: &str,
+    name: &str,
+    token: &Secret,
+    config: &dyn Side,
+) {
+    let key = service_key(side, key_name);
+    if key_name != name {
+        errors.push(
+            ConfigError::new(
+                &key,
+                format!("service is filed under `{key_name}` but named `{name}`"),
+            )
+            .with_hint("use the same name for the map key and the service's name field"),
+        );
+    }
+    if let Some(problem) = service_name_problem(key_name) {
+        errors.push(ConfigError::new(&key, problem).with_hint(
+            "use 1 to 64 characters from A-Z, a-z, 0-9, '_', '.' and '-', e.g. [server.services.web]",
+        ));
+    }
+    // A token equal to the default one was checked as default_token already.
+    let is_default = config
+        .default_token()
+        .is_some_and(|default| default == token);
+    let checked = !config.insecure() && !is_default;
+    if let Some(error) = checked
+        .then(|| check_secret(&join_key(&key, "token"), token))
+        .flatten()
+    {
+        errors.push(error);
+    }
+}
+
+/// Why `name` is not a valid service name, if it is not.
+pub(crate) fn service_name_problem(name: &str) -> Option<String> {
+    if name.is_empty() {
+        Some("empty service name".to_owned())
+    } else if name.chars().count() > MAX_SERVICE_NAME_LEN {
+        Some(format!(
+            "service name is longer than {MAX_SERVICE_NAME_LEN} characters"
+        ))
+    } else if !name
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'))
+    {
+        Some(format!(
+            "service name {name:?} contains characters other than A-Z, a-z, 0-9, '_', '.' and '-'"
+        ))
+    } else {
+        None
+    }
+}
+
+/// Strength rules for a PSK or token; the message never includes the value.
+fn check_secret(key: &str, secret: &Secret) -> Option<ConfigError> {
+    let name = key.rsplit('.').next().unwrap_or(key);
+    let value = secret.expose();
+    let is_placeholder = value
+        .get(..PLACEHOLDER_PREFIX.len())
+        .is_some_and(|start| start.eq_ignore_ascii_case(PLACEHOLDER_PREFIX));
+    if is_placeholder {
+        Some(
+            ConfigError::new(
+                key,
+                format!("{name} still holds the CHANGE-ME placeholder from the example config"),
+            )
+                .with_hint("replace it with a random value, e.g. from `openssl rand -base64 32`, or reference an environment variable: \"${WARREN_PSK}\""),
+        )
+    } else if secret.len() < MIN_SECRET_LEN {
+        Some(
+            ConfigError::new(
+                key,
+                format!("{name} is shorter than {MIN_SECRET_LEN} characters"),
+            )
+            .with_hint(
+                "use a random value of at least 16 characters, e.g. from `openssl rand -base64 32`",
+            ),
+        )
+    } else {
+        None
+    }
+}
+
+fn check_nonzero(errors: &mut Vec<ConfigError>, side: &str, field: &str, value: Duration) {
+    if value.is_zero() {
+        errors.push(
+            ConfigError::new(
+                join_key(side, field),
+                format!("{field} must be longer than zero"),
+            )
+            .with_hint(
+                "write a positive duration such as \"10s\", or remove the key to use the default",
+            ),
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn strong() -> Secret {
+        Secret::new("0123456789abcdef-strong")
+    }
+
+    #[test]
+    fn host_port_parsing() {
+        let hp: HostPort = "[::1]:7000".parse().expect("ipv6");
+        assert_eq!(
+            hp,
+            HostPort {
+                host: "::1".into(),
+                port: 7000
+            }
+        );
+        assert_eq!(hp.to_string(), "[::1]:7000");
+        assert_eq!(
+            "a.b:1".parse::<HostPort>().expect("name").to_string(),
+            "a.b:1"
+        );
+        assert_eq!("1.2.3.4:5".parse::<HostPort>().expect("v4").host, "1.2.3.4");
+        assert_eq!("a.b".parse::<HostPort>(), Err(HostPortError::MissingPort));
+        assert_eq!("a.b:".parse::<HostPort>(), Err(HostPortError::MissingPort));
+        assert_eq!("a.b:0".parse::<HostPort>(), Err(HostPortError::ZeroPort));
+        assert_eq!(
+            "a.b:70000".parse::<HostPort>(),
+            Err(HostPortError::BadPort("70000".into()))
+        );
+        assert_eq!(
+            "::1:7000".parse::<HostPort>(),
+            Err(HostPortError::UnbracketedIpv6)
+        );
+        assert_eq!(":7000".parse::<HostPort>(), Err(HostPortError::EmptyHost));
+        assert_eq!("[::1]".parse::<HostPort>(), Err(HostPortError::MissingPort));
+        assert!(matches!(
+            "[nope]:1".parse::<HostPort>(),
+            Err(HostPortError::BadHost(_))
+        ));
+        assert!(matches!(
+            "a b:1".parse::<HostPort>(),
+            Err(HostPortError::BadHost(_))
+        ));
+        assert_eq!("http://a:1".parse::<HostPort>(), Err(HostPortError::Url));
+        let from: HostPort = "[2001:db8::1]:443"
+            .parse::<SocketAddr>()
+            .expect("addr")
+            .into();
+        assert_eq!(from.to_string(), "[2001:db8::1]:443");
+    }
+
+    #[test]
+    fn new_configs_are_valid_and_use_defaults() {
+        let server = ServerConfig::new("127.0.0.1:0".parse().expect("addr"), strong());
+        assert_eq!(server.validate().ok(), Some(()));
+        assert_eq!(server.heartbeat_interval, Duration::from_secs(10));
+        assert_eq!(
+            server.ciphers,
+            CipherSuite::default_preference(has_aes_hardware())
+        );
+        let client = ClientConfig::new("example.com:7000".parse().expect("hp"), strong());
+        assert_eq!(client.validate().ok(), Some(()));
+        assert_eq!(client.reconnect_max_delay, Duration::from_secs(30));
+    }
+
+    #[test]
+    fn validate_catches_builder_mistakes() {
+        let mut server =
+            ServerConfig::new("0.0.0.0:7000".parse().expect("addr"), Secret::new("short"));
+        server.ciphers.clear();
+        server.transport = Transport::Tcp;
+        server.heartbeat_interval = Duration::ZERO;
+        for (name, port) in [("a", 8080), ("b", 8080), ("bad name", 7000)] {
+            server.services.insert(
+                name.to_owned(),
+                ServerService {
+                    name: name.to_owned(),
+                    kind: ServiceKind::Tcp,
+                    bind: SocketAddr::from(([127, 0, 0, 1], port)),
+                    token: strong(),
+                },
+            );
+        }
+        let errors = server.validate().expect_err("invalid");
+        let keys: Vec<&str> = errors.errors().iter().map(|e| e.key.as_str()).collect();
+        for key in [
+            "server.psk",
+            "server.ciphers",
+            "server.transport",
+            "server.heartbeat_interval",
+            "server.services.b.bind",
+            "server.services.\"bad name\"",
+            "server.services.\"bad name\".bind",
+        ] {
+            assert!(keys.contains(&key), "{key} missing from {keys:?}");
+        }
+        server.insecure = true;
+        server.ciphers = vec![CipherSuite::None];
+        let errors = server.validate().expect_err("still invalid");
+        assert!(
+            errors
+                .errors()
+                .iter()
+                .all(|e| e.key != "server.psk" && e.key != "server.transport")
+        );
+
+        let mut client = ClientConfig::new("a:1".parse().expect("hp"), strong());
+        client.reconnect_initial_delay = Duration::from_secs(60);
+        client.ciphers = vec![CipherSuite::Aes128Gcm, CipherSuite::None];
+        let errors = client.validate().expect_err("invalid");
+        let keys: Vec<&str> = errors.errors().iter().map(|e| e.key.as_str()).collect();
+        assert_eq!(keys, ["client.ciphers[1]", "client.reconnect_max_delay"]);
+    }
+
+    #[test]
+    fn parses_enum_names() {
+        assert_eq!("noise".parse(), Ok(Transport::Noise));
+        assert_eq!("TCP".parse(), Ok(Transport::Tcp));
+        assert!("quic".parse::<Transport>().is_err());
+        assert_eq!("tcp".parse(), Ok(ServiceKind::Tcp));
+        assert_eq!(Transport::Tcp.to_string(), "tcp");
+    }
+}

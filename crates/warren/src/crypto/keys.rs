@@ -1,0 +1,193 @@
+//! The session key schedule: everything derived from one finished Noise handshake.
+//!
+//! ```text
+//! session secret = HKDF(ikm = split.0 || split.1, salt = handshake hash, "warren session v1")
+//! control keys   = HKDF(session secret, "warren control c2s" / "... s2c")
+//! channel auth   = HKDF(session secret, "warren channel auth")
+//! channel keys   = HKDF(session secret, salt = client nonce || server nonce, "warren channel c2s" / "... s2c")
+//! token proof    = HMAC(token, "warren token proof" || handshake hash || service name)
+//! ```
+//!
+//! Data channels thus need no Diffie-Hellman of their own, yet each has fresh keys (both
+//! sides contribute a nonce) and cannot be opened by anyone who did not finish the
+//! handshake.
+
+use warren_proto::CipherSuite;
+use warren_proto::handshake::{Established, MAC_LEN, NONCE_LEN, SessionId};
+
+use crate::Side;
+use crate::crypto::kdf;
+use crate::crypto::record::{DirectionKeys, Opener, Sealer};
+use crate::crypto::secret::Secret;
+
+const SESSION_LABEL: &[u8] = b"warren session v1";
+const CONTROL_C2S: &[u8] = b"warren control c2s";
+const CONTROL_S2C: &[u8] = b"warren control s2c";
+const CHANNEL_AUTH: &[u8] = b"warren channel auth";
+const CHANNEL_C2S: &[u8] = b"warren channel c2s";
+const CHANNEL_S2C: &[u8] = b"warren channel s2c";
+const DATA_HELLO: &[u8] = b"warren data hello";
+const DATA_ACCEPT: &[u8] = b"warren data accept";
+const TOKEN_PROOF: &[u8] = b"warren token proof";
+const NOISE_PSK: &[u8] = b"warren noise psk v1";
+
+/// HKDF-SHA256 into 32 bytes.
+fn derive32(ikm: &[u8], salt: &[u8], info: &[u8]) -> [u8; 32] {
+    let mut out = [0u8; 32];
+    // Invariant: 32 bytes is far below HKDF-SHA256's 8160-byte output limit, and aws-lc
+    // does not fail otherwise.
+    kdf::hkdf_expand(ikm, salt, &[info], &mut out).expect("32-byte HKDF output");
+    out
+}
+
+/// Turns the configured PSK (any length) into the 32 bytes Noise wants.
+pub fn noise_psk(psk: &Secret) -> [u8; 32] {
+    derive32(psk.as_bytes(), b"", NOISE_PSK)
+}
+
+/// Proves knowledge of a service token without revealing it, bound to one handshake.
+pub fn token_proof(token: &Secret, handshake_hash: &[u8; 32], service: &str) -> [u8; 32] {
+    kdf::hmac_sha256(
+        token.as_bytes(),
+        &[TOKEN_PROOF, handshake_hash, service.as_bytes()],
+    )
+}
+
+/// Checks a token proof in constant time.
+pub fn verify_token_proof(
+    token: &Secret,
+    handshake_hash: &[u8; 32],
+    service: &str,
+    proof: &[u8],
+) -> bool {
+    kdf::verify_hmac_sha256(
+        token.as_bytes(),
+        &[TOKEN_PROOF, handshake_hash, service.as_bytes()],
+        proof,
+    )
+}
+
+/// Secrets of one session, held by both sides for as long as the session lives.
+pub struct SessionKeys {
+    cipher: CipherSuite,
+    session_id: SessionId,
+    handshake_hash: [u8; 32],
+    secret: [u8; 32],
+    channel_auth: [u8; 32],
+}
+
+impl std::fmt::Debug for SessionKeys {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SessionKeys")
+            .field("cipher", &self.cipher)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SessionKeys {
+    /// Derives the session secrets from a finished handshake.
+    pub fn new(established: &Established) -> Self {
+        let mut ikm = [0u8; 64];
+        ikm[..32].copy_from_slice(&established.split.0);
+        ikm[32..].copy_from_slice(&established.split.1);
+        let secret = derive32(&ikm, &established.handshake_hash, SESSION_LABEL);
+        let channel_auth = derive32(&secret, b"", CHANNEL_AUTH);
+        SessionKeys {
+            cipher: established.cipher,
+            session_id: established.session_id,
+            handshake_hash: established.handshake_hash,
+            secret,
+            channel_auth,
+        }
+    }
+
+    /// The negotiated record cipher.
+    pub fn cipher(&self) -> CipherSuite {
+        self.cipher
+    }
+
+    /// The session id.
+    pub fn session_id(&self) -> &SessionId {
+        &self.session_id
+    }
+
+    /// The handshake hash, to bind token proofs.
+    pub fn handshake_hash(&self) -> &[u8; 32] {
+        &self.handshake_hash
+    }
+
+    /// Record keys of the control channel, as (sealer for what `side` sends, opener for what it receives).
+    pub fn control_channel(&self, side: Side) -> (Sealer, Opener) {
+        self.record_pair(side, b"", CONTROL_C2S, CONTROL_S2C)
+    }
+
+    /// MAC a client puts in its data channel hello.
+    pub fn data_hello_mac(&self, client_nonce: &[u8; NONCE_LEN]) -> [u8; MAC_LEN] {
+        kdf::hmac_sha256(
+            &self.channel_auth,
+            &[DATA_HELLO, &self.session_id, client_nonce],
+        )
+    }
+
+    /// Checks a data channel hello's MAC in constant time.
+    pub fn verify_data_hello(&self, client_nonce: &[u8; NONCE_LEN], mac: &[u8]) -> bool {
+        kdf::verify_hmac_sha256(
+            &self.channel_auth,
+            &[DATA_HELLO, &self.session_id, client_nonce],
+            mac,
+        )
+    }
+
+    /// MAC the server puts in its data channel accept.
+    pub fn data_accept_mac(
+        &self,
+        client_nonce: &[u8; NONCE_LEN],
+        server_nonce: &[u8; NONCE_LEN],
+    ) -> [u8; MAC_LEN] {
+        kdf::hmac_sha256(
+            &self.channel_auth,
+            &[DATA_ACCEPT, &self.session_id, client_nonce, server_nonce],
+        )
+    }
+
+    /// Checks a data channel accept's MAC in constant time.
+    pub fn verify_data_accept(
+        &self,
+        client_nonce: &[u8; NONCE_LEN],
+        server_nonce: &[u8; NONCE_LEN],
+        mac: &[u8],
+    ) -> bool {
+        kdf::verify_hmac_sha256(
+            &self.channel_auth,
+            &[DATA_ACCEPT, &self.session_id, client_nonce, server_nonce],
+            mac,
+        )
+    }
+
+    /// Record keys of one data channel.
+    pub fn data_channel(
+        &self,
+        side: Side,
+        client_nonce: &[u8; NONCE_LEN],
+        server_nonce: &[u8; NONCE_LEN],
+    ) -> (Sealer, Opener) {
+        let mut salt = [0u8; 2 * NONCE_LEN];
+        salt[..NONCE_LEN].copy_from_slice(client_nonce);
+        salt[NONCE_LEN..].copy_from_slice(server_nonce);
+        self.record_pair(side, &salt, CHANNEL_C2S, CHANNEL_S2C)
+    }
+
+    fn record_pair(&self, side: Side, salt: &[u8], c2s: &[u8], s2c: &[u8]) -> (Sealer, Opener) {
+        let channel_secret = derive32(&self.secret, salt, b"warren channel secret");
+        let (send_label, recv_label) = match side {
+            Side::Client => (c2s, s2c),
+            Side::Server => (s2c, c2s),
+        };
+        let send = DirectionKeys::derive(self.cipher, &channel_secret, send_label);
+        let recv = DirectionKeys::derive(self.cipher, &channel_secret, recv_label);
+        (
+            Sealer::new(self.cipher, send),
+            Opener::new(self.cipher, recv),
+        )
+    }
+}

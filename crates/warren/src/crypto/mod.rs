@@ -1,0 +1,13 @@
+//! Cryptography: Warren's AEAD record layer, the session key schedule, and secrets.
+//!
+//! * [`record`]: the record format and in-place seal/open (hand-written: it is the fast path).
+//! * [`kdf`]: HKDF-SHA256 and HMAC-SHA256 (aws-lc-rs).
+//! * [`keys`]: what one handshake derives: control, data channel and token-proof keys.
+//! * [`secret`]: masked, constant-time-compared secrets from the config.
+
+pub mod kdf;
+pub mod keys;
+pub mod record;
+pub mod secret;
+
+pub use secret::Secret;

@@ -1,0 +1,60 @@
+//! Warren: a fast, encrypted tunnel.
+//!
+//! A public [`Server`] exposes services that live behind NAT with a [`Client`]: visitors
+//! connect to the server's service ports, and their bytes travel over an authenticated,
+//! encrypted session to the client, which dials the real service.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! use tokio_util::sync::CancellationToken;
+//!
+//! let server = warren::Server::builder()
+//!     .bind("127.0.0.1:7000".parse()?)
+//!     .psk("correct-horse-battery-staple-psk")
+//!     .default_token("a-long-random-service-token")
+//!     .tcp_service("web", "127.0.0.1:8080".parse()?)
+//!     .build()?
+//!     .bind()
+//!     .await?;
+//! tokio::spawn(server.run());
+//!
+//! let client = warren::Client::builder("127.0.0.1:7000".parse()?)
+//!     .psk("correct-horse-battery-staple-psk")
+//!     .default_token("a-long-random-service-token")
+//!     .tcp_service("web", "127.0.0.1:3000".parse()?)
+//!     .build()?;
+//! client.run(CancellationToken::new()).await?;
+//! # Ok(()) }
+//! ```
+//!
+//! # Layout
+//! * [`config`]: the TOML file model and the typed config.
+//! * [`crypto`]: record layer, key schedule, secrets.
+//! * [`transport`]: TCP channels, preambles, records over sockets.
+//! * [`session`]: the control channel (hello, heartbeats).
+//! * [`relay`]: byte pumps between local sockets and channels.
+//! * [`server`], [`client`]: the two sides.
+//! * [`demo`]: the self-contained `warren demo`.
+
+pub mod client;
+pub mod config;
+pub mod crypto;
+pub mod demo;
+pub mod relay;
+pub mod server;
+pub mod session;
+pub mod transport;
+
+pub use client::{Client, ClientBuilder, ClientError, ClientStatus};
+pub use config::{ClientConfig, Config, HostPort, ServerConfig};
+pub use server::{BoundServer, Server, ServerBuilder, ServerError};
+pub use warren_proto::CipherSuite;
+
+/// Which end of a session a piece of code runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Side {
+    /// The public server.
+    Server,
+    /// The client behind NAT.
+    Client,
+}

@@ -1,0 +1,144 @@
+//! Byte pumps between a local TCP connection (a visitor, or the target service) and a
+//! tunnel [`Channel`].
+//!
+//! Semantics both sides rely on:
+//! * EOF from the local side becomes an `End` record; an `End` record becomes a write
+//!   shutdown (FIN) towards the local side. Each direction closes on its own, so half-closed
+//!   protocols work.
+//! * A channel that dies without `End`, or a `Close` record from the peer, resets the local
+//!   connection (RST): a cut transfer must never look complete.
+//! * A local connection that fails (e.g. reset by the visitor) sends `Close` to the peer, which
+//!   resets its own local connection in turn.
+
+use std::io;
+
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
+use tokio::net::tcp::{ReadHalf, WriteHalf};
+use tokio_util::sync::CancellationToken;
+
+use crate::crypto::record::RecordKind;
+use crate::transport::records::{Record, RecordIoError, RecordReader, RecordWriter, SendFromError};
+use crate::transport::{Channel, tcp};
+
+/// How a relayed connection ended.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RelayError {
+    /// The tunnel side failed or was cut; the local connection was reset.
+    #[error("tunnel channel failed: {0}")]
+    Tunnel(#[from] RecordIoError),
+    /// The channel ended without an end-of-stream record; the local connection was reset.
+    #[error("tunnel channel closed without end-of-stream")]
+    TunnelCut,
+    /// The peer aborted the stream; the local connection was reset.
+    #[error("peer aborted the stream: {0}")]
+    PeerAborted(String),
+    /// The local connection failed; the peer was told to abort.
+    #[error("local connection failed: {0}")]
+    Local(io::Error),
+    /// The peer sent a control record inside a stream.
+    #[error("protocol violation: unexpected control record inside a stream")]
+    Protocol,
+    /// Warren is shutting down.
+    #[error("shutting down")]
+    Cancelled,
+}
+
+/// Bytes moved by one relayed connection.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Transferred {
+    /// From the local connection into the tunnel.
+    pub to_tunnel: u64,
+    /// From the tunnel to the local connection.
+    pub to_local: u64,
+}
+
+/// Relays `local` and `channel` until both directions have ended or one fails.
+///
+/// On failure the local connection is reset and, where possible, the peer is sent `Close`.
+///
+/// # Errors
+/// How the relay failed; a clean finish in both directions is `Ok`.
+pub async fn pump(
+    mut local: TcpStream,
+    channel: Channel,
+    cancel: &CancellationToken,
+) -> Result<Transferred, RelayError> {
+    let Channel {
+        mut reader,
+        mut writer,
+    } = channel;
+    let mut moved = Transferred::default();
+    let outcome = {
+        let (mut local_read, mut local_write) = local.split();
+        let up = local_to_tunnel(&mut local_read, &mut writer, &mut moved.to_tunnel);
+        let down = tunnel_to_local(&mut reader, &mut local_write, &mut moved.to_local);
+        tokio::select! {
+            result = async { tokio::try_join!(up, down) } => result.map(|_| ()),
+            () = cancel.cancelled() => Err(RelayError::Cancelled),
+        }
+    };
+    match outcome {
+        Ok(()) => Ok(moved),
+        Err(error) => {
+            if matches!(error, RelayError::Local(_) | RelayError::Cancelled) {
+                // Best effort: the channel may be the thing that is broken.
+                let reason = error.to_string();
+                let _ = tokio::time::timeout(
+                    std::time::Duration::from_secs(1),
+                    writer.send(RecordKind::Close, reason.as_bytes()),
+                )
+                .await;
+            }
+            tcp::reset(local);
+            Err(error)
+        }
+    }
+}
+
+async fn local_to_tunnel(
+    local: &mut ReadHalf<'_>,
+    writer: &mut RecordWriter<tokio::net::tcp::OwnedWriteHalf>,
+    counter: &mut u64,
+) -> Result<(), RelayError> {
+    loop {
+        match writer.send_from(local).await {
+            Ok(0) => {
+                writer.send(RecordKind::End, &[]).await?;
+                return Ok(());
+            }
+            Ok(n) => *counter += n as u64,
+            Err(SendFromError::Source(e)) => return Err(RelayError::Local(e)),
+            Err(SendFromError::Sink(e)) => return Err(RelayError::Tunnel(e)),
+        }
+    }
+}
+
+async fn tunnel_to_local(
+    reader: &mut RecordReader<tokio::net::tcp::OwnedReadHalf>,
+    local: &mut WriteHalf<'_>,
+    counter: &mut u64,
+) -> Result<(), RelayError> {
+    loop {
+        match reader.read().await? {
+            Some(Record::Data(bytes)) => {
+                local.write_all(bytes).await.map_err(RelayError::Local)?;
+                *counter += bytes.len() as u64;
+            }
+            Some(Record::End) => {
+                // Half-close towards the local side; the other direction carries on.
+                local.shutdown().await.map_err(RelayError::Local)?;
+                reader.shrink();
+                return Ok(());
+            }
+            Some(Record::Close(reason)) => {
+                return Err(RelayError::PeerAborted(
+                    String::from_utf8_lossy(reason).into_owned(),
+                ));
+            }
+            Some(Record::Control(_)) => return Err(RelayError::Protocol),
+            None => return Err(RelayError::TunnelCut),
+        }
+    }
+}

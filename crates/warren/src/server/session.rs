@@ -1,0 +1,105 @@
+//! The server's half of one session: its keys, its control queue, and the pool of idle data
+//! channels the client keeps filled.
+//!
+//! Opening a stream takes an idle channel, so a visitor never waits for a TCP or crypto
+//! handshake. When the pool is empty the server asks the client for more over the control
+//! channel (`NeedChannels`) and waits; the client replaces every channel it sees used.
+
+use std::net::SocketAddr;
+use std::sync::Mutex;
+
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tracing::debug;
+use warren_proto::handshake::SessionId;
+use warren_proto::message::ControlMessage;
+
+use crate::crypto::keys::SessionKeys;
+use crate::session::CONTROL_QUEUE;
+use crate::transport::Channel;
+
+/// Idle data channels the server holds per session; extra ones are closed.
+const MAX_IDLE_CHANNELS: usize = 64;
+
+/// Why no data channel could be had.
+#[derive(Debug, thiserror::Error)]
+pub enum TakeChannelError {
+    /// The session ended while waiting.
+    #[error("the client's session ended")]
+    SessionGone,
+}
+
+/// Server-side state of one authenticated client.
+pub struct ServerSession {
+    pub(super) keys: SessionKeys,
+    pub(super) peer: SocketAddr,
+    /// Services this session was accepted for.
+    pub(super) services: Vec<String>,
+    pub(super) cancel: CancellationToken,
+    control: mpsc::Sender<ControlMessage>,
+    control_rx: Mutex<Option<mpsc::Receiver<ControlMessage>>>,
+    idle_tx: mpsc::Sender<Channel>,
+    /// Visitors queue on this lock, so channels go out first come, first served.
+    idle_rx: tokio::sync::Mutex<mpsc::Receiver<Channel>>,
+}
+
+impl ServerSession {
+    pub(super) fn new(
+        keys: SessionKeys,
+        peer: SocketAddr,
+        services: Vec<String>,
+        cancel: CancellationToken,
+    ) -> Self {
+        let (control, control_rx) = mpsc::channel(CONTROL_QUEUE);
+        let (idle_tx, idle_rx) = mpsc::channel(MAX_IDLE_CHANNELS);
+        ServerSession {
+            keys,
+            peer,
+            services,
+            cancel,
+            control,
+            control_rx: Mutex::new(Some(control_rx)),
+            idle_tx,
+            idle_rx: tokio::sync::Mutex::new(idle_rx),
+        }
+    }
+
+    pub(super) fn id(&self) -> SessionId {
+        *self.keys.session_id()
+    }
+
+    /// The receiving end of the control queue, for the control loop (taken once).
+    pub(super) fn take_control_receiver(&self) -> mpsc::Receiver<ControlMessage> {
+        self.control_rx
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take()
+            .unwrap_or_else(|| mpsc::channel(1).1)
+    }
+
+    /// Adds a freshly authenticated data channel to the pool (closing it if the pool is full).
+    pub(super) fn add_idle_channel(&self, channel: Channel) {
+        if self.idle_tx.try_send(channel).is_err() {
+            debug!(
+                event = "pool_full",
+                "idle data channel pool full; closing the extra channel"
+            );
+        }
+    }
+
+    /// Takes an idle data channel, asking the client for more when there is none.
+    pub(super) async fn take_channel(&self) -> Result<Channel, TakeChannelError> {
+        let mut idle = self.idle_rx.lock().await;
+        if let Ok(channel) = idle.try_recv() {
+            return Ok(channel);
+        }
+        // Dropped if the queue is full: the waiters already queued have asked.
+        let _ = self
+            .control
+            .try_send(ControlMessage::NeedChannels { count: 1 });
+        tokio::select! {
+            channel = idle.recv() => channel.ok_or(TakeChannelError::SessionGone),
+            () = self.cancel.cancelled() => Err(TakeChannelError::SessionGone),
+        }
+    }
+}

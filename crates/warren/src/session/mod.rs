@@ -1,0 +1,160 @@
+//! Sessions: one authenticated client–server association.
+//!
+//! A session is a control channel (this module drives it: hello, heartbeats, requests,
+//! goodbye) plus data channels that carry one stream each. The server opens streams towards
+//! the client for reverse services by taking a pre-opened data channel from the pool the
+//! client keeps filled ([`crate::server`] and [`crate::client`] hold the two halves of the
+//! pool). Code above this layer never sees how a stream is carried.
+
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use warren_proto::liveness::{Heartbeat, HeartbeatAction};
+use warren_proto::message::{self, ControlMessage};
+
+use crate::crypto::record::RecordKind;
+use crate::transport::Channel;
+use crate::transport::records::{Record, RecordIoError};
+
+/// Capacity of a session's outgoing control queue; senders that find it full drop the
+/// message (requests are retried) rather than block the data path.
+pub const CONTROL_QUEUE: usize = 64;
+
+/// Why a control channel ended.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SessionEnd {
+    /// We are shutting down (a goodbye was sent).
+    #[error("shutting down")]
+    Cancelled,
+    /// The peer said goodbye.
+    #[error("peer closed the session: {0}")]
+    Goodbye(String),
+    /// Nothing heard from the peer within the heartbeat timeout.
+    #[error("no heartbeat from the peer for {0:?}; the connection is dead")]
+    HeartbeatTimeout(Duration),
+    /// The connection failed or closed.
+    #[error("control connection lost: {0}")]
+    Transport(#[from] RecordIoError),
+    /// The connection closed without a goodbye.
+    #[error("control connection closed by the peer")]
+    Closed,
+    /// The peer sent something the protocol does not allow here.
+    #[error("protocol violation by the peer: {0}")]
+    Protocol(String),
+}
+
+/// Sends one control message.
+///
+/// # Errors
+/// Socket errors.
+pub async fn send_control(
+    channel: &mut Channel,
+    message: &ControlMessage,
+) -> Result<(), RecordIoError> {
+    channel
+        .writer
+        .send(RecordKind::Control, &message::encode(message))
+        .await
+}
+
+/// Receives one control message (no deadline: callers add one).
+///
+/// # Errors
+/// [`SessionEnd`] for a closed connection or a record that is not a control message.
+pub async fn recv_control(channel: &mut Channel) -> Result<ControlMessage, SessionEnd> {
+    match channel.reader.read().await? {
+        Some(Record::Control(bytes)) => {
+            message::decode_control(bytes).map_err(|e| SessionEnd::Protocol(e.to_string()))
+        }
+        Some(Record::Close(reason)) => Err(SessionEnd::Goodbye(
+            String::from_utf8_lossy(reason).into_owned(),
+        )),
+        Some(_) => Err(SessionEnd::Protocol(
+            "data record on the control channel".into(),
+        )),
+        None => Err(SessionEnd::Closed),
+    }
+}
+
+/// Heartbeat settings of one side.
+#[derive(Debug, Clone, Copy)]
+pub struct Liveness {
+    /// How often this side pings; `None` to only answer pings.
+    pub ping_interval: Option<Duration>,
+    /// Silence after which the peer counts as dead.
+    pub timeout: Duration,
+}
+
+/// Drives an established control channel until it ends: answers pings, sends our pings and
+/// the messages queued on `outgoing`, enforces the heartbeat timeout, and hands every other
+/// message to `on_message`.
+pub async fn run_control(
+    mut channel: Channel,
+    liveness: Liveness,
+    mut outgoing: mpsc::Receiver<ControlMessage>,
+    cancel: CancellationToken,
+    mut on_message: impl FnMut(ControlMessage),
+) -> SessionEnd {
+    let mut heartbeat = Heartbeat::new(
+        Instant::now().into_std(),
+        liveness.ping_interval,
+        liveness.timeout,
+    );
+    let mut ping_seq = 0u64;
+    let mut outgoing_open = true;
+    loop {
+        let wake = Instant::from_std(heartbeat.poll_timeout());
+        let to_send = tokio::select! {
+            () = cancel.cancelled() => {
+                let goodbye = ControlMessage::Goodbye { reason: "shutting down".into() };
+                let _ = tokio::time::timeout(Duration::from_secs(1), send_control(&mut channel, &goodbye)).await;
+                let _ = channel.writer.shutdown().await;
+                return SessionEnd::Cancelled;
+            }
+            received = recv_control(&mut channel) => {
+                heartbeat.on_received(Instant::now().into_std());
+                match received {
+                    Ok(ControlMessage::Ping { seq }) => Some(ControlMessage::Pong { seq }),
+                    Ok(ControlMessage::Pong { .. }) => None,
+                    Ok(ControlMessage::Goodbye { reason }) => return SessionEnd::Goodbye(reason),
+                    Ok(other) => {
+                        on_message(other);
+                        None
+                    }
+                    Err(end) => return end,
+                }
+            }
+            queued = outgoing.recv(), if outgoing_open => {
+                outgoing_open = queued.is_some();
+                queued
+            }
+            () = tokio::time::sleep_until(wake) => {
+                match heartbeat.handle_timeout(Instant::now().into_std()) {
+                    Some(HeartbeatAction::SendPing) => {
+                        ping_seq += 1;
+                        Some(ControlMessage::Ping { seq: ping_seq })
+                    }
+                    Some(HeartbeatAction::PeerDead) => return SessionEnd::HeartbeatTimeout(liveness.timeout),
+                    None => None,
+                }
+            }
+        };
+        if let Some(message) = to_send {
+            // A peer that stops reading must not wedge us past the heartbeat timeout.
+            match tokio::time::timeout(liveness.timeout, send_control(&mut channel, &message)).await
+            {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => return SessionEnd::Transport(e),
+                Err(_) => return SessionEnd::HeartbeatTimeout(liveness.timeout),
+            }
+        }
+    }
+}
+
+/// Short printable form of a session id for logs.
+pub fn short_id(id: &[u8]) -> String {
+    id.iter().take(4).map(|b| format!("{b:02x}")).collect()
+}

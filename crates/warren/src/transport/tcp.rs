@@ -1,0 +1,65 @@
+//! TCP sockets the way every Warren connection wants them: resolved with a deadline,
+//! `TCP_NODELAY` on (records are already large; Nagle only adds latency to small ones), and a
+//! way to end a connection with a reset instead of a clean FIN.
+
+use std::io;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use tokio::net::{TcpStream, lookup_host};
+
+use crate::config::HostPort;
+
+/// Resolves `target` and connects to the first address that answers, within `deadline`.
+///
+/// # Errors
+/// Resolution failures, refused connections, and [`io::ErrorKind::TimedOut`] on expiry;
+/// the message names the target.
+pub async fn connect(target: &HostPort, deadline: Duration) -> io::Result<TcpStream> {
+    let attempt = async {
+        let addrs: Vec<SocketAddr> = lookup_host((target.host.as_str(), target.port))
+            .await
+            .map_err(|e| io::Error::new(e.kind(), format!("cannot resolve {target}: {e}")))?
+            .collect();
+        let mut last = io::Error::new(
+            io::ErrorKind::NotFound,
+            format!("{target} resolved to no address"),
+        );
+        for addr in addrs {
+            match TcpStream::connect(addr).await {
+                Ok(stream) => {
+                    tune(&stream);
+                    return Ok(stream);
+                }
+                Err(e) => {
+                    last = io::Error::new(
+                        e.kind(),
+                        format!("cannot connect to {target} ({addr}): {e}"),
+                    )
+                }
+            }
+        }
+        Err(last)
+    };
+    tokio::time::timeout(deadline, attempt)
+        .await
+        .unwrap_or_else(|_| {
+            Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("connecting to {target} timed out after {deadline:?}"),
+            ))
+        })
+}
+
+/// Applies Warren's socket options to a fresh connection.
+pub fn tune(stream: &TcpStream) {
+    // Failure here only costs latency; never worth failing the connection over.
+    let _ = stream.set_nodelay(true);
+}
+
+/// Closes `stream` with a TCP reset, so the peer sees an error and not a clean end of data:
+/// used when the other half of a relayed connection died.
+pub fn reset(stream: TcpStream) {
+    let _ = socket2::SockRef::from(&stream).set_linger(Some(Duration::ZERO));
+    drop(stream);
+}

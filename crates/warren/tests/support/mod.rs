@@ -1,0 +1,208 @@
+//! Test support: an in-process server and client on 127.0.0.1 with port 0, local target
+//! services, and payload checks by hash.
+#![allow(dead_code)]
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use rand::RngCore;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use warren::config::Transport;
+use warren::{CipherSuite, Client, ClientStatus, HostPort, Server};
+
+pub const PSK: &str = "test-psk-0123456789-abcdef";
+pub const TOKEN: &str = "test-token-0123456789-abcdef";
+
+/// Random bytes.
+pub fn random_bytes(len: usize) -> Vec<u8> {
+    let mut bytes = vec![0u8; len];
+    rand::rng().fill_bytes(&mut bytes);
+    bytes
+}
+
+/// BLAKE3 hash.
+pub fn hash(bytes: &[u8]) -> blake3::Hash {
+    blake3::hash(bytes)
+}
+
+/// A target service that, per connection, reads everything until EOF, then writes back
+/// `reply_len` random bytes and closes. Each connection's (received hash, sent bytes) goes to
+/// the returned channel.
+pub async fn sink_then_reply_target(
+    reply_len: usize,
+) -> (
+    SocketAddr,
+    tokio::sync::mpsc::UnboundedReceiver<(blake3::Hash, Vec<u8>)>,
+) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut stream, _)) = listener.accept().await else {
+                return;
+            };
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                let mut received = Vec::new();
+                stream.read_to_end(&mut received).await.unwrap();
+                let reply = random_bytes(reply_len);
+                stream.write_all(&reply).await.unwrap();
+                stream.shutdown().await.unwrap();
+                let _ = tx.send((hash(&received), reply));
+            });
+        }
+    });
+    (addr, rx)
+}
+
+/// An echo target.
+pub async fn echo_target() -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut stream, _)) = listener.accept().await else {
+                return;
+            };
+            tokio::spawn(async move {
+                let (mut r, mut w) = stream.split();
+                let _ = tokio::io::copy(&mut r, &mut w).await;
+                let _ = w.shutdown().await;
+            });
+        }
+    });
+    addr
+}
+
+/// A running in-process server.
+pub struct TestServer {
+    pub addr: SocketAddr,
+    pub service: SocketAddr,
+    pub stop: CancellationToken,
+    pub task: JoinHandle<()>,
+}
+
+/// Options shared by server and client in a test.
+#[derive(Clone)]
+pub struct Setup {
+    pub transport: Transport,
+    pub insecure: bool,
+    pub server_ciphers: Option<Vec<CipherSuite>>,
+    pub client_ciphers: Option<Vec<CipherSuite>>,
+    pub server_token: String,
+    pub client_token: String,
+    pub client_psk: String,
+}
+
+impl Default for Setup {
+    fn default() -> Self {
+        Setup {
+            transport: Transport::Noise,
+            insecure: false,
+            server_ciphers: None,
+            client_ciphers: None,
+            server_token: TOKEN.into(),
+            client_token: TOKEN.into(),
+            client_psk: PSK.into(),
+        }
+    }
+}
+
+pub async fn start_server(setup: &Setup, bind: SocketAddr, service_bind: SocketAddr) -> TestServer {
+    let mut builder = Server::builder()
+        .bind(bind)
+        .psk(PSK)
+        .default_token(&setup.server_token)
+        .transport(setup.transport)
+        .insecure(setup.insecure)
+        .heartbeat_interval(Duration::from_secs(1))
+        .tcp_service("web", service_bind);
+    if let Some(ciphers) = &setup.server_ciphers {
+        builder = builder.ciphers(ciphers.clone());
+    }
+    let bound = builder
+        .build()
+        .expect("valid server")
+        .bind()
+        .await
+        .expect("server binds");
+    let addr = bound.local_addr();
+    let service = bound.service_addr("web").unwrap();
+    let stop = bound.shutdown_token();
+    let task = tokio::spawn(bound.run());
+    TestServer {
+        addr,
+        service,
+        stop,
+        task,
+    }
+}
+
+pub struct TestClient {
+    pub status: tokio::sync::watch::Receiver<ClientStatus>,
+    pub stop: CancellationToken,
+    pub task: JoinHandle<Result<(), warren::ClientError>>,
+}
+
+pub fn start_client(setup: &Setup, server: SocketAddr, target: SocketAddr) -> TestClient {
+    let mut builder = Client::builder(HostPort::from(server))
+        .psk(&setup.client_psk)
+        .default_token(&setup.client_token)
+        .transport(setup.transport)
+        .insecure(setup.insecure)
+        .heartbeat_timeout(Duration::from_secs(3))
+        .reconnect_delays(Duration::from_millis(50), Duration::from_millis(400))
+        .tcp_service("web", HostPort::from(target));
+    if let Some(ciphers) = &setup.client_ciphers {
+        builder = builder.ciphers(ciphers.clone());
+    }
+    let client = builder.build().expect("valid client");
+    let status = client.status();
+    let stop = CancellationToken::new();
+    let task = tokio::spawn(client.run(stop.clone()));
+    TestClient { status, stop, task }
+}
+
+impl TestClient {
+    /// Waits until the client has established its `n`-th session.
+    pub async fn wait_sessions(&mut self, n: u64) {
+        tokio::time::timeout(
+            Duration::from_secs(10),
+            self.status.wait_for(|s| s.connected && s.sessions >= n),
+        )
+        .await
+        .expect("client connects within 10s")
+        .expect("client alive");
+    }
+}
+
+/// A server and client on loopback around `target`, connected.
+pub async fn tunnel(setup: &Setup, target: SocketAddr) -> (TestServer, TestClient) {
+    let server = start_server(
+        setup,
+        "127.0.0.1:0".parse().unwrap(),
+        "127.0.0.1:0".parse().unwrap(),
+    )
+    .await;
+    let mut client = start_client(setup, server.addr, target);
+    client.wait_sessions(1).await;
+    (server, client)
+}
+
+/// Sends `payload` through `service`, half-closes, reads the reply to EOF.
+pub async fn round_trip(service: SocketAddr, payload: &[u8]) -> std::io::Result<Vec<u8>> {
+    let mut stream = TcpStream::connect(service).await?;
+    let (mut r, mut w) = stream.split();
+    let send = async {
+        w.write_all(payload).await?;
+        w.shutdown().await
+    };
+    let mut reply = Vec::new();
+    let recv = r.read_to_end(&mut reply);
+    tokio::try_join!(send, recv)?;
+    Ok(reply)
+}
