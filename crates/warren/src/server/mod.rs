@@ -369,14 +369,9 @@ async fn accept_loop(shared: &Arc<Shared>, listener: TcpListener) {
                     continue;
                 };
                 tcp::tune(&stream);
-                let task_shared = Arc::clone(shared);
-                shared.tasks.spawn(async move {
-                    let cancel = task_shared.cancel.clone();
-                    tokio::select! {
-                        () = handle_connection(task_shared, stream, peer, permit) => {}
-                        () = cancel.cancelled() => {}
-                    }
-                });
+                shared
+                    .tasks
+                    .spawn(handle_connection(Arc::clone(shared), stream, peer, permit));
             }
             Err(error) => {
                 // EMFILE and friends: keep the listener, wait for descriptors to free up.
@@ -404,7 +399,10 @@ async fn handle_connection(
 ) {
     let deadline = shared.config.handshake_timeout;
     // The connection moves into the deadline: on expiry it is dropped, i.e. closed.
-    let outcome = tokio::time::timeout(deadline, authenticate(&shared, stream, peer)).await;
+    let outcome = tokio::select! {
+        outcome = tokio::time::timeout(deadline, authenticate(&shared, stream, peer)) => outcome,
+        () = shared.cancel.cancelled() => return,
+    };
     drop(permit);
     let authenticated = match outcome {
         Err(_) => {
