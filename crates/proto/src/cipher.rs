@@ -50,7 +50,8 @@ impl CipherSuite {
         }
     }
 
-    /// Bytes of key material one direction needs: the AEAD key plus the nonce base (IV).
+    /// Bytes in the AEAD key (the nonce base comes on top; its length is the record
+    /// layer's business).
     pub fn key_len(self) -> usize {
         match self {
             CipherSuite::Aes128Gcm | CipherSuite::Aegis128L => 16,

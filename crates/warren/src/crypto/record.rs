@@ -425,6 +425,10 @@ pub struct Sealer {
 impl Sealer {
     /// A sealer for `suite` starting at record 0. `keys` must come from
     /// [`DirectionKeys::derive`] with the same `suite` (debug builds assert it).
+    ///
+    /// # Panics
+    ///
+    /// In debug builds only, if `keys` were derived for another suite.
     pub fn new(suite: CipherSuite, keys: DirectionKeys) -> Self {
         Sealer {
             dir: Direction::new(suite, keys),
@@ -525,6 +529,10 @@ pub struct Opener {
 impl Opener {
     /// An opener for `suite` expecting record 0 next. `keys` must equal the peer sealer's
     /// (debug builds assert they were derived for `suite`).
+    ///
+    /// # Panics
+    ///
+    /// In debug builds only, if `keys` were derived for another suite.
     pub fn new(suite: CipherSuite, keys: DirectionKeys) -> Self {
         Opener {
             dir: Direction::new(suite, keys),
