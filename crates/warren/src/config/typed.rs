@@ -676,7 +676,10 @@ fn check_secret(key: &str, secret: &Secret) -> Option<ConfigError> {
                 key,
                 format!("{name} still holds the CHANGE-ME placeholder from the example config"),
             )
-                .with_hint("replace it with a random value, e.g. from `openssl rand -base64 32`, or reference an environment variable: \"${WARREN_PSK}\""),
+                .with_hint(format!(
+                    "replace it with a random value (`warren keygen` prints one), or reference an environment variable: \"${{{}}}\"",
+                    if name == "psk" { "WARREN_PSK" } else { "WARREN_TOKEN" }
+                )),
         )
     } else if secret.len() < MIN_SECRET_LEN {
         Some(

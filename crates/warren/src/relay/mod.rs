@@ -69,6 +69,10 @@ pub async fn pump(
         mut reader,
         mut writer,
     } = channel;
+    // Until the stream ends cleanly, closing `local` means a reset: if this process dies
+    // (even by SIGKILL), the kernel aborts the connection instead of sending a FIN that
+    // would make a cut transfer look complete. Cleared below on the clean path.
+    let _ = socket2::SockRef::from(&local).set_linger(Some(std::time::Duration::ZERO));
     let mut moved = Transferred::default();
     let outcome = {
         let (mut local_read, mut local_write) = local.split();
@@ -80,7 +84,10 @@ pub async fn pump(
         }
     };
     match outcome {
-        Ok(()) => Ok(moved),
+        Ok(()) => {
+            let _ = socket2::SockRef::from(&local).set_linger(None);
+            Ok(moved)
+        }
         Err(error) => {
             if matches!(error, RelayError::Local(_) | RelayError::Cancelled) {
                 // Best effort: the channel may be the thing that is broken.
