@@ -87,6 +87,7 @@ fn main() -> ExitCode {
         eprintln!("error: {message}");
         return ExitCode::from(2);
     }
+    raise_open_file_limit();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -101,6 +102,23 @@ fn main() -> ExitCode {
         Outcome::Clean => ExitCode::SUCCESS,
         Outcome::Failed => ExitCode::from(1),
         Outcome::BadConfig => ExitCode::from(2),
+    }
+}
+
+/// Every tunnelled connection costs two descriptors on each side: raise the soft limit to
+/// the hard limit, and say so when even that is low.
+fn raise_open_file_limit() {
+    const LOW: u64 = 4096;
+    match rlimit::increase_nofile_limit(u64::MAX) {
+        Ok(limit) if limit < LOW => tracing::warn!(
+            event = "fd_limit_low",
+            limit,
+            "the open-file limit is {limit}; each tunnelled connection needs 2 per side. Raise it (e.g. `ulimit -n 65536` or LimitNOFILE= in systemd)"
+        ),
+        Ok(limit) => tracing::debug!(event = "fd_limit", limit, "open-file limit raised"),
+        Err(error) => {
+            tracing::warn!(event = "fd_limit_failed", %error, "could not raise the open-file limit")
+        }
     }
 }
 

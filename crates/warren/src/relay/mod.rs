@@ -110,7 +110,7 @@ async fn local_to_tunnel(
     counter: &mut u64,
 ) -> Result<(), RelayError> {
     loop {
-        match writer.send_from(local).await {
+        match writer.send_from(&*local).await {
             Ok(0) => {
                 writer.send(RecordKind::End, &[]).await?;
                 return Ok(());

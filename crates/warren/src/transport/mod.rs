@@ -11,6 +11,7 @@
 //! * [`records`]: the record layer over a byte stream.
 //! * [`preamble`]: the first frames of a connection, both sides.
 
+pub mod buffers;
 pub mod preamble;
 pub mod records;
 pub mod tcp;

@@ -1,27 +1,71 @@
-//! Async record streams: the AEAD record layer ([`crate::crypto::record`]) over any byte
-//! stream.
+//! Async record streams: the AEAD record layer ([`crate::crypto::record`]) over a socket.
 //!
-//! [`RecordReader`] reads as many bytes as the socket has into one reusable buffer and opens
-//! records in place, so a busy stream costs one `read` per several records and no allocation
-//! per record. [`RecordWriter`] lets the caller read plaintext straight into its buffer
-//! ([`RecordWriter::send_from`]), seals it in place and writes it out with one `write`.
+//! [`RecordReader`] reads as many bytes as the socket has into one buffer and opens records
+//! in place, so a busy stream costs one `read` per several records and no allocation per
+//! record. [`RecordWriter`] reads plaintext straight into its send buffer
+//! ([`RecordWriter::send_from`]), seals it in place and writes it with one `write`.
 //!
-//! Memory: buffers start small and grow to hold a full record only when one arrives, so an
-//! idle channel holds a few KiB, not 128.
+//! Memory: both wait for readiness *without* a buffer and return their buffer to
+//! [`buffers`](super::buffers) as soon as the socket has nothing more, so an idle channel
+//! holds no buffer at all.
+
+use std::future::Future;
+use std::io;
 
 use bytes::BufMut;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::net::tcp::{OwnedReadHalf, ReadHalf};
 
-use crate::crypto::record::{
-    HEADER_LEN, MAX_PAYLOAD, MAX_TAG_LEN, Opener, RecordError, RecordKind, Sealer,
-};
+use super::buffers;
+use crate::crypto::record::{HEADER_LEN, MAX_PAYLOAD, Opener, RecordError, RecordKind, Sealer};
 
-/// Initial read buffer: enough for control messages and small records.
-const INITIAL_READ_BUF: usize = 4 * 1024;
-/// Largest record on the wire.
-const MAX_WIRE_RECORD: usize = HEADER_LEN + MAX_PAYLOAD + MAX_TAG_LEN;
-/// Read buffer once bulk data flows: two full records, so one `read` can drain a lot.
-const BULK_READ_BUF: usize = 2 * MAX_WIRE_RECORD;
+/// A socket that can wait for data without being read, then be read without blocking:
+/// what lets channels hold no buffer while idle.
+pub trait ReadReady {
+    /// Waits until the socket is (probably) readable. Cancel safe.
+    fn readable(&self) -> impl Future<Output = io::Result<()>> + Send;
+    /// Reads what is there now, or fails with `WouldBlock`.
+    fn try_read(&self, buf: &mut [u8]) -> io::Result<usize>;
+    /// Like `try_read`, into a buffer's spare capacity.
+    fn try_read_buf<B: BufMut>(&self, buf: &mut B) -> io::Result<usize>;
+}
+
+impl ReadReady for TcpStream {
+    fn readable(&self) -> impl Future<Output = io::Result<()>> + Send {
+        TcpStream::readable(self)
+    }
+    fn try_read(&self, buf: &mut [u8]) -> io::Result<usize> {
+        TcpStream::try_read(self, buf)
+    }
+    fn try_read_buf<B: BufMut>(&self, buf: &mut B) -> io::Result<usize> {
+        TcpStream::try_read_buf(self, buf)
+    }
+}
+
+impl ReadReady for OwnedReadHalf {
+    fn readable(&self) -> impl Future<Output = io::Result<()>> + Send {
+        OwnedReadHalf::readable(self)
+    }
+    fn try_read(&self, buf: &mut [u8]) -> io::Result<usize> {
+        OwnedReadHalf::try_read(self, buf)
+    }
+    fn try_read_buf<B: BufMut>(&self, buf: &mut B) -> io::Result<usize> {
+        OwnedReadHalf::try_read_buf(self, buf)
+    }
+}
+
+impl ReadReady for ReadHalf<'_> {
+    fn readable(&self) -> impl Future<Output = io::Result<()>> + Send {
+        self.as_ref().readable()
+    }
+    fn try_read(&self, buf: &mut [u8]) -> io::Result<usize> {
+        self.as_ref().try_read(buf)
+    }
+    fn try_read_buf<B: BufMut>(&self, buf: &mut B) -> io::Result<usize> {
+        self.as_ref().try_read_buf(buf)
+    }
+}
 
 /// Errors reading or writing records.
 #[derive(Debug, thiserror::Error)]
@@ -29,7 +73,7 @@ const BULK_READ_BUF: usize = 2 * MAX_WIRE_RECORD;
 pub enum RecordIoError {
     /// The socket failed.
     #[error("connection error: {0}")]
-    Io(#[from] std::io::Error),
+    Io(#[from] io::Error),
     /// A record was malformed or failed authentication.
     #[error(transparent)]
     Record(#[from] RecordError),
@@ -55,12 +99,13 @@ pub enum Record<'a> {
 pub struct RecordReader<R> {
     io: R,
     opener: Opener,
+    /// Empty while idle; [`buffers::READ_BUF_LEN`] bytes while data flows.
     buf: Vec<u8>,
     start: usize,
     end: usize,
 }
 
-impl<R: AsyncRead + Unpin> RecordReader<R> {
+impl<R: ReadReady> RecordReader<R> {
     /// Wraps `io`; `opener` holds the receive keys.
     pub fn new(io: R, opener: Opener) -> Self {
         RecordReader {
@@ -91,18 +136,44 @@ impl<R: AsyncRead + Unpin> RecordReader<R> {
                     _ => Record::Close(payload),
                 }));
             }
-            if self.buf.len() == self.end {
-                self.make_room();
-            }
-            let n = self.io.read(&mut self.buf[self.end..]).await?;
-            if n == 0 {
+            if !self.fill().await? {
                 return if self.start == self.end {
                     Ok(None)
                 } else {
                     Err(RecordIoError::Truncated)
                 };
             }
-            self.end += n;
+        }
+    }
+
+    /// Reads more bytes into the buffer; `false` at EOF. Holds no buffer while waiting on an
+    /// idle socket.
+    async fn fill(&mut self) -> Result<bool, RecordIoError> {
+        loop {
+            if self.buf.is_empty() {
+                self.io.readable().await?;
+                self.buf = buffers::take_read();
+            } else if self.end == self.buf.len() {
+                // Invariant: a full record (< READ_BUF_LEN / 2) always fits after compaction.
+                self.buf.copy_within(self.start..self.end, 0);
+                self.end -= self.start;
+                self.start = 0;
+            }
+            match self.io.try_read(&mut self.buf[self.end..]) {
+                Ok(0) => return Ok(false),
+                Ok(n) => {
+                    self.end += n;
+                    return Ok(true);
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    if self.start == self.end {
+                        self.release();
+                    } else {
+                        self.io.readable().await?;
+                    }
+                }
+                Err(e) => return Err(e.into()),
+            }
         }
     }
 
@@ -124,37 +195,29 @@ impl<R: AsyncRead + Unpin> RecordReader<R> {
             .opener
             .open(header, &mut self.buf[body_start..body_start + body_len])?;
         self.start = body_start + body_len;
-        if self.start == self.end {
-            self.start = 0;
-            self.end = 0;
-        }
         Ok(Some((kind, body_start, plain_len)))
     }
 
-    /// Called when the buffer is full: moves the partial record to the front and grows the
-    /// buffer if a full record would not fit.
-    fn make_room(&mut self) {
-        if self.start > 0 {
-            self.buf.copy_within(self.start..self.end, 0);
-            self.end -= self.start;
-            self.start = 0;
-        }
-        if self.end == self.buf.len() {
-            let new_len = match self.buf.len() {
-                0 => INITIAL_READ_BUF,
-                n if n < BULK_READ_BUF => BULK_READ_BUF,
-                n => n, // unreachable: a full record always fits in BULK_READ_BUF
-            };
-            self.buf.resize(new_len, 0);
+    /// Returns the buffer to the pool if it holds no partial record: for a direction that
+    /// has ended while the other goes on.
+    pub fn shrink(&mut self) {
+        if self.start == self.end && !self.buf.is_empty() {
+            self.release();
         }
     }
 
-    /// Releases the read buffer if it holds no partial record (call when going idle).
-    pub fn shrink(&mut self) {
-        if self.start == self.end {
-            self.buf = Vec::new();
-            self.start = 0;
-            self.end = 0;
+    /// Hands the (empty) buffer back to the pool.
+    fn release(&mut self) {
+        buffers::give_read(std::mem::take(&mut self.buf));
+        self.start = 0;
+        self.end = 0;
+    }
+}
+
+impl<R> Drop for RecordReader<R> {
+    fn drop(&mut self) {
+        if !self.buf.is_empty() {
+            buffers::give_read(std::mem::take(&mut self.buf));
         }
     }
 }
@@ -163,6 +226,7 @@ impl<R: AsyncRead + Unpin> RecordReader<R> {
 pub struct RecordWriter<W> {
     io: W,
     sealer: Sealer,
+    /// No capacity while idle; one record's worth while sending.
     buf: Vec<u8>,
 }
 
@@ -181,45 +245,55 @@ impl<W: AsyncWrite + Unpin> RecordWriter<W> {
     /// # Errors
     /// Socket errors; [`RecordError::TooLarge`] for an oversized payload.
     pub async fn send(&mut self, kind: RecordKind, payload: &[u8]) -> Result<(), RecordIoError> {
-        self.buf.clear();
-        self.buf.reserve(HEADER_LEN + payload.len() + MAX_TAG_LEN);
-        self.buf.resize(HEADER_LEN, 0);
-        self.buf.extend_from_slice(payload);
-        self.seal_and_write(kind).await
+        let mut buf = buffers::take_write();
+        buf.resize(HEADER_LEN, 0);
+        buf.extend_from_slice(payload);
+        let result = self.seal_and_write(kind, &mut buf).await;
+        buffers::give_write(buf);
+        result
     }
 
-    /// Reads up to one record's worth of bytes from `src` straight into the send buffer and
-    /// sends them as a `Data` record. Returns the number of plaintext bytes; 0 means `src`
-    /// reached EOF and nothing was sent.
+    /// Waits for bytes on `src`, reads up to one record's worth straight into the send buffer
+    /// and sends them as a `Data` record. Returns the number of plaintext bytes; 0 means `src`
+    /// reached EOF and nothing was sent. The buffer goes back to the pool whenever `src` has
+    /// nothing to read.
     ///
     /// # Errors
-    /// Errors from `src` come back as [`RecordIoError::Io`] too; callers that must tell the
-    /// two sides apart read into their own buffer and call [`RecordWriter::send`].
-    pub async fn send_from<S: AsyncRead + Unpin>(
-        &mut self,
-        src: &mut S,
-    ) -> Result<usize, SendFromError> {
-        if self.buf.capacity() < MAX_WIRE_RECORD {
-            self.buf = Vec::with_capacity(MAX_WIRE_RECORD);
+    /// [`SendFromError::Source`] when reading `src` fails, [`SendFromError::Sink`] when
+    /// sealing or writing the record does.
+    pub async fn send_from<S: ReadReady>(&mut self, src: &S) -> Result<usize, SendFromError> {
+        loop {
+            if self.buf.capacity() == 0 {
+                src.readable().await.map_err(SendFromError::Source)?;
+                self.buf = buffers::take_write();
+            }
+            self.buf.clear();
+            self.buf.resize(HEADER_LEN, 0);
+            match src.try_read_buf(&mut (&mut self.buf).limit(MAX_PAYLOAD)) {
+                Ok(0) => {
+                    self.release();
+                    return Ok(0);
+                }
+                Ok(n) => {
+                    let mut buf = std::mem::take(&mut self.buf);
+                    let result = self.seal_and_write(RecordKind::Data, &mut buf).await;
+                    self.buf = buf;
+                    result.map_err(SendFromError::Sink)?;
+                    return Ok(n);
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => self.release(),
+                Err(e) => return Err(SendFromError::Source(e)),
+            }
         }
-        self.buf.clear();
-        self.buf.resize(HEADER_LEN, 0);
-        let n = src
-            .read_buf(&mut (&mut self.buf).limit(MAX_PAYLOAD))
-            .await
-            .map_err(SendFromError::Source)?;
-        if n == 0 {
-            return Ok(0);
-        }
-        self.seal_and_write(RecordKind::Data)
-            .await
-            .map_err(SendFromError::Sink)?;
-        Ok(n)
     }
 
-    async fn seal_and_write(&mut self, kind: RecordKind) -> Result<(), RecordIoError> {
-        self.sealer.seal(kind, &mut self.buf)?;
-        self.io.write_all(&self.buf).await?;
+    async fn seal_and_write(
+        &mut self,
+        kind: RecordKind,
+        buf: &mut Vec<u8>,
+    ) -> Result<(), RecordIoError> {
+        self.sealer.seal(kind, buf)?;
+        self.io.write_all(buf).await?;
         Ok(())
     }
 
@@ -232,9 +306,16 @@ impl<W: AsyncWrite + Unpin> RecordWriter<W> {
         Ok(())
     }
 
-    /// Releases the send buffer (call when going idle).
-    pub fn shrink(&mut self) {
-        self.buf = Vec::new();
+    fn release(&mut self) {
+        buffers::give_write(std::mem::take(&mut self.buf));
+    }
+}
+
+impl<W> Drop for RecordWriter<W> {
+    fn drop(&mut self) {
+        if self.buf.capacity() != 0 {
+            buffers::give_write(std::mem::take(&mut self.buf));
+        }
     }
 }
 
@@ -243,8 +324,139 @@ impl<W: AsyncWrite + Unpin> RecordWriter<W> {
 pub enum SendFromError {
     /// Reading the plaintext source failed.
     #[error("reading the local connection failed: {0}")]
-    Source(std::io::Error),
+    Source(io::Error),
     /// Writing the record failed.
     #[error(transparent)]
     Sink(RecordIoError),
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use tokio::io::AsyncWriteExt;
+    use tokio::net::{TcpListener, TcpStream};
+    use warren_proto::CipherSuite;
+
+    use super::*;
+    use crate::crypto::record::DirectionKeys;
+
+    const SUITE: CipherSuite = CipherSuite::Aes128Gcm;
+
+    fn keys() -> DirectionKeys {
+        DirectionKeys::derive(SUITE, &[7u8; 32], b"records test")
+    }
+
+    async fn pair() -> (TcpStream, TcpStream) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let client = TcpStream::connect(listener.local_addr().unwrap())
+            .await
+            .unwrap();
+        let (server, _) = listener.accept().await.unwrap();
+        (client, server)
+    }
+
+    /// Seals records into wire bytes, as the peer would send them.
+    fn wire(records: &[(RecordKind, &[u8])]) -> Vec<u8> {
+        let mut sealer = Sealer::new(SUITE, keys());
+        let mut out = Vec::new();
+        for (kind, payload) in records {
+            let mut buf = vec![0u8; HEADER_LEN];
+            buf.extend_from_slice(payload);
+            sealer.seal(*kind, &mut buf).unwrap();
+            out.extend_from_slice(&buf);
+        }
+        out
+    }
+
+    #[tokio::test]
+    async fn records_split_at_every_awkward_boundary_arrive_whole() {
+        let (mut tx, rx) = pair().await;
+        let big = vec![0xabu8; MAX_PAYLOAD];
+        let bytes = wire(&[
+            (RecordKind::Data, b"hello"),
+            (RecordKind::Data, &big),
+            (RecordKind::Control, b"ctl"),
+            (RecordKind::End, b""),
+        ]);
+        let writer = tokio::spawn(async move {
+            // Dribble: one byte, then growing chunks, so headers and bodies split everywhere.
+            let mut at = 0;
+            let mut step = 1;
+            while at < bytes.len() {
+                let end = (at + step).min(bytes.len());
+                tx.write_all(&bytes[at..end]).await.unwrap();
+                tx.flush().await.unwrap();
+                at = end;
+                step = step * 3 + 1;
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            tx
+        });
+        let mut reader = RecordReader::new(rx, Opener::new(SUITE, keys()));
+        assert_eq!(reader.read().await.unwrap(), Some(Record::Data(b"hello")));
+        assert_eq!(reader.read().await.unwrap(), Some(Record::Data(&big[..])));
+        assert_eq!(reader.read().await.unwrap(), Some(Record::Control(b"ctl")));
+        assert_eq!(reader.read().await.unwrap(), Some(Record::End));
+        drop(writer.await.unwrap());
+        assert_eq!(
+            reader.read().await.unwrap(),
+            None,
+            "clean EOF between records"
+        );
+    }
+
+    #[tokio::test]
+    async fn an_idle_reader_holds_no_buffer() {
+        let (mut tx, rx) = pair().await;
+        let mut reader = RecordReader::new(rx, Opener::new(SUITE, keys()));
+        tx.write_all(&wire(&[(RecordKind::Data, b"one")]))
+            .await
+            .unwrap();
+        assert_eq!(reader.read().await.unwrap(), Some(Record::Data(b"one")));
+        // Nothing more comes: the next read waits without a buffer.
+        let waited = tokio::time::timeout(Duration::from_millis(50), reader.read()).await;
+        assert!(waited.is_err());
+        assert_eq!(reader.buf.capacity(), 0, "idle reader kept its buffer");
+    }
+
+    #[tokio::test]
+    async fn eof_inside_a_record_is_an_error() {
+        let (mut tx, rx) = pair().await;
+        let bytes = wire(&[(RecordKind::Data, b"cut short")]);
+        tx.write_all(&bytes[..bytes.len() - 3]).await.unwrap();
+        drop(tx);
+        let mut reader = RecordReader::new(rx, Opener::new(SUITE, keys()));
+        assert!(matches!(reader.read().await, Err(RecordIoError::Truncated)));
+    }
+
+    #[tokio::test]
+    async fn a_flipped_byte_is_never_delivered() {
+        let (mut tx, rx) = pair().await;
+        let mut bytes = wire(&[(RecordKind::Data, b"integrity matters")]);
+        bytes[HEADER_LEN + 3] ^= 0x20;
+        tx.write_all(&bytes).await.unwrap();
+        let mut reader = RecordReader::new(rx, Opener::new(SUITE, keys()));
+        assert!(matches!(
+            reader.read().await,
+            Err(RecordIoError::Record(RecordError::Decrypt))
+        ));
+    }
+
+    #[tokio::test]
+    async fn send_from_moves_bytes_and_releases_its_buffer_when_idle() {
+        let (mut source_tx, source_rx) = pair().await;
+        let (sink_tx, sink_rx) = pair().await;
+        let mut writer = RecordWriter::new(sink_tx, Sealer::new(SUITE, keys()));
+        let mut reader = RecordReader::new(sink_rx, Opener::new(SUITE, keys()));
+        source_tx.write_all(b"through").await.unwrap();
+        assert_eq!(writer.send_from(&source_rx).await.unwrap(), 7);
+        assert_eq!(reader.read().await.unwrap(), Some(Record::Data(b"through")));
+        let waited =
+            tokio::time::timeout(Duration::from_millis(50), writer.send_from(&source_rx)).await;
+        assert!(waited.is_err());
+        assert_eq!(writer.buf.capacity(), 0, "idle writer kept its buffer");
+        drop(source_tx);
+        assert_eq!(writer.send_from(&source_rx).await.unwrap(), 0, "EOF");
+    }
 }
