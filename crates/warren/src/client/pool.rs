@@ -60,8 +60,6 @@ pub(super) fn spawn_channel(shared: &Arc<Shared>, session: &Arc<ClientSession>) 
             },
         };
         drop(slot);
-        // The pool lost one channel: replace it before serving this one.
-        spawn_channel(&shared_for_task, &session);
         serve_stream(&shared_for_task, &session, channel, service).await;
     });
 }
@@ -81,25 +79,19 @@ async fn open_channel(session: &ClientSession) -> Result<Channel, String> {
         .unwrap_or_else(|_| Err("data channel handshake timed out".into()))
 }
 
+/// Dials the service's target and relays. The used pool channel is replaced once the target
+/// answered, so the replacement's handshake does not compete with this stream's first bytes.
 async fn serve_stream(
-    shared: &Shared,
-    session: &ClientSession,
+    shared: &Arc<Shared>,
+    session: &Arc<ClientSession>,
     mut channel: Channel,
     service: String,
 ) {
-    let Some(config) = session.services.get(&service) else {
-        warn!(event = "stream_rejected", %service, "server opened a stream for a service this session does not serve");
-        let _ = channel
-            .writer
-            .send(RecordKind::Close, b"unknown service")
-            .await;
-        return;
-    };
-    let target = match tcp::connect(&config.target, TARGET_CONNECT_TIMEOUT).await {
+    let connected = connect_target(session, &service).await;
+    spawn_channel(shared, session);
+    let target = match connected {
         Ok(target) => target,
-        Err(error) => {
-            warn!(event = "target_unreachable", %service, target = %config.target, %error, "cannot reach the service's target");
-            let reason = format!("target unreachable: {error}");
+        Err(reason) => {
             let _ = channel
                 .writer
                 .send(RecordKind::Close, reason.as_bytes())
@@ -113,4 +105,16 @@ async fn serve_stream(
         }
         Err(error) => debug!(event = "stream_aborted", %service, %error, "stream aborted"),
     }
+}
+
+/// Connects to `service`'s target; on failure, the reason to send the server.
+async fn connect_target(session: &ClientSession, service: &str) -> Result<TcpStream, String> {
+    let Some(config) = session.services.get(service) else {
+        warn!(event = "stream_rejected", %service, "server opened a stream for a service this session does not serve");
+        return Err("unknown service".into());
+    };
+    tcp::connect(&config.target, TARGET_CONNECT_TIMEOUT).await.map_err(|error| {
+        warn!(event = "target_unreachable", %service, target = %config.target, %error, "cannot reach the service's target");
+        format!("target unreachable: {error}")
+    })
 }
