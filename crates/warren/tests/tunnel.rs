@@ -291,3 +291,36 @@ async fn client_reconnects_after_a_server_restart() {
         hash(&payload)
     );
 }
+
+#[tokio::test]
+async fn everything_works_over_ipv6_loopback() {
+    let listener = match tokio::net::TcpListener::bind("[::1]:0").await {
+        Ok(listener) => listener,
+        Err(e) => panic!("IPv6 loopback is unavailable on this machine: {e}"),
+    };
+    let target = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let (mut r, mut w) = stream.split();
+                let _ = tokio::io::copy(&mut r, &mut w).await;
+                let _ = w.shutdown().await;
+            });
+        }
+    });
+    let setup = Setup::default();
+    let server = start_server(
+        &setup,
+        "[::1]:0".parse().unwrap(),
+        "[::1]:0".parse().unwrap(),
+    )
+    .await;
+    assert!(server.addr.is_ipv6() && server.service.is_ipv6());
+    let mut client = start_client(&setup, server.addr, target);
+    client.wait_sessions(1).await;
+    let payload = random_bytes(1024 * 1024);
+    assert_eq!(
+        hash(&round_trip(server.service, &payload).await.unwrap()),
+        hash(&payload)
+    );
+}
