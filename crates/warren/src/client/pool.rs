@@ -2,7 +2,8 @@
 //!
 //! Each pooled channel is one task: connect to the server, prove membership of the session,
 //! then wait (holding no buffers) for the server's `StreamOpen`. Once opened it is replaced
-//! by a fresh one, dials the service's target and relays until the stream ends.
+//! by a fresh one, dials the service's target and relays until the stream ends (or, for a
+//! UDP service, carries its datagrams: see [`super::udp`]).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,6 +13,7 @@ use tracing::{debug, warn};
 use warren_proto::message;
 
 use super::{ClientSession, Shared};
+use crate::config::ServiceKind;
 use crate::crypto::record::RecordKind;
 use crate::relay;
 use crate::transport::records::Record;
@@ -95,6 +97,10 @@ async fn serve_stream(
             .await;
         return;
     };
+    if let ServiceKind::Udp(settings) = config.kind {
+        super::udp::serve_udp(shared, session, channel, config, settings).await;
+        return;
+    }
     let target = match tcp::connect(&config.target, TARGET_CONNECT_TIMEOUT).await {
         Ok(target) => target,
         Err(error) => {

@@ -49,6 +49,8 @@ pub enum Record<'a> {
     Control(&'a [u8]),
     /// The peer aborts the channel; the payload is its reason.
     Close(&'a [u8]),
+    /// One datagram with its flow id in front (see [`crate::session::datagram`]).
+    Datagram(&'a [u8]),
 }
 
 /// Reads and opens records from `R`.
@@ -88,7 +90,8 @@ impl<R: AsyncRead + Unpin> RecordReader<R> {
                     RecordKind::Data => Record::Data(payload),
                     RecordKind::End => Record::End,
                     RecordKind::Control => Record::Control(payload),
-                    _ => Record::Close(payload),
+                    RecordKind::Close => Record::Close(payload),
+                    RecordKind::Datagram => Record::Datagram(payload),
                 }));
             }
             if self.buf.len() == self.end {
@@ -184,6 +187,26 @@ impl<W: AsyncWrite + Unpin> RecordWriter<W> {
         self.buf.clear();
         self.buf.reserve(HEADER_LEN + payload.len() + MAX_TAG_LEN);
         self.buf.resize(HEADER_LEN, 0);
+        self.buf.extend_from_slice(payload);
+        self.seal_and_write(kind).await
+    }
+
+    /// Seals `prefix || payload` (together at most 64 KiB) as one record of `kind` and
+    /// writes it; saves the caller a copy when a record carries a small header.
+    ///
+    /// # Errors
+    /// As [`RecordWriter::send`].
+    pub async fn send_prefixed(
+        &mut self,
+        kind: RecordKind,
+        prefix: &[u8],
+        payload: &[u8],
+    ) -> Result<(), RecordIoError> {
+        self.buf.clear();
+        self.buf
+            .reserve(HEADER_LEN + prefix.len() + payload.len() + MAX_TAG_LEN);
+        self.buf.resize(HEADER_LEN, 0);
+        self.buf.extend_from_slice(prefix);
         self.buf.extend_from_slice(payload);
         self.seal_and_write(kind).await
     }
