@@ -1,5 +1,5 @@
 //! Byte pumps between a local TCP connection (a visitor, or the target service) and a
-//! tunnel [`Channel`].
+//! tunnel [`Channel`]; UDP flow tables and counters live in [`udp`].
 //!
 //! Semantics both sides rely on:
 //! * EOF from the local side becomes an `End` record; an `End` record becomes a write
