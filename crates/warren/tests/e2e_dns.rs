@@ -48,6 +48,18 @@ fn free_udp_port() -> u16 {
         .port()
 }
 
+/// A port free for both UDP and TCP right now (dnsmasq binds both).
+fn free_dual_port() -> u16 {
+    for _ in 0..100 {
+        let udp = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let port = udp.local_addr().unwrap().port();
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no port free for both UDP and TCP in 100 tries");
+}
+
 fn free_tcp_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -96,6 +108,58 @@ fn dig(dig: &Path, port: u16, name: &str) -> Option<String> {
         .then(|| String::from_utf8_lossy(&output.stdout).trim().to_owned())
 }
 
+/// Starts dnsmasq on a free port with the test zone and waits until it answers; retries
+/// on another port if the chosen one was taken in the meantime.
+fn start_dnsmasq(dnsmasq: &Path, dig_path: &Path, dir: &Path) -> (u16, Killed) {
+    for _attempt in 0..5 {
+        let dns_port = free_dual_port();
+        let mut args = vec![
+            "--keep-in-foreground".to_owned(),
+            "--no-resolv".to_owned(),
+            "--no-hosts".to_owned(),
+            "--log-facility=-".to_owned(),
+            format!("--port={dns_port}"),
+            "--listen-address=127.0.0.1".to_owned(),
+            "--bind-interfaces".to_owned(),
+            "--address=/svc.warren.test/10.11.12.13".to_owned(),
+            // The zone is local: unknown names get NXDOMAIN, never a forward.
+            "--local=/warren.test/".to_owned(),
+            format!("--pid-file={}", dir.join("dnsmasq.pid").display()),
+            "--user=root".to_owned(),
+        ];
+        for (name, ip) in &ZONE[..2] {
+            args.push(format!("--host-record={name},{ip}"));
+        }
+        let log = std::fs::File::create(dir.join("dnsmasq.log")).unwrap();
+        let mut child = Killed(
+            Command::new(dnsmasq)
+                .args(&args)
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(log)
+                .spawn()
+                .expect("dnsmasq starts"),
+        );
+        // dnsmasq answers directly before the tunnel is involved.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if dig(dig_path, dns_port, ZONE[0].0).as_deref() == Some(ZONE[0].1) {
+                return (dns_port, child);
+            }
+            if child.0.try_wait().ok().flatten().is_some() {
+                break; // exited (port taken?): try another port
+            }
+            assert!(
+                Instant::now() < deadline,
+                "dnsmasq did not answer within 10s; log in {}",
+                dir.display()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+    panic!("dnsmasq failed to start 5 times; log in {}", dir.display());
+}
+
 #[test]
 fn issue4_dig_through_the_tunnel_gets_dnsmasq_answers() {
     let (Some(dnsmasq), Some(dig_path)) = (tool("dnsmasq"), tool("dig")) else {
@@ -110,46 +174,9 @@ fn issue4_dig_through_the_tunnel_gets_dnsmasq_answers() {
         return;
     };
     let dir = temp_dir();
-    let dns_port = free_udp_port();
+    let (dns_port, _dnsmasq) = start_dnsmasq(&dnsmasq, &dig_path, &dir);
     let server_port = free_tcp_port();
     let service_port = free_udp_port();
-
-    let mut args = vec![
-        "--keep-in-foreground".to_owned(),
-        "--no-resolv".to_owned(),
-        "--no-hosts".to_owned(),
-        "--log-facility=-".to_owned(),
-        format!("--port={dns_port}"),
-        "--listen-address=127.0.0.1".to_owned(),
-        "--bind-interfaces".to_owned(),
-        "--address=/svc.warren.test/10.11.12.13".to_owned(),
-        // The zone is local: unknown names get NXDOMAIN, never a forward.
-        "--local=/warren.test/".to_owned(),
-        format!("--pid-file={}", dir.join("dnsmasq.pid").display()),
-        "--user=root".to_owned(),
-    ];
-    for (name, ip) in &ZONE[..2] {
-        args.push(format!("--host-record={name},{ip}"));
-    }
-    let dnsmasq_log = std::fs::File::create(dir.join("dnsmasq.log")).unwrap();
-    let _dnsmasq = Killed(
-        Command::new(dnsmasq)
-            .args(&args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(dnsmasq_log)
-            .spawn()
-            .expect("dnsmasq starts"),
-    );
-    // dnsmasq answers directly before the tunnel is involved.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while dig(&dig_path, dns_port, ZONE[0].0).as_deref() != Some(ZONE[0].1) {
-        assert!(
-            Instant::now() < deadline,
-            "dnsmasq did not answer within 10s"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
 
     let _server = warren(
         &dir,

@@ -430,3 +430,59 @@ async fn issue4_udp_comes_back_after_a_server_restart() {
     }
     assert_eq!(answered.as_deref(), Some(&b"after"[..]));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn issue4_datagrams_are_not_held_up_by_a_bulk_tcp_transfer() {
+    let echo = echo_target().await;
+    let (tcp_target, mut tcp_results) = support::sink_then_reply_target(16).await;
+    let bound = Server::builder()
+        .bind("127.0.0.1:0".parse().unwrap())
+        .psk(PSK)
+        .default_token(TOKEN)
+        .tcp_service("web", "127.0.0.1:0".parse().unwrap())
+        .udp_service(SERVICE, "127.0.0.1:0".parse().unwrap())
+        .build()
+        .expect("valid server")
+        .bind()
+        .await
+        .expect("server binds");
+    let (server_addr, web, dns) = (
+        bound.local_addr(),
+        bound.service_addr("web").unwrap(),
+        bound.service_addr(SERVICE).unwrap(),
+    );
+    let _server_stop = bound.shutdown_token().drop_guard();
+    tokio::spawn(bound.run());
+    let client = Client::builder(HostPort::from(server_addr))
+        .psk(PSK)
+        .default_token(TOKEN)
+        .tcp_service("web", HostPort::from(tcp_target))
+        .udp_service(SERVICE, HostPort::from(echo))
+        .build()
+        .expect("valid client");
+    let mut status = client.status();
+    let stop = CancellationToken::new();
+    let _client_stop = stop.clone().drop_guard();
+    tokio::spawn(client.run(stop));
+    wait_sessions(&mut status, 1).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+
+    let payload = support::random_bytes(64 * 1024 * 1024);
+    let expected = support::hash(&payload);
+    let bulk = tokio::spawn(async move { support::round_trip(web, &payload).await });
+    let socket = visitor(dns).await;
+    let mut slowest = Duration::ZERO;
+    for i in 0..50u32 {
+        let started = Instant::now();
+        let reply = ask(&socket, &i.to_be_bytes(), Duration::from_secs(2))
+            .await
+            .unwrap_or_else(|| panic!("datagram {i} unanswered during the TCP transfer"));
+        assert_eq!(reply, i.to_be_bytes());
+        slowest = slowest.max(started.elapsed());
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let moved = bulk.await.unwrap().expect("the bulk transfer completes");
+    assert_eq!(moved.len(), 16);
+    assert_eq!(tcp_results.recv().await.unwrap().0, expected);
+    println!("slowest UDP round trip during a 64 MiB TCP transfer: {slowest:?}");
+}
