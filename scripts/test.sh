@@ -2,9 +2,9 @@
 # The one test command: formatting, lints, unit and integration tests, then the end-to-end
 # tests against the release binary. CI runs it through .ci/run.
 #
-# On a fresh Debian machine it first installs what is missing (iperf3 via apt-get, the
-# rustfmt and clippy components via rustup); on a machine that has everything it installs
-# nothing. Usage: scripts/test.sh
+# On a fresh Debian machine it first installs what is missing (iperf3, dnsmasq-base and
+# dnsutils via apt-get; the rustfmt and clippy components via rustup); on a machine that
+# has everything it installs nothing. Usage: scripts/test.sh
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -25,13 +25,15 @@ as_root() {
 banner "1/5 tools"
 missing_packages=()
 command -v iperf3 >/dev/null 2>&1 || missing_packages+=(iperf3)
+command -v dnsmasq >/dev/null 2>&1 || missing_packages+=(dnsmasq-base)
+command -v dig >/dev/null 2>&1 || missing_packages+=(dnsutils)
 if [ "${#missing_packages[@]}" -gt 0 ]; then
     echo "installing: ${missing_packages[*]}"
     as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq
     as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
         "${missing_packages[@]}"
 else
-    echo "iperf3: $(command -v iperf3)"
+    echo "have: iperf3 dnsmasq dig"
 fi
 for component in rustfmt clippy; do
     if ! cargo "${component/rustfmt/fmt}" --version >/dev/null 2>&1; then
@@ -50,9 +52,9 @@ cargo clippy --all-targets --locked -- -D warnings
 banner "4/5 cargo test --locked (debug: unit, integration, doc tests)"
 cargo test --locked
 
-banner "5/5 release build and end-to-end tests (real binary, iperf3 required)"
+banner "5/5 release build and end-to-end tests (real binary with iperf3, dnsmasq and dig)"
 cargo build --release --locked
-WARREN_E2E_REQUIRE_TOOLS=1 cargo test --release --locked -p warren --test e2e
+WARREN_E2E_REQUIRE_TOOLS=1 cargo test --release --locked -p warren --test e2e --test e2e_dns
 
 echo
 echo "test.sh: all checks passed"

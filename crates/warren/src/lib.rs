@@ -31,8 +31,8 @@
 //! * [`config`]: the TOML file model and the typed config.
 //! * [`crypto`]: record layer, key schedule, secrets.
 //! * [`transport`]: TCP channels, preambles, records over sockets.
-//! * [`session`]: the control channel (hello, heartbeats).
-//! * [`relay`]: byte pumps between local sockets and channels.
+//! * [`session`]: the control channel (hello, heartbeats) and datagram channels.
+//! * [`relay`]: byte pumps between local sockets and channels; UDP flow tables.
 //! * [`server`], [`client`]: the two sides.
 //! * [`demo`]: the self-contained `warren demo`.
 
@@ -46,8 +46,9 @@ pub mod session;
 pub mod transport;
 
 pub use client::{Client, ClientBuilder, ClientError, ClientStatus};
-pub use config::{ClientConfig, Config, HostPort, ServerConfig};
-pub use server::{BoundServer, Server, ServerBuilder, ServerError};
+pub use config::{ClientConfig, Config, HostPort, ServerConfig, UdpSettings};
+pub use relay::udp::UdpStatsSnapshot;
+pub use server::{BoundServer, Server, ServerBuilder, ServerError, UdpStatsHandle};
 pub use warren_proto::CipherSuite;
 
 /// Which end of a session a piece of code runs on.

@@ -11,6 +11,7 @@
 //! [`ClientStatus`] (watch the connection from outside).
 
 mod pool;
+mod udp;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -28,7 +29,9 @@ use warren_proto::liveness::Backoff;
 use warren_proto::message::{ControlMessage, ServiceClaim, Verdict};
 
 use crate::Side;
-use crate::config::{ClientConfig, ClientService, ConfigErrors, HostPort, Transport};
+use crate::config::{
+    ClientConfig, ClientService, ConfigErrors, HostPort, ServiceKind, Transport, UdpSettings,
+};
 use crate::crypto::keys::{self, SessionKeys};
 use crate::crypto::secret::Secret;
 use crate::session::{self as control, CONTROL_QUEUE, Liveness, SessionEnd, short_id};
@@ -88,7 +91,7 @@ pub struct Client {
 #[derive(Debug, Clone)]
 pub struct ClientBuilder {
     config: ClientConfig,
-    services: Vec<(String, HostPort, Option<Secret>)>,
+    services: Vec<(String, ServiceKind, HostPort, Option<Secret>)>,
 }
 
 impl ClientBuilder {
@@ -137,7 +140,26 @@ impl ClientBuilder {
 
     /// A reverse TCP service: visitors of the server's `name` port reach `target`.
     pub fn tcp_service(mut self, name: impl Into<String>, target: HostPort) -> Self {
-        self.services.push((name.into(), target, None));
+        self.services
+            .push((name.into(), ServiceKind::Tcp, target, None));
+        self
+    }
+
+    /// A reverse UDP service with default settings: datagrams to the server's `name` port
+    /// reach `target`, one socket per visitor.
+    pub fn udp_service(self, name: impl Into<String>, target: HostPort) -> Self {
+        self.udp_service_with(name, target, UdpSettings::DEFAULT)
+    }
+
+    /// A reverse UDP service with its own idle timeout and flow bound.
+    pub fn udp_service_with(
+        mut self,
+        name: impl Into<String>,
+        target: HostPort,
+        settings: UdpSettings,
+    ) -> Self {
+        self.services
+            .push((name.into(), ServiceKind::Udp(settings), target, None));
         self
     }
 
@@ -148,8 +170,12 @@ impl ClientBuilder {
         target: HostPort,
         token: impl Into<String>,
     ) -> Self {
-        self.services
-            .push((name.into(), target, Some(Secret::new(token))));
+        self.services.push((
+            name.into(),
+            ServiceKind::Tcp,
+            target,
+            Some(Secret::new(token)),
+        ));
         self
     }
 
@@ -158,7 +184,7 @@ impl ClientBuilder {
     /// # Errors
     /// Every problem at once.
     pub fn build(mut self) -> Result<Client, ConfigErrors> {
-        for (name, target, token) in self.services {
+        for (name, kind, target, token) in self.services {
             let token = token
                 .or_else(|| self.config.default_token.clone())
                 .unwrap_or_default();
@@ -166,7 +192,7 @@ impl ClientBuilder {
                 name.clone(),
                 ClientService {
                     name,
-                    kind: crate::config::ServiceKind::Tcp,
+                    kind,
                     target,
                     token,
                 },

@@ -2,7 +2,8 @@
 //!
 //! Each pooled channel is one task: connect to the server, prove membership of the session,
 //! then wait (holding no buffers) for the server's `StreamOpen`. Once opened it is replaced
-//! by a fresh one, dials the service's target and relays until the stream ends.
+//! by a fresh one, dials the service's target and relays until the stream ends (or, for a
+//! UDP service, carries its datagrams: see [`super::udp`]).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,6 +13,7 @@ use tracing::{debug, warn};
 use warren_proto::message;
 
 use super::{ClientSession, Shared};
+use crate::config::ServiceKind;
 use crate::crypto::record::RecordKind;
 use crate::relay;
 use crate::transport::records::Record;
@@ -87,7 +89,26 @@ async fn serve_stream(
     mut channel: Channel,
     service: String,
 ) {
-    let connected = connect_target(session, &service).await;
+    let Some(config) = session.services.get(&service) else {
+        warn!(event = "stream_rejected", %service, "server opened a stream for a service this session does not serve");
+        spawn_channel(shared, session);
+        let _ = channel
+            .writer
+            .send(RecordKind::Close, b"unknown service")
+            .await;
+        return;
+    };
+    if let ServiceKind::Udp(settings) = config.kind {
+        spawn_channel(shared, session);
+        super::udp::serve_udp(shared, session, channel, config, settings).await;
+        return;
+    }
+    let connected = tcp::connect(&config.target, TARGET_CONNECT_TIMEOUT)
+        .await
+        .map_err(|error| {
+            warn!(event = "target_unreachable", %service, target = %config.target, %error, "cannot reach the service's target");
+            format!("target unreachable: {error}")
+        });
     spawn_channel(shared, session);
     let target = match connected {
         Ok(target) => target,
@@ -105,16 +126,4 @@ async fn serve_stream(
         }
         Err(error) => debug!(event = "stream_aborted", %service, %error, "stream aborted"),
     }
-}
-
-/// Connects to `service`'s target; on failure, the reason to send the server.
-async fn connect_target(session: &ClientSession, service: &str) -> Result<TcpStream, String> {
-    let Some(config) = session.services.get(service) else {
-        warn!(event = "stream_rejected", %service, "server opened a stream for a service this session does not serve");
-        return Err("unknown service".into());
-    };
-    tcp::connect(&config.target, TARGET_CONNECT_TIMEOUT).await.map_err(|error| {
-        warn!(event = "target_unreachable", %service, target = %config.target, %error, "cannot reach the service's target");
-        format!("target unreachable: {error}")
-    })
 }

@@ -21,8 +21,8 @@ use super::suggest::did_you_mean;
 use super::typed::{
     ClientConfig, ClientService, DEFAULT_HANDSHAKE_TIMEOUT, DEFAULT_HEARTBEAT_INTERVAL,
     DEFAULT_HEARTBEAT_TIMEOUT, DEFAULT_RECONNECT_INITIAL_DELAY, DEFAULT_RECONNECT_MAX_DELAY,
-    HostPort, HostPortError, ServerConfig, ServerService, ServiceKind, Transport, has_aes_hardware,
-    service_key,
+    DEFAULT_UDP_IDLE_TIMEOUT, DEFAULT_UDP_MAX_SESSIONS, HostPort, HostPortError, ServerConfig,
+    ServerService, ServiceKind, Transport, UdpSettings, has_aes_hardware, service_key,
 };
 use crate::crypto::secret::Secret;
 
@@ -143,6 +143,13 @@ fn server_services(
     for (name, service) in services {
         let key = service_key("server", &name);
         let kind = service_kind(report, &key, service.kind.as_deref());
+        let kind = udp_settings(
+            report,
+            &key,
+            kind,
+            service.udp_idle_timeout.as_ref(),
+            service.udp_max_sessions,
+        );
         let bind_key = join_key(&key, "bind");
         let bind = match &service.bind {
             Some(text) => socket_addr(report, &bind_key, text),
@@ -239,6 +246,13 @@ fn client_services(
     for (name, service) in services {
         let key = service_key("client", &name);
         let kind = service_kind(report, &key, service.kind.as_deref());
+        let kind = udp_settings(
+            report,
+            &key,
+            kind,
+            service.udp_idle_timeout.as_ref(),
+            service.udp_max_sessions,
+        );
         let target_key = join_key(&key, "target");
         let target = match &service.target {
             Some(text) => host_port(report, &target_key, text),
@@ -451,19 +465,72 @@ fn service_kind(report: &mut Report, service: &str, name: Option<&str>) -> Servi
                         &key,
                         format!("service type \"{lower}\" is not supported yet"),
                     )
-                    .with_hint("only type = \"tcp\" works in this version"),
+                    .with_hint("type = \"tcp\" and type = \"udp\" work in this version"),
                 );
             } else {
                 let names: Vec<&str> = ServiceKind::ALL.iter().map(|k| k.name()).collect();
                 let hint = match did_you_mean(name, &names) {
                     Some(close) => format!("did you mean \"{close}\"?"),
-                    None => "write type = \"tcp\"".to_owned(),
+                    None => "write type = \"tcp\" or type = \"udp\"".to_owned(),
                 };
                 report.fail(ConfigError::new(&key, error.to_string()).with_hint(hint));
             }
             ServiceKind::default()
         }
     }
+}
+
+/// Fills a UDP service's settings from its `udp_*` keys; on any other kind those keys are
+/// an error (unless the kind itself was already reported).
+fn udp_settings(
+    report: &mut Report,
+    service: &str,
+    kind: ServiceKind,
+    idle_timeout: Option<&RawDuration>,
+    max_sessions: Option<i64>,
+) -> ServiceKind {
+    let idle_key = join_key(service, "udp_idle_timeout");
+    let max_key = join_key(service, "udp_max_sessions");
+    let ServiceKind::Udp(_) = kind else {
+        let type_key = join_key(service, "type");
+        if !report.is_poisoned(&type_key) {
+            for (key, set) in [
+                (&idle_key, idle_timeout.is_some()),
+                (&max_key, max_sessions.is_some()),
+            ] {
+                if set {
+                    let leaf = key.rsplit('.').next().unwrap_or(key);
+                    report.fail(
+                        ConfigError::new(
+                            key,
+                            format!(
+                                "`{leaf}` only applies to udp services, and this one is {kind}"
+                            ),
+                        )
+                        .with_hint("remove it, or set type = \"udp\" if this service carries UDP"),
+                    );
+                }
+            }
+        }
+        return kind;
+    };
+    let idle_timeout = duration(report, &idle_key, idle_timeout, DEFAULT_UDP_IDLE_TIMEOUT);
+    let max_sessions = match max_sessions {
+        None => DEFAULT_UDP_MAX_SESSIONS,
+        // Too large is left to the semantic check, which names the range.
+        Some(n) if n >= 1 => usize::try_from(n).unwrap_or(usize::MAX),
+        Some(n) => {
+            report.fail(
+                ConfigError::new(&max_key, format!("udp_max_sessions must be at least 1, not {n}"))
+                    .with_hint(format!("remove it for the default ({DEFAULT_UDP_MAX_SESSIONS}), or write a positive number")),
+            );
+            DEFAULT_UDP_MAX_SESSIONS
+        }
+    };
+    ServiceKind::Udp(UdpSettings {
+        idle_timeout,
+        max_sessions,
+    })
 }
 
 fn ciphers(report: &mut Report, side: &str, names: Option<&[String]>) -> Vec<CipherSuite> {

@@ -53,13 +53,19 @@ pub struct FileServer {
 #[derive(Debug, Clone, Default, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct FileServerService {
-    /// Service type: `"tcp"` (default). `"udp"` and `"http"` are not supported yet.
+    /// Service type: `"tcp"` (default) or `"udp"`. `"http"` is not supported yet.
     #[serde(rename = "type")]
     pub kind: Option<String>,
     /// `IP:PORT` where visitors connect. Required.
     pub bind: Option<String>,
     /// Token the client must prove. Default: `[server].default_token`.
     pub token: Option<String>,
+    /// UDP only: drop a visitor's session after this long without a datagram in either
+    /// direction. Default `"60s"`.
+    pub udp_idle_timeout: Option<RawDuration>,
+    /// UDP only: most visitor sessions at once; the least recently active is evicted when
+    /// full. Default 4096.
+    pub udp_max_sessions: Option<i64>,
 }
 
 /// The `[client]` section.
@@ -95,13 +101,19 @@ pub struct FileClient {
 #[derive(Debug, Clone, Default, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct FileClientService {
-    /// Service type: `"tcp"` (default). `"udp"` and `"http"` are not supported yet.
+    /// Service type: `"tcp"` (default) or `"udp"`. `"http"` is not supported yet.
     #[serde(rename = "type")]
     pub kind: Option<String>,
     /// `HOST:PORT` of the local service to forward to. Required.
     pub target: Option<String>,
     /// Token proving the client may serve this service. Default: `[client].default_token`.
     pub token: Option<String>,
+    /// UDP only: close a flow's target socket after this long without a datagram in
+    /// either direction. Default `"60s"`.
+    pub udp_idle_timeout: Option<RawDuration>,
+    /// UDP only: most flows (target sockets) at once; the least recently active is closed
+    /// when full. Default 4096.
+    pub udp_max_sessions: Option<i64>,
 }
 
 /// A duration as written: a string such as `"10s"`, or a bare number, which is kept only
@@ -211,11 +223,23 @@ mod tests {
         assert!(field_names::<FileServer>().contains(&"services"));
         assert_eq!(
             field_names::<FileServerService>(),
-            ["type", "bind", "token"]
+            [
+                "type",
+                "bind",
+                "token",
+                "udp_idle_timeout",
+                "udp_max_sessions"
+            ]
         );
         assert_eq!(
             field_names::<FileClientService>(),
-            ["type", "target", "token"]
+            [
+                "type",
+                "target",
+                "token",
+                "udp_idle_timeout",
+                "udp_max_sessions"
+            ]
         );
     }
 

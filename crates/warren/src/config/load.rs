@@ -400,12 +400,14 @@ fn type_hint(key: &str) -> Option<&'static str> {
             "write a list of names, e.g. ciphers = [\"aes-256-gcm\", \"chacha20-poly1305\"]"
         }
         "insecure" => "write true or false, without quotes",
-        "type" => "write type = \"tcp\"",
+        "type" => "write type = \"tcp\" or type = \"udp\"",
+        "udp_max_sessions" => "write a whole number without quotes, e.g. udp_max_sessions = 4096",
         "heartbeat_interval"
         | "heartbeat_timeout"
         | "handshake_timeout"
         | "reconnect_initial_delay"
-        | "reconnect_max_delay" => "write a quoted duration such as \"10s\"",
+        | "reconnect_max_delay"
+        | "udp_idle_timeout" => "write a quoted duration such as \"10s\"",
         _ => return None,
     })
 }
@@ -821,8 +823,8 @@ bind = "0.0.0.0:8081"
 token = "${WARREN_TEST_TOKEN}"
 [server.services.notoken]
 bind = "0.0.0.0:8082"
-[server.services.udp]
-type = "udp"
+[server.services.http]
+type = "http"
 bind = "0.0.0.0:8083"
 token = "${WARREN_TEST_TOKEN}"
 [server.services.named]
@@ -836,7 +838,7 @@ token = "${WARREN_TEST_TOKEN}"
                 ("server.services.b.bind".to_owned(), Some(8)),
                 ("server.services.\"bad name!\"".to_owned(), Some(10)),
                 ("server.services.notoken.token".to_owned(), Some(13)),
-                ("server.services.udp.type".to_owned(), Some(16)),
+                ("server.services.http.type".to_owned(), Some(16)),
                 ("server.services.named.bind".to_owned(), Some(20)),
             ]
         );
@@ -850,7 +852,7 @@ token = "${WARREN_TEST_TOKEN}"
             "{text}"
         );
         assert!(
-            text.contains("service type \"udp\" is not supported yet"),
+            text.contains("service type \"http\" is not supported yet"),
             "{text}"
         );
         assert!(text.contains("the host must be an IP address"), "{text}");
@@ -859,6 +861,90 @@ token = "${WARREN_TEST_TOKEN}"
             "x".repeat(65)
         );
         assert!(super::super::Config::from_toml_str_with_env(&long, "t", &env).is_err());
+    }
+
+    #[test]
+    fn udp_services_and_their_keys() {
+        let config = Config::from_toml_str_with_env(
+            r#"[server]
+bind = "0.0.0.0:7000"
+psk = "${WARREN_TEST_PSK}"
+default_token = "${WARREN_TEST_TOKEN}"
+[server.services.dns]
+type = "udp"
+bind = "0.0.0.0:5353"
+udp_idle_timeout = "500ms"
+udp_max_sessions = 16
+[server.services.dns-tcp]
+bind = "0.0.0.0:5353"
+[server.services.game]
+type = "udp"
+bind = "0.0.0.0:27015"
+"#,
+            "t",
+            &env,
+        )
+        .expect("valid");
+        let Config::Server(server) = config else {
+            panic!("server config");
+        };
+        assert_eq!(
+            server.services["dns"].kind,
+            ServiceKind::Udp(crate::config::UdpSettings {
+                idle_timeout: Duration::from_millis(500),
+                max_sessions: 16,
+            })
+        );
+        assert_eq!(
+            server.services["game"].kind,
+            ServiceKind::Udp(crate::config::UdpSettings::DEFAULT)
+        );
+        assert_eq!(server.services["dns-tcp"].kind, ServiceKind::Tcp);
+
+        let errors = errors(
+            r#"[client]
+server = "a:1"
+psk = "${WARREN_TEST_PSK}"
+default_token = "${WARREN_TEST_TOKEN}"
+[client.services.web]
+target = "a:2"
+udp_idle_timeout = "5s"
+[client.services.dns]
+type = "udp"
+target = "a:53"
+udp_idle_timeout = 5
+udp_max_sessions = -1
+[client.services.big]
+type = "udp"
+target = "a:54"
+udp_max_sessions = 100000000
+udp_idle_timeout = "0s"
+[client.services.typo]
+type = "upd"
+target = "a:55"
+udp_max_sessions = 1
+"#,
+        );
+        assert_eq!(
+            keys_and_lines(&errors),
+            [
+                ("client.services.web.udp_idle_timeout".to_owned(), Some(7)),
+                ("client.services.dns.udp_idle_timeout".to_owned(), Some(11)),
+                ("client.services.dns.udp_max_sessions".to_owned(), Some(12)),
+                ("client.services.big.udp_max_sessions".to_owned(), Some(16)),
+                ("client.services.big.udp_idle_timeout".to_owned(), Some(17)),
+                ("client.services.typo.type".to_owned(), Some(19)),
+            ]
+        );
+        let text = errors.to_string();
+        assert!(
+            text.contains("`udp_idle_timeout` only applies to udp services"),
+            "{text}"
+        );
+        assert!(text.contains("set type = \"udp\""), "{text}");
+        assert!(text.contains("expected one of: tcp, udp"), "{text}");
+        assert!(text.contains("must be at least 1, not -1"), "{text}");
+        assert!(text.contains("must be from 1 to 1048576"), "{text}");
     }
 
     #[test]

@@ -91,6 +91,37 @@ impl FromStr for Transport {
     }
 }
 
+/// Default `udp_idle_timeout` of a UDP service.
+pub const DEFAULT_UDP_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+/// Default `udp_max_sessions` of a UDP service.
+pub const DEFAULT_UDP_MAX_SESSIONS: usize = 4096;
+/// Largest `udp_max_sessions` accepted: keeps a service's memory bounded even when a
+/// config asks for "unlimited".
+pub const MAX_UDP_MAX_SESSIONS: usize = 1 << 20;
+
+/// Settings of a UDP service: how its per-visitor sessions (flows) are bounded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct UdpSettings {
+    /// A flow with no datagram in either direction for this long is dropped.
+    pub idle_timeout: Duration,
+    /// Most flows at once; when full, the least recently active flow is evicted.
+    pub max_sessions: usize,
+}
+
+impl UdpSettings {
+    /// The defaults: 60 s idle timeout, 4096 sessions.
+    pub const DEFAULT: UdpSettings = UdpSettings {
+        idle_timeout: DEFAULT_UDP_IDLE_TIMEOUT,
+        max_sessions: DEFAULT_UDP_MAX_SESSIONS,
+    };
+}
+
+impl Default for UdpSettings {
+    fn default() -> Self {
+        UdpSettings::DEFAULT
+    }
+}
+
 /// What a service forwards.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 #[non_exhaustive]
@@ -98,19 +129,31 @@ pub enum ServiceKind {
     /// TCP connections (the default).
     #[default]
     Tcp,
+    /// UDP datagrams, one flow per visitor address.
+    Udp(UdpSettings),
 }
 
 impl ServiceKind {
-    /// Every supported kind.
-    pub const ALL: [ServiceKind; 1] = [ServiceKind::Tcp];
+    /// Every supported kind (UDP with its default settings).
+    pub const ALL: [ServiceKind; 2] = [ServiceKind::Tcp, ServiceKind::Udp(UdpSettings::DEFAULT)];
     /// Kinds that are planned but refused for now with "not supported yet".
-    pub const PLANNED: [&'static str; 2] = ["udp", "http"];
+    pub const PLANNED: [&'static str; 1] = ["http"];
 
-    /// The name used in config files (`"tcp"`).
+    /// The name used in config files (`"tcp"`, `"udp"`).
     pub fn name(self) -> &'static str {
         match self {
             ServiceKind::Tcp => "tcp",
+            ServiceKind::Udp(_) => "udp",
         }
+    }
+
+    /// Whether two services of these kinds would fight over one port number: only when
+    /// they use the same protocol.
+    fn shares_protocol(self, other: ServiceKind) -> bool {
+        matches!(
+            (self, other),
+            (ServiceKind::Tcp, ServiceKind::Tcp) | (ServiceKind::Udp(_), ServiceKind::Udp(_))
+        )
     }
 }
 
@@ -385,17 +428,23 @@ impl ServerConfig {
             "heartbeat_interval",
             self.heartbeat_interval,
         );
-        // (port, service key) of every bind seen so far, to find two listeners on one port.
-        let mut binds: Vec<(SocketAddr, String)> = vec![(self.bind, "server.bind".to_owned())];
+        // (port, protocol, service key) of every bind seen so far, to find two listeners on
+        // one port. The server port counts as both TCP and UDP: QUIC will use its UDP side.
+        let mut binds: Vec<(SocketAddr, Option<ServiceKind>, String)> =
+            vec![(self.bind, None, "server.bind".to_owned())];
         for (name, service) in &self.services {
             let key = service_key(side, name);
             check_service(&mut errors, side, name, &service.name, &service.token, self);
+            check_udp(&mut errors, &key, service.kind);
             let bind_key = join_key(&key, "bind");
-            // Port 0 asks the OS for a free port, so it never conflicts.
-            let conflict = binds
-                .iter()
-                .find(|(addr, _)| service.bind.port() != 0 && binds_conflict(*addr, service.bind));
-            if let Some((_, other)) = conflict {
+            // Port 0 asks the OS for a free port, so it never conflicts; a UDP and a TCP
+            // service may share a port number.
+            let conflict = binds.iter().find(|(addr, kind, _)| {
+                service.bind.port() != 0
+                    && kind.is_none_or(|kind| kind.shares_protocol(service.kind))
+                    && binds_conflict(*addr, service.bind)
+            });
+            if let Some((_, _, other)) = conflict {
                 errors.push(
                     ConfigError::new(
                         &bind_key,
@@ -404,7 +453,7 @@ impl ServerConfig {
                     .with_hint("give every service its own port"),
                 );
             }
-            binds.push((service.bind, bind_key));
+            binds.push((service.bind, Some(service.kind), bind_key));
         }
         errors
     }
@@ -494,11 +543,35 @@ impl ClientConfig {
         }
         for (name, service) in &self.services {
             check_service(&mut errors, side, name, &service.name, &service.token, self);
+            check_udp(&mut errors, &service_key(side, name), service.kind);
             if service.target.port == 0 {
                 errors.push(port_zero(&join_key(&service_key(side, name), "target")));
             }
         }
         errors
+    }
+}
+
+/// The bounds of a UDP service: a non-zero idle timeout, 1 to [`MAX_UDP_MAX_SESSIONS`]
+/// sessions.
+fn check_udp(errors: &mut Vec<ConfigError>, key: &str, kind: ServiceKind) {
+    let ServiceKind::Udp(udp) = kind else {
+        return;
+    };
+    check_nonzero(errors, key, "udp_idle_timeout", udp.idle_timeout);
+    if !(1..=MAX_UDP_MAX_SESSIONS).contains(&udp.max_sessions) {
+        errors.push(
+            ConfigError::new(
+                join_key(key, "udp_max_sessions"),
+                format!(
+                    "udp_max_sessions must be from 1 to {MAX_UDP_MAX_SESSIONS}, not {}",
+                    udp.max_sessions
+                ),
+            )
+            .with_hint(format!(
+                "remove it for the default ({DEFAULT_UDP_MAX_SESSIONS}), or write a number in that range"
+            )),
+        );
     }
 }
 
@@ -824,6 +897,49 @@ mod tests {
         let errors = client.validate().expect_err("invalid");
         let keys: Vec<&str> = errors.errors().iter().map(|e| e.key.as_str()).collect();
         assert_eq!(keys, ["client.ciphers[1]", "client.reconnect_max_delay"]);
+    }
+
+    #[test]
+    fn udp_services_share_ports_with_tcp_and_check_their_bounds() {
+        let mut server = ServerConfig::new("127.0.0.1:7000".parse().expect("addr"), strong());
+        let services = [
+            ("tcp", ServiceKind::Tcp, 8080),
+            ("udp", ServiceKind::Udp(UdpSettings::DEFAULT), 8080),
+            (
+                "udp2",
+                ServiceKind::Udp(UdpSettings {
+                    idle_timeout: Duration::ZERO,
+                    max_sessions: 0,
+                }),
+                8080,
+            ),
+            ("quic", ServiceKind::Udp(UdpSettings::DEFAULT), 7000),
+        ];
+        for (name, kind, port) in services {
+            server.services.insert(
+                name.to_owned(),
+                ServerService {
+                    name: name.to_owned(),
+                    kind,
+                    bind: SocketAddr::from(([127, 0, 0, 1], port)),
+                    token: strong(),
+                },
+            );
+        }
+        let errors = server.validate().expect_err("invalid");
+        let keys: Vec<&str> = errors.errors().iter().map(|e| e.key.as_str()).collect();
+        assert_eq!(
+            keys,
+            [
+                "server.services.quic.bind",
+                "server.services.udp2.udp_idle_timeout",
+                "server.services.udp2.udp_max_sessions",
+                "server.services.udp2.bind",
+            ],
+            "tcp and udp may share 8080; two udp services may not; the server port is reserved"
+        );
+        assert_eq!("udp".parse(), Ok(ServiceKind::Udp(UdpSettings::DEFAULT)));
+        assert_eq!(ServiceKind::Udp(UdpSettings::DEFAULT).to_string(), "udp");
     }
 
     #[test]

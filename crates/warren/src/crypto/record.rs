@@ -20,7 +20,8 @@
 //!
 //! - `kind` is a [`RecordKind`]: `0` data, `1` end of stream (half-close, empty payload),
 //!   `2` control message, `3` orderly close of the whole channel (payload: an optional
-//!   reason). Other values are rejected.
+//!   reason), `4` one datagram (payload: a 4-byte flow id and the datagram, see
+//!   [`crate::session::datagram`]). Other values are rejected.
 //! - `len` is the length of everything after the header: `payload_len + tag_len`, with
 //!   `payload_len <= MAX_PAYLOAD` (65536). The reader checks it with
 //!   [`Opener::parse_header`] *before* it allocates or reads the body: a `len` below
@@ -110,6 +111,8 @@ pub enum RecordKind {
     Control = 2,
     /// Orderly close of the whole channel; the payload may carry a reason.
     Close = 3,
+    /// One whole datagram of a UDP flow: `flow_id: u32 BE || datagram`.
+    Datagram = 4,
 }
 
 impl TryFrom<u8> for RecordKind {
@@ -117,13 +120,14 @@ impl TryFrom<u8> for RecordKind {
 
     /// # Errors
     ///
-    /// [`RecordError::UnknownKind`] for any byte other than 0 to 3.
+    /// [`RecordError::UnknownKind`] for any byte other than 0 to 4.
     fn try_from(byte: u8) -> Result<Self, Self::Error> {
         match byte {
             0 => Ok(RecordKind::Data),
             1 => Ok(RecordKind::End),
             2 => Ok(RecordKind::Control),
             3 => Ok(RecordKind::Close),
+            4 => Ok(RecordKind::Datagram),
             other => Err(RecordError::UnknownKind(other)),
         }
     }
@@ -703,7 +707,12 @@ mod tests {
             assert_eq!(sealer.tag_len(), suite.tag_len());
             assert_eq!(opener.suite(), suite);
             for len in [0, 1, 15, 16, 17, 16 * 1024, MAX_PAYLOAD - 1, MAX_PAYLOAD] {
-                for kind in [RecordKind::Data, RecordKind::Control, RecordKind::Close] {
+                for kind in [
+                    RecordKind::Data,
+                    RecordKind::Control,
+                    RecordKind::Close,
+                    RecordKind::Datagram,
+                ] {
                     let plain = payload(&mut rng, len);
                     let mut rec = record(&plain);
                     let cap = rec.capacity();
@@ -898,7 +907,11 @@ mod tests {
             }
             assert_eq!(
                 opener.parse_header(with_len(4, tag)),
-                Err(RecordError::UnknownKind(4))
+                Ok((RecordKind::Datagram, tag))
+            );
+            assert_eq!(
+                opener.parse_header(with_len(5, tag)),
+                Err(RecordError::UnknownKind(5))
             );
             assert_eq!(
                 opener.parse_header(with_len(255, tag)),

@@ -1,5 +1,5 @@
 //! Byte pumps between a local TCP connection (a visitor, or the target service) and a
-//! tunnel [`Channel`].
+//! tunnel [`Channel`]; UDP flow tables and counters live in [`udp`].
 //!
 //! Semantics both sides rely on:
 //! * EOF from the local side becomes an `End` record; an `End` record becomes a write
@@ -9,6 +9,8 @@
 //!   connection (RST): a cut transfer must never look complete.
 //! * A local connection that fails (e.g. reset by the visitor) sends `Close` to the peer, which
 //!   resets its own local connection in turn.
+
+pub mod udp;
 
 use std::io;
 
@@ -37,8 +39,8 @@ pub enum RelayError {
     /// The local connection failed; the peer was told to abort.
     #[error("local connection failed: {0}")]
     Local(io::Error),
-    /// The peer sent a control record inside a stream.
-    #[error("protocol violation: unexpected control record inside a stream")]
+    /// The peer sent a control or datagram record inside a stream.
+    #[error("protocol violation: unexpected control or datagram record inside a stream")]
     Protocol,
     /// Warren is shutting down.
     #[error("shutting down")]
@@ -144,7 +146,7 @@ async fn tunnel_to_local(
                     String::from_utf8_lossy(reason).into_owned(),
                 ));
             }
-            Some(Record::Control(_)) => return Err(RelayError::Protocol),
+            Some(Record::Control(_) | Record::Datagram(_)) => return Err(RelayError::Protocol),
             None => return Err(RelayError::TunnelCut),
         }
     }

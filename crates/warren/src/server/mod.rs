@@ -5,12 +5,14 @@
 //! ([`ServerConfig::handshake_timeout`]), never in the accept loop, so a silent peer delays
 //! nobody. Service ports are bound at start and stay bound: a visitor arriving while no
 //! client serves the service is reset at once, and the service works again the moment its
-//! client reconnects.
+//! client reconnects. UDP services bind one socket each and carry every visitor's datagrams
+//! over one datagram channel per session ([`udp`]).
 //!
 //! Main types: [`Server`] (validated config, built with [`Server::builder`]),
 //! [`BoundServer`] (sockets bound, ready to [`BoundServer::run`]).
 
 mod session;
+mod udp;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -28,11 +30,14 @@ use warren_proto::message::{ControlMessage, StreamOpen, Verdict};
 use warren_proto::{CipherSuite, message};
 
 use crate::Side;
-use crate::config::{ConfigErrors, ServerConfig, ServerService, Transport};
+use crate::config::{
+    ConfigErrors, ServerConfig, ServerService, ServiceKind, Transport, UdpSettings,
+};
 use crate::crypto::keys::{self, SessionKeys};
 use crate::crypto::record::RecordKind;
 use crate::crypto::secret::Secret;
 use crate::relay;
+use crate::relay::udp::{UdpStats, UdpStatsSnapshot};
 use crate::session::{self as control, Liveness, SessionEnd, short_id};
 use crate::transport::preamble::{self, Incoming, PreambleError};
 use crate::transport::{Channel, tcp};
@@ -89,7 +94,7 @@ pub struct Server {
 #[derive(Debug, Clone)]
 pub struct ServerBuilder {
     config: ServerConfig,
-    services: Vec<(String, SocketAddr, Option<Secret>)>,
+    services: Vec<(String, ServiceKind, SocketAddr, Option<Secret>)>,
 }
 
 impl ServerBuilder {
@@ -143,7 +148,25 @@ impl ServerBuilder {
 
     /// A reverse TCP service using the default token.
     pub fn tcp_service(mut self, name: impl Into<String>, bind: SocketAddr) -> Self {
-        self.services.push((name.into(), bind, None));
+        self.services
+            .push((name.into(), ServiceKind::Tcp, bind, None));
+        self
+    }
+
+    /// A reverse UDP service using the default token and default settings.
+    pub fn udp_service(self, name: impl Into<String>, bind: SocketAddr) -> Self {
+        self.udp_service_with(name, bind, UdpSettings::DEFAULT)
+    }
+
+    /// A reverse UDP service with its own idle timeout and session bound.
+    pub fn udp_service_with(
+        mut self,
+        name: impl Into<String>,
+        bind: SocketAddr,
+        settings: UdpSettings,
+    ) -> Self {
+        self.services
+            .push((name.into(), ServiceKind::Udp(settings), bind, None));
         self
     }
 
@@ -154,8 +177,12 @@ impl ServerBuilder {
         bind: SocketAddr,
         token: impl Into<String>,
     ) -> Self {
-        self.services
-            .push((name.into(), bind, Some(Secret::new(token))));
+        self.services.push((
+            name.into(),
+            ServiceKind::Tcp,
+            bind,
+            Some(Secret::new(token)),
+        ));
         self
     }
 
@@ -164,7 +191,7 @@ impl ServerBuilder {
     /// # Errors
     /// Every problem at once, as the config file loader reports them.
     pub fn build(mut self) -> Result<Server, ConfigErrors> {
-        for (name, bind, token) in self.services {
+        for (name, kind, bind, token) in self.services {
             let token = token
                 .or_else(|| self.config.default_token.clone())
                 .unwrap_or_default();
@@ -172,7 +199,7 @@ impl ServerBuilder {
                 name.clone(),
                 ServerService {
                     name,
-                    kind: crate::config::ServiceKind::Tcp,
+                    kind,
                     bind,
                     token,
                 },
@@ -200,7 +227,7 @@ impl Server {
         Ok(Server { config })
     }
 
-    /// Binds the server port and every service port.
+    /// Binds the server port and every service port (TCP listeners, UDP sockets).
     ///
     /// # Errors
     /// [`ServerError::Bind`] naming the port that could not be bound.
@@ -208,16 +235,39 @@ impl Server {
         let listener = bind_listener("the server port", self.config.bind).await?;
         let mut services = HashMap::new();
         let mut listeners = Vec::new();
+        let mut udp_sockets = Vec::new();
+        let mut udp_stats = HashMap::new();
         for service in self.config.services.values() {
-            let service_listener =
-                bind_listener(&format!("service `{}`", service.name), service.bind).await?;
+            let what = format!("service `{}`", service.name);
             let slot = Arc::new(ServiceSlot {
                 name: service.name.clone(),
                 token: service.token.clone(),
                 session: Mutex::new(None),
             });
             services.insert(service.name.clone(), Arc::clone(&slot));
-            listeners.push((slot, service_listener));
+            match service.kind {
+                ServiceKind::Tcp => {
+                    listeners.push((slot, bind_listener(&what, service.bind).await?));
+                }
+                ServiceKind::Udp(settings) => {
+                    let socket =
+                        relay::udp::bind_service_socket(service.bind).map_err(|source| {
+                            ServerError::Bind {
+                                what: format!("{what} (UDP)"),
+                                addr: service.bind,
+                                source,
+                            }
+                        })?;
+                    let stats = Arc::new(UdpStats::default());
+                    udp_stats.insert(service.name.clone(), Arc::clone(&stats));
+                    udp_sockets.push(udp::UdpService {
+                        slot,
+                        socket,
+                        settings,
+                        stats,
+                    });
+                }
+            }
         }
         let ciphers = match self.config.transport {
             Transport::Tcp => vec![CipherSuite::None],
@@ -229,6 +279,7 @@ impl Server {
             config: self.config,
             sessions: Mutex::new(HashMap::new()),
             services,
+            udp_stats,
             pending: Arc::new(Semaphore::new(MAX_PENDING_HANDSHAKES)),
             cancel: CancellationToken::new(),
             tasks: TaskTracker::new(),
@@ -237,6 +288,7 @@ impl Server {
             shared,
             listener,
             service_listeners: listeners,
+            udp_services: udp_sockets,
         })
     }
 }
@@ -256,6 +308,7 @@ pub struct BoundServer {
     shared: Arc<Shared>,
     listener: TcpListener,
     service_listeners: Vec<(Arc<ServiceSlot>, TcpListener)>,
+    udp_services: Vec<udp::UdpService>,
 }
 
 impl BoundServer {
@@ -267,12 +320,27 @@ impl BoundServer {
             .expect("bound listener has an address")
     }
 
-    /// A service port's actual address.
+    /// A service port's actual address (TCP or UDP).
     pub fn service_addr(&self, name: &str) -> Option<SocketAddr> {
-        self.service_listeners
+        let tcp = self
+            .service_listeners
             .iter()
             .find(|(slot, _)| slot.name == name)
-            .and_then(|(_, listener)| listener.local_addr().ok())
+            .and_then(|(_, listener)| listener.local_addr().ok());
+        tcp.or_else(|| {
+            self.udp_services
+                .iter()
+                .find(|service| service.slot.name == name)
+                .and_then(|service| service.socket.local_addr().ok())
+        })
+    }
+
+    /// A handle to read a UDP service's counters while the server runs.
+    pub fn udp_stats(&self, name: &str) -> Option<UdpStatsHandle> {
+        self.shared
+            .udp_stats
+            .get(name)
+            .map(|stats| UdpStatsHandle(Arc::clone(stats)))
     }
 
     /// A token that stops the server when cancelled (graceful: sessions get a goodbye).
@@ -286,6 +354,7 @@ impl BoundServer {
             shared,
             listener,
             service_listeners,
+            udp_services,
         } = self;
         info!(
             event = "server_started",
@@ -300,6 +369,10 @@ impl BoundServer {
                 .tasks
                 .clone()
                 .spawn(serve_visitors(shared, slot, service_listener));
+        }
+        for service in udp_services {
+            let shared = Arc::clone(&shared);
+            shared.tasks.clone().spawn(udp::serve_udp(shared, service));
         }
         accept_loop(&shared, listener).await;
         shared.tasks.close();
@@ -316,6 +389,17 @@ impl BoundServer {
     }
 }
 
+/// Reads the counters of one UDP service (see [`BoundServer::udp_stats`]).
+#[derive(Debug, Clone)]
+pub struct UdpStatsHandle(Arc<UdpStats>);
+
+impl UdpStatsHandle {
+    /// The counters now.
+    pub fn snapshot(&self) -> UdpStatsSnapshot {
+        self.0.snapshot()
+    }
+}
+
 /// State every connection task of one server shares.
 struct Shared {
     config: ServerConfig,
@@ -324,6 +408,8 @@ struct Shared {
     ciphers: Vec<CipherSuite>,
     sessions: Mutex<HashMap<SessionId, Arc<ServerSession>>>,
     services: HashMap<String, Arc<ServiceSlot>>,
+    /// Counters of each UDP service, by name.
+    udp_stats: HashMap<String, Arc<UdpStats>>,
     pending: Arc<Semaphore>,
     cancel: CancellationToken,
     tasks: TaskTracker,
@@ -553,12 +639,6 @@ async fn accept_control_channel(
             }
         })
         .collect();
-    let reply = ControlMessage::HelloReply {
-        verdicts: verdicts.clone(),
-    };
-    control::send_control(&mut channel, &reply)
-        .await
-        .map_err(|e| Rejected::Protocol(e.to_string()))?;
     let refused: Vec<String> = claims
         .iter()
         .zip(&verdicts)
@@ -575,6 +655,8 @@ async fn accept_control_channel(
         Rejected::Tokens(refused).log(peer);
     }
     if accepted.is_empty() {
+        let reply = ControlMessage::HelloReply { verdicts };
+        let _ = control::send_control(&mut channel, &reply).await;
         return Err(Rejected::Tokens(Vec::new()));
     }
     let session = Arc::new(ServerSession::new(
@@ -583,6 +665,22 @@ async fn accept_control_channel(
         accepted,
         shared.cancel.child_token(),
     ));
+    // Serve the services before saying so: a visitor arriving the moment the client hears
+    // "accepted" must find the session, not a closed door.
+    register(shared, &session)?;
+    let reply = ControlMessage::HelloReply { verdicts };
+    if let Err(e) = control::send_control(&mut channel, &reply).await {
+        unregister(shared, &session);
+        return Err(Rejected::Protocol(e.to_string()));
+    }
+    Ok(Authenticated::Control {
+        session,
+        channel: Box::new(channel),
+    })
+}
+
+/// Makes `session` findable by its data channels and the server for its services.
+fn register(shared: &Arc<Shared>, session: &Arc<ServerSession>) -> Result<(), Rejected> {
     {
         let mut sessions = shared
             .sessions
@@ -591,21 +689,36 @@ async fn accept_control_channel(
         if sessions.len() >= MAX_SESSIONS {
             return Err(Rejected::TooManySessions);
         }
-        sessions.insert(session_id, Arc::clone(&session));
+        sessions.insert(session.id(), Arc::clone(session));
     }
-    Ok(Authenticated::Control {
-        session,
-        channel: Box::new(channel),
-    })
-}
-
-async fn run_session(shared: &Arc<Shared>, session: Arc<ServerSession>, channel: Channel) {
     for name in &session.services {
         if let Some(slot) = shared.services.get(name) {
             *slot.session.lock().unwrap_or_else(PoisonError::into_inner) =
-                Some(Arc::clone(&session));
+                Some(Arc::clone(session));
         }
     }
+    Ok(())
+}
+
+/// Undoes [`register`]; services a newer session took over stay with it.
+fn unregister(shared: &Arc<Shared>, session: &Arc<ServerSession>) {
+    session.cancel.cancel();
+    shared
+        .sessions
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .remove(&session.id());
+    for name in &session.services {
+        if let Some(slot) = shared.services.get(name) {
+            let mut current = slot.session.lock().unwrap_or_else(PoisonError::into_inner);
+            if current.as_ref().is_some_and(|s| Arc::ptr_eq(s, session)) {
+                *current = None;
+            }
+        }
+    }
+}
+
+async fn run_session(shared: &Arc<Shared>, session: Arc<ServerSession>, channel: Channel) {
     info!(
         event = "session_started",
         session = %short_id(&session.id()),
@@ -634,20 +747,7 @@ async fn run_session(shared: &Arc<Shared>, session: Arc<ServerSession>, channel:
         },
     )
     .await;
-    session.cancel.cancel();
-    shared
-        .sessions
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .remove(&session.id());
-    for name in &session.services {
-        if let Some(slot) = shared.services.get(name) {
-            let mut current = slot.session.lock().unwrap_or_else(PoisonError::into_inner);
-            if current.as_ref().is_some_and(|s| Arc::ptr_eq(s, &session)) {
-                *current = None;
-            }
-        }
-    }
+    unregister(shared, &session);
     match end {
         SessionEnd::Cancelled => {
             debug!(event = "session_ended", session = %short_id(&session.id()), "session closed for shutdown")

@@ -4,7 +4,10 @@
 //! goodbye) plus data channels that carry one stream each. The server opens streams towards
 //! the client for reverse services by taking a pre-opened data channel from the pool the
 //! client keeps filled ([`crate::server`] and [`crate::client`] hold the two halves of the
-//! pool). Code above this layer never sees how a stream is carried.
+//! pool). Code above this layer never sees how a stream is carried. UDP services use
+//! [`datagram`] channels: one channel per service carries every flow's datagrams.
+
+pub mod datagram;
 
 use std::time::Duration;
 

@@ -93,6 +93,8 @@ pub enum Record<'a> {
     Control(&'a [u8]),
     /// The peer aborts the channel; the payload is its reason.
     Close(&'a [u8]),
+    /// One datagram with its flow id in front (see [`crate::session::datagram`]).
+    Datagram(&'a [u8]),
 }
 
 /// Reads and opens records from `R`.
@@ -133,7 +135,8 @@ impl<R: ReadReady> RecordReader<R> {
                     RecordKind::Data => Record::Data(payload),
                     RecordKind::End => Record::End,
                     RecordKind::Control => Record::Control(payload),
-                    _ => Record::Close(payload),
+                    RecordKind::Close => Record::Close(payload),
+                    RecordKind::Datagram => Record::Datagram(payload),
                 }));
             }
             if !self.fill().await? {
@@ -245,8 +248,23 @@ impl<W: AsyncWrite + Unpin> RecordWriter<W> {
     /// # Errors
     /// Socket errors; [`RecordError::TooLarge`] for an oversized payload.
     pub async fn send(&mut self, kind: RecordKind, payload: &[u8]) -> Result<(), RecordIoError> {
+        self.send_prefixed(kind, &[], payload).await
+    }
+
+    /// Seals `prefix || payload` (together at most 64 KiB) as one record of `kind` and
+    /// writes it; saves the caller a copy when a record carries a small header.
+    ///
+    /// # Errors
+    /// As [`RecordWriter::send`].
+    pub async fn send_prefixed(
+        &mut self,
+        kind: RecordKind,
+        prefix: &[u8],
+        payload: &[u8],
+    ) -> Result<(), RecordIoError> {
         let mut buf = buffers::take_write();
         buf.resize(HEADER_LEN, 0);
+        buf.extend_from_slice(prefix);
         buf.extend_from_slice(payload);
         let result = self.seal_and_write(kind, &mut buf).await;
         buffers::give_write(buf);

@@ -1,0 +1,216 @@
+//! The client's half of a UDP service: one datagram channel from the server, one socket per
+//! flow connected to the target.
+//!
+//! The server opens the channel with `StreamOpen` like a TCP stream; the service's config
+//! says it is UDP. Every datagram carries a flow id: the first datagram of a flow creates a
+//! socket connected to the target (so the target's replies come back on that socket and map
+//! to that flow), and a reader task per socket sends replies back tagged with the flow id.
+//! Flows live in a bounded [`FlowTable`] (LRU eviction, idle expiry refreshed by traffic in
+//! either direction). Readers hand replies to the channel writer through a bounded queue
+//! (`try_send`; full means dropped and counted), and hold no buffer while idle.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use tokio::net::UdpSocket;
+use tokio::sync::mpsc;
+use tokio::time::{Instant, MissedTickBehavior};
+use tokio_util::sync::{CancellationToken, DropGuard};
+use tracing::{debug, info, warn};
+
+use super::{ClientSession, Shared};
+use crate::config::{ClientService, UdpSettings};
+use crate::relay::udp::{Counter, FlowTable, Received, UdpStats, recv_connected, sweep_interval};
+use crate::session::datagram::{DatagramChannel, FlowId};
+use crate::transport::Channel;
+
+/// Replies waiting for the channel writer; past this they are dropped.
+const TUNNEL_QUEUE: usize = 512;
+
+/// One flow: its socket towards the target; dropping it stops the reader task.
+struct Flow {
+    socket: Arc<UdpSocket>,
+    _reader: DropGuard,
+}
+
+type Flows = Arc<Mutex<FlowTable<FlowId, Flow>>>;
+
+/// Carries one datagram channel of `service` until it or the session ends.
+pub(super) async fn serve_udp(
+    shared: &Shared,
+    session: &ClientSession,
+    channel: Channel,
+    service: &ClientService,
+    settings: UdpSettings,
+) {
+    let name = &service.name;
+    let (mut sender, mut receiver) = DatagramChannel::new(channel).split();
+    let target = match tokio::net::lookup_host(service.target.to_string()).await {
+        Ok(mut addrs) => addrs.next(),
+        Err(error) => {
+            warn!(event = "target_unreachable", service = %name, target = %service.target, %error, "cannot resolve the UDP service's target");
+            None
+        }
+    };
+    let Some(target) = target else {
+        let _ = sender.close("target unresolvable").await;
+        return;
+    };
+    let cancel = session.cancel.child_token();
+    let stats = Arc::new(UdpStats::default());
+    let flows: Flows = Arc::new(Mutex::new(FlowTable::new(settings)));
+    let (queue, mut outgoing) = mpsc::channel::<(FlowId, Vec<u8>)>(TUNNEL_QUEUE);
+    debug!(event = "udp_channel_opened", service = %name, %target, "datagram channel opened");
+
+    let up = async {
+        while let Some((flow, bytes)) = outgoing.recv().await {
+            if let Err(error) = sender.send_datagram(flow, &bytes).await {
+                return format!("send failed: {error}");
+            }
+        }
+        "queue closed".to_owned()
+    };
+    let down = async {
+        let mut sweep = tokio::time::interval(sweep_interval(settings.idle_timeout));
+        sweep.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        let mut reported = stats.snapshot();
+        loop {
+            let (flow, bytes) = tokio::select! {
+                _ = sweep.tick() => {
+                    let (expired, active) = {
+                        let mut table = flows.lock().unwrap_or_else(PoisonError::into_inner);
+                        (table.expire(Instant::now()).len(), table.len())
+                    };
+                    stats.add(Counter::FlowsExpired, expired as u64);
+                    let now_stats = stats.snapshot();
+                    if now_stats.differs_in_drops(&reported) {
+                        info!(event = "udp_stats", service = %name, active, stats = ?now_stats, "UDP service counters changed");
+                        reported = now_stats;
+                    }
+                    continue;
+                }
+                received = receiver.recv_datagram() => match received {
+                    Ok(Some(datagram)) => datagram,
+                    Ok(None) => return "closed by the server".to_owned(),
+                    Err(error) => return error.to_string(),
+                },
+            };
+            let socket = flows
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .touch(&flow, Instant::now())
+                .map(|f| Arc::clone(&f.socket));
+            let socket = match socket {
+                Some(socket) => socket,
+                None => {
+                    match open_flow(shared, name, flow, target, &flows, &queue, &stats, &cancel)
+                        .await
+                    {
+                        Ok(socket) => socket,
+                        Err(error) => {
+                            stats.bump(Counter::SendErrors);
+                            warn!(event = "udp_socket_failed", service = %name, %target, %error, "could not open a socket towards the target");
+                            continue;
+                        }
+                    }
+                }
+            };
+            match socket.send(bytes).await {
+                Ok(_) => stats.bump(Counter::FromTunnel),
+                Err(error) => {
+                    stats.bump(Counter::SendErrors);
+                    debug!(event = "udp_send_failed", service = %name, %target, %error, "could not send a datagram to the target");
+                }
+            }
+        }
+    };
+    let reason = tokio::select! {
+        () = cancel.cancelled() => "session ended".to_owned(),
+        reason = up => reason,
+        reason = down => reason,
+    };
+    // Dropping the table's flows stops their reader tasks.
+    cancel.cancel();
+    debug!(event = "udp_channel_closed", service = %name, %reason, "datagram channel closed");
+}
+
+/// Creates flow `flow`: a socket connected to `target` and its reader task.
+#[allow(clippy::too_many_arguments)]
+async fn open_flow(
+    shared: &Shared,
+    service: &str,
+    flow: FlowId,
+    target: SocketAddr,
+    flows: &Flows,
+    queue: &mpsc::Sender<(FlowId, Vec<u8>)>,
+    stats: &Arc<UdpStats>,
+    cancel: &CancellationToken,
+) -> std::io::Result<Arc<UdpSocket>> {
+    // Loopback targets get a loopback socket; anything else the wildcard of its family.
+    let local: IpAddr = match target.ip() {
+        ip if ip.is_loopback() => ip,
+        IpAddr::V4(_) => Ipv4Addr::UNSPECIFIED.into(),
+        IpAddr::V6(_) => Ipv6Addr::UNSPECIFIED.into(),
+    };
+    let socket = UdpSocket::bind(SocketAddr::new(local, 0)).await?;
+    socket.connect(target).await?;
+    let socket = Arc::new(socket);
+    let reader_cancel = cancel.child_token();
+    let evicted = flows.lock().unwrap_or_else(PoisonError::into_inner).insert(
+        flow,
+        Flow {
+            socket: Arc::clone(&socket),
+            _reader: reader_cancel.clone().drop_guard(),
+        },
+        Instant::now(),
+    );
+    stats.bump(Counter::FlowsOpened);
+    if let Some((evicted, _)) = evicted {
+        stats.bump(Counter::FlowsEvicted);
+        warn!(
+            event = "udp_flow_evicted",
+            service,
+            flow = evicted,
+            evicted_total = stats.snapshot().flows_evicted,
+            "UDP flow table full; closed the least recently active flow"
+        );
+    }
+    let reader_socket = Arc::clone(&socket);
+    let flows = Arc::clone(flows);
+    let queue = queue.clone();
+    let stats = Arc::clone(stats);
+    let service = service.to_owned();
+    shared.tasks.spawn(async move {
+        loop {
+            let received = tokio::select! {
+                () = reader_cancel.cancelled() => return,
+                received = recv_connected(&reader_socket) => received,
+            };
+            match received {
+                Ok(Received::Datagram(bytes)) => {
+                    flows
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .touch(&flow, Instant::now());
+                    match queue.try_send((flow, bytes)) {
+                        Ok(()) => stats.bump(Counter::ToTunnel),
+                        Err(mpsc::error::TrySendError::Full(_)) => {
+                            stats.bump(Counter::DroppedQueueFull)
+                        }
+                        Err(mpsc::error::TrySendError::Closed(_)) => return,
+                    }
+                }
+                Ok(Received::Oversized(_)) => stats.bump(Counter::DroppedOversized),
+                // The target's port is closed (ICMP): keep the flow, the target may come back.
+                Err(error) if error.kind() == std::io::ErrorKind::ConnectionRefused => {
+                    stats.bump(Counter::SendErrors);
+                }
+                Err(error) => {
+                    debug!(event = "udp_recv_failed", %service, %error, "receive failed on a target socket");
+                    return;
+                }
+            }
+        }
+    });
+    Ok(socket)
+}

@@ -1,0 +1,484 @@
+//! UDP services (issue 4): an in-process server and client on 127.0.0.1 (port 0) carry
+//! real datagrams; every one is checked by hash and by the socket it comes back to.
+
+mod support;
+
+use std::collections::{HashMap, HashSet};
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rand::Rng;
+use support::{PSK, TOKEN};
+use tokio::net::UdpSocket;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use warren::{Client, ClientStatus, HostPort, Server, UdpSettings, UdpStatsHandle};
+
+const SERVICE: &str = "dns";
+
+/// A target socket with big kernel buffers: 32 visitors with up to 60 KB in flight each
+/// would overflow the default 208 KiB and the test would measure the target, not Warren.
+fn target_socket() -> UdpSocket {
+    warren::relay::udp::bind_service_socket("127.0.0.1:0".parse().unwrap()).unwrap()
+}
+
+/// A UDP target that sends every datagram back to where it came from.
+async fn echo_target() -> SocketAddr {
+    let socket = target_socket();
+    let addr = socket.local_addr().unwrap();
+    tokio::spawn(async move {
+        let mut buf = vec![0u8; 65_536];
+        loop {
+            let Ok((n, peer)) = socket.recv_from(&mut buf).await else {
+                return;
+            };
+            let _ = socket.send_to(&buf[..n], peer).await;
+        }
+    });
+    addr
+}
+
+/// A UDP target that answers with the port it saw the datagram come from (2 bytes, BE)
+/// followed by the datagram: tells the test which client-side socket carried a flow.
+async fn port_echo_target() -> SocketAddr {
+    let socket = target_socket();
+    let addr = socket.local_addr().unwrap();
+    tokio::spawn(async move {
+        let mut buf = vec![0u8; 65_536];
+        loop {
+            let Ok((n, peer)) = socket.recv_from(&mut buf).await else {
+                return;
+            };
+            let mut reply = peer.port().to_be_bytes().to_vec();
+            reply.extend_from_slice(&buf[..n]);
+            let _ = socket.send_to(&reply, peer).await;
+        }
+    });
+    addr
+}
+
+struct UdpTunnel {
+    server_addr: SocketAddr,
+    service: SocketAddr,
+    stats: UdpStatsHandle,
+    server_stop: CancellationToken,
+    server_task: JoinHandle<()>,
+    client_status: tokio::sync::watch::Receiver<ClientStatus>,
+    _client_stop: tokio_util::sync::DropGuard,
+}
+
+async fn start_server(
+    bind: SocketAddr,
+    service_bind: SocketAddr,
+    settings: UdpSettings,
+) -> (
+    SocketAddr,
+    SocketAddr,
+    UdpStatsHandle,
+    CancellationToken,
+    JoinHandle<()>,
+) {
+    let bound = Server::builder()
+        .bind(bind)
+        .psk(PSK)
+        .default_token(TOKEN)
+        .heartbeat_interval(Duration::from_secs(1))
+        .udp_service_with(SERVICE, service_bind, settings)
+        .build()
+        .expect("valid server")
+        .bind()
+        .await
+        .expect("server binds");
+    let addr = bound.local_addr();
+    let service = bound.service_addr(SERVICE).expect("udp service bound");
+    let stats = bound.udp_stats(SERVICE).expect("udp stats");
+    let stop = bound.shutdown_token();
+    (addr, service, stats, stop, tokio::spawn(bound.run()))
+}
+
+async fn udp_tunnel(target: SocketAddr, settings: UdpSettings) -> UdpTunnel {
+    let (server_addr, service, stats, server_stop, server_task) = start_server(
+        "127.0.0.1:0".parse().unwrap(),
+        "127.0.0.1:0".parse().unwrap(),
+        settings,
+    )
+    .await;
+    let client = Client::builder(HostPort::from(server_addr))
+        .psk(PSK)
+        .default_token(TOKEN)
+        .heartbeat_timeout(Duration::from_secs(3))
+        .reconnect_delays(Duration::from_millis(50), Duration::from_millis(400))
+        .udp_service_with(SERVICE, HostPort::from(target), settings)
+        .build()
+        .expect("valid client");
+    let mut client_status = client.status();
+    let stop = CancellationToken::new();
+    tokio::spawn(client.run(stop.clone()));
+    wait_sessions(&mut client_status, 1).await;
+    UdpTunnel {
+        server_addr,
+        service,
+        stats,
+        server_stop,
+        server_task,
+        client_status,
+        _client_stop: stop.drop_guard(),
+    }
+}
+
+async fn wait_sessions(status: &mut tokio::sync::watch::Receiver<ClientStatus>, n: u64) {
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        status.wait_for(|s| s.connected && s.sessions >= n),
+    )
+    .await
+    .expect("client connects within 10s")
+    .expect("client alive");
+}
+
+async fn visitor(service: SocketAddr) -> UdpSocket {
+    let socket = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    socket.connect(service).await.unwrap();
+    socket
+}
+
+/// Sends `payload` and waits up to `wait` for one reply.
+async fn ask(socket: &UdpSocket, payload: &[u8], wait: Duration) -> Option<Vec<u8>> {
+    socket.send(payload).await.unwrap();
+    let mut buf = vec![0u8; 65_536];
+    let n = tokio::time::timeout(wait, socket.recv(&mut buf))
+        .await
+        .ok()?
+        .unwrap();
+    Some(buf[..n].to_vec())
+}
+
+/// Asks through a port-echo target; returns the client-side port that carried the flow.
+async fn flow_port(socket: &UdpSocket, payload: &[u8]) -> u16 {
+    let reply = ask(socket, payload, Duration::from_secs(2))
+        .await
+        .expect("a reply within 2s");
+    assert_eq!(&reply[2..], payload, "reply intact");
+    u16::from_be_bytes([reply[0], reply[1]])
+}
+
+fn settings(idle_ms: u64, max_sessions: usize) -> UdpSettings {
+    UdpSettings {
+        idle_timeout: Duration::from_millis(idle_ms),
+        max_sessions,
+    }
+}
+
+/// A datagram of `len` bytes; from 32 bytes on it starts with the BLAKE3 hash of the rest,
+/// so it can be checked on its own.
+fn datagram(len: usize) -> Vec<u8> {
+    let mut bytes = vec![0u8; len];
+    rand::rng().fill(&mut bytes[..]);
+    if len >= 32 {
+        let hash = blake3::hash(&bytes[32..]);
+        bytes[..32].copy_from_slice(hash.as_bytes());
+    }
+    bytes
+}
+
+fn self_consistent(bytes: &[u8]) -> bool {
+    bytes.len() < 32 || blake3::hash(&bytes[32..]).as_bytes() == &bytes[..32]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn issue4_datagrams_arrive_whole_and_reach_the_right_visitor() {
+    const VISITORS: usize = 32;
+    const PER_VISITOR: usize = 100;
+    let echo = echo_target().await;
+    let tunnel = udp_tunnel(echo, UdpSettings::DEFAULT).await;
+    // Every datagram any visitor sent, by hash -> the visitor that sent it.
+    let sent: Arc<Mutex<HashMap<blake3::Hash, usize>>> = Arc::default();
+    let started = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    for v in 0..VISITORS {
+        let service = tunnel.service;
+        let sent = Arc::clone(&sent);
+        tasks.spawn(async move {
+            let socket = visitor(service).await;
+            let mut mine = HashSet::new();
+            let (mut delivered, mut lost, mut late, mut bytes) = (0usize, 0usize, 0usize, 0u64);
+            let mut foreign = Vec::new();
+            let mut buf = vec![0u8; 65_536];
+            for i in 0..PER_VISITOR {
+                let len = match i {
+                    0 => 1,
+                    1 => 60_000,
+                    _ => rand::rng().random_range(1..=60_000),
+                };
+                let payload = datagram(len);
+                let hash = blake3::hash(&payload);
+                mine.insert(hash);
+                sent.lock().unwrap().insert(hash, v);
+                socket.send(&payload).await.unwrap();
+                let deadline = Instant::now() + Duration::from_secs(1);
+                loop {
+                    let Ok(received) =
+                        tokio::time::timeout_at(deadline, socket.recv(&mut buf)).await
+                    else {
+                        lost += 1;
+                        break;
+                    };
+                    let reply = &buf[..received.unwrap()];
+                    let reply_hash = blake3::hash(reply);
+                    if reply_hash == hash {
+                        delivered += 1;
+                        bytes += reply.len() as u64;
+                        break;
+                    }
+                    // Not the one we wait for: an earlier one of ours arriving late is fine;
+                    // anything else is corrupted or misrouted.
+                    if mine.contains(&reply_hash) && self_consistent(reply) {
+                        late += 1;
+                    } else {
+                        foreign.push(reply.to_vec());
+                    }
+                }
+            }
+            (v, delivered, lost, late, bytes, foreign)
+        });
+    }
+    let (mut delivered, mut lost, mut bytes) = (0usize, 0usize, 0u64);
+    while let Some(done) = tasks.join_next().await {
+        let (v, ok, missing, _late, moved, foreign) = done.unwrap();
+        delivered += ok;
+        lost += missing;
+        bytes += moved;
+        if let Some(reply) = foreign.first() {
+            let owner = sent.lock().unwrap().get(&blake3::hash(reply)).copied();
+            match owner {
+                Some(owner) => panic!("visitor {v} got a datagram of visitor {owner}: misrouted"),
+                None => panic!(
+                    "visitor {v} got a corrupted or merged datagram of {} bytes",
+                    reply.len()
+                ),
+            }
+        }
+    }
+    let elapsed = started.elapsed();
+    let total = VISITORS * PER_VISITOR;
+    let loss = lost as f64 / total as f64;
+    println!(
+        "udp integrity: {delivered}/{total} round trips, loss {:.3}%, {:.0} datagrams/s each way, {:.1} MB/s each way, {elapsed:?}",
+        loss * 100.0,
+        delivered as f64 / elapsed.as_secs_f64(),
+        bytes as f64 / elapsed.as_secs_f64() / 1e6,
+    );
+    let stats = tunnel.stats.snapshot();
+    println!("server stats: {stats:?}");
+    assert!(loss <= 0.01, "loss {loss} above 1% on loopback");
+    assert_eq!(
+        stats.flows_opened, VISITORS as u64,
+        "one session per visitor"
+    );
+    assert_eq!(stats.flows_evicted, 0);
+    assert_eq!(stats.dropped_oversized, 0);
+}
+
+#[tokio::test]
+async fn issue4_empty_and_largest_datagrams_pass_whole() {
+    let echo = echo_target().await;
+    let tunnel = udp_tunnel(echo, UdpSettings::DEFAULT).await;
+    let socket = visitor(tunnel.service).await;
+    for len in [0, 1, 65_507] {
+        let payload = datagram(len);
+        let reply = ask(&socket, &payload, Duration::from_secs(2))
+            .await
+            .unwrap_or_else(|| panic!("no reply for {len} bytes"));
+        assert_eq!(reply.len(), len);
+        assert_eq!(blake3::hash(&reply), blake3::hash(&payload), "{len} bytes");
+    }
+}
+
+#[tokio::test]
+async fn issue4_full_table_evicts_the_least_recently_active_visitor() {
+    let target = port_echo_target().await;
+    let tunnel = udp_tunnel(target, settings(60_000, 4)).await;
+    let mut visitors = Vec::new();
+    let mut ports = Vec::new();
+    for i in 0..8u8 {
+        let socket = visitor(tunnel.service).await;
+        ports.push(flow_port(&socket, &[i]).await);
+        visitors.push(socket);
+    }
+    let distinct: HashSet<u16> = ports.iter().copied().collect();
+    assert_eq!(
+        distinct.len(),
+        8,
+        "one client socket per visitor: {ports:?}"
+    );
+    assert_eq!(tunnel.stats.snapshot().flows_evicted, 4);
+    // The four newest kept their flows (same client socket)...
+    for i in 4..8 {
+        assert_eq!(
+            flow_port(&visitors[i], b"again").await,
+            ports[i],
+            "visitor {i}"
+        );
+    }
+    assert_eq!(tunnel.stats.snapshot().flows_evicted, 4);
+    // ...the four oldest were evicted: coming back makes a new flow (and evicts again).
+    let port = flow_port(&visitors[0], b"back").await;
+    assert!(!ports.contains(&port), "visitor 0 gets a new flow");
+    assert_eq!(tunnel.stats.snapshot().flows_evicted, 5);
+}
+
+#[tokio::test]
+async fn issue4_idle_sessions_expire() {
+    let target = port_echo_target().await;
+    let tunnel = udp_tunnel(target, settings(500, 16)).await;
+    let socket = visitor(tunnel.service).await;
+    let first = flow_port(&socket, b"one").await;
+    assert_eq!(
+        flow_port(&socket, b"two").await,
+        first,
+        "same flow while active"
+    );
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    assert_eq!(tunnel.stats.snapshot().flows_expired, 1);
+    let again = flow_port(&socket, b"three").await;
+    assert_ne!(again, first, "an expired flow comes back as a new one");
+}
+
+#[tokio::test]
+async fn issue4_one_way_flow_outlives_the_idle_timeout_while_it_sends() {
+    // A target that only listens, until the test tells it to answer.
+    let target = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    let target_addr = target.local_addr().unwrap();
+    let tunnel = udp_tunnel(target_addr, settings(500, 16)).await;
+    let socket = visitor(tunnel.service).await;
+    let listen = tokio::spawn(async move {
+        let mut sources = HashSet::new();
+        let mut buf = vec![0u8; 65_536];
+        let mut last = None;
+        for _ in 0..20 {
+            let (_, from) =
+                tokio::time::timeout(Duration::from_secs(2), target.recv_from(&mut buf))
+                    .await
+                    .expect("the one-way flow keeps arriving")
+                    .unwrap();
+            sources.insert(from);
+            last = Some(from);
+        }
+        (target, sources, last.unwrap())
+    });
+    // 2 s of one-way traffic, every 100 ms, with a 500 ms idle timeout.
+    for i in 0..20u8 {
+        socket.send(&[i]).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (target, sources, last) = listen.await.unwrap();
+    assert_eq!(
+        sources.len(),
+        1,
+        "the client kept one socket for the flow: {sources:?}"
+    );
+    // Only now does the target answer: the reply must still find the visitor.
+    target.send_to(b"late answer", last).await.unwrap();
+    let mut buf = vec![0u8; 64];
+    let n = tokio::time::timeout(Duration::from_secs(2), socket.recv(&mut buf))
+        .await
+        .expect("the late answer reaches the visitor")
+        .unwrap();
+    assert_eq!(&buf[..n], b"late answer");
+    assert_eq!(tunnel.stats.snapshot().flows_expired, 0);
+}
+
+#[tokio::test]
+async fn issue4_udp_comes_back_after_a_server_restart() {
+    let echo = echo_target().await;
+    let mut tunnel = udp_tunnel(echo, UdpSettings::DEFAULT).await;
+    let socket = visitor(tunnel.service).await;
+    assert_eq!(
+        ask(&socket, b"before", Duration::from_secs(2))
+            .await
+            .as_deref(),
+        Some(&b"before"[..])
+    );
+
+    tunnel.server_stop.cancel();
+    (&mut tunnel.server_task).await.unwrap();
+    tokio::time::timeout(
+        Duration::from_secs(5),
+        tunnel.client_status.wait_for(|s| !s.connected),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+
+    let (_addr, service, _stats, _stop, _task) =
+        start_server(tunnel.server_addr, tunnel.service, UdpSettings::DEFAULT).await;
+    assert_eq!(service, tunnel.service);
+    wait_sessions(&mut tunnel.client_status, 2).await;
+    // The same visitor socket works again (datagrams sent before the client is back may be
+    // dropped, as UDP allows; retry for a bounded time).
+    let mut answered = None;
+    for _ in 0..20 {
+        answered = ask(&socket, b"after", Duration::from_millis(250)).await;
+        if answered.is_some() {
+            break;
+        }
+    }
+    assert_eq!(answered.as_deref(), Some(&b"after"[..]));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn issue4_datagrams_are_not_held_up_by_a_bulk_tcp_transfer() {
+    let echo = echo_target().await;
+    let (tcp_target, mut tcp_results) = support::sink_then_reply_target(16).await;
+    let bound = Server::builder()
+        .bind("127.0.0.1:0".parse().unwrap())
+        .psk(PSK)
+        .default_token(TOKEN)
+        .tcp_service("web", "127.0.0.1:0".parse().unwrap())
+        .udp_service(SERVICE, "127.0.0.1:0".parse().unwrap())
+        .build()
+        .expect("valid server")
+        .bind()
+        .await
+        .expect("server binds");
+    let (server_addr, web, dns) = (
+        bound.local_addr(),
+        bound.service_addr("web").unwrap(),
+        bound.service_addr(SERVICE).unwrap(),
+    );
+    let _server_stop = bound.shutdown_token().drop_guard();
+    tokio::spawn(bound.run());
+    let client = Client::builder(HostPort::from(server_addr))
+        .psk(PSK)
+        .default_token(TOKEN)
+        .tcp_service("web", HostPort::from(tcp_target))
+        .udp_service(SERVICE, HostPort::from(echo))
+        .build()
+        .expect("valid client");
+    let mut status = client.status();
+    let stop = CancellationToken::new();
+    let _client_stop = stop.clone().drop_guard();
+    tokio::spawn(client.run(stop));
+    wait_sessions(&mut status, 1).await;
+
+    let payload = support::random_bytes(64 * 1024 * 1024);
+    let expected = support::hash(&payload);
+    let bulk = tokio::spawn(async move { support::round_trip(web, &payload).await });
+    let socket = visitor(dns).await;
+    let mut slowest = Duration::ZERO;
+    for i in 0..50u32 {
+        let started = Instant::now();
+        let reply = ask(&socket, &i.to_be_bytes(), Duration::from_secs(2))
+            .await
+            .unwrap_or_else(|| panic!("datagram {i} unanswered during the TCP transfer"));
+        assert_eq!(reply, i.to_be_bytes());
+        slowest = slowest.max(started.elapsed());
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let moved = bulk.await.unwrap().expect("the bulk transfer completes");
+    assert_eq!(moved.len(), 16);
+    assert_eq!(tcp_results.recv().await.unwrap().0, expected);
+    println!("slowest UDP round trip during a 64 MiB TCP transfer: {slowest:?}");
+}
