@@ -602,7 +602,7 @@ def machine_info() -> dict:
 
 def versions(bench_home: Path, warren: str, configs: list[str]) -> dict:
     v = {
-        "warren": sh([warren, "--version"]),
+        "warren": (sh([warren, "--version"]).splitlines() or [""])[0],
         "warren_commit": sh(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"]),
         "iperf3": sh(["iperf3", "--version"]).splitlines()[0] if shutil.which("iperf3") else "",
         "python": platform.python_version(),
