@@ -602,8 +602,8 @@ def machine_info() -> dict:
 
 def versions(bench_home: Path, warren: str, configs: list[str]) -> dict:
     v = {
-        "warren": (sh([warren, "--version"]).splitlines() or [""])[0],
-        "warren_commit": sh(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"]),
+        "warren": (sh([warren, "--version"]).splitlines() or [""])[0].removeprefix("warren "),
+        "warren commit": sh(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"]),
         "iperf3": sh(["iperf3", "--version"]).splitlines()[0] if shutil.which("iperf3") else "",
         "python": platform.python_version(),
     }
@@ -614,7 +614,9 @@ def versions(bench_home: Path, warren: str, configs: list[str]) -> dict:
     for name, cmd in (("rathole", ["rathole", "--version"]), ("frp", ["frps", "--version"])):
         if any(c.startswith(name) for c in configs):
             try:
-                v[name] = sh([tool(cmd[0], bench_home)] + cmd[1:]).splitlines()[0]
+                out = sh([tool(cmd[0], bench_home)] + cmd[1:])
+                m = re.search(r"Build Version:\s*(\S+)", out)  # rathole's --version
+                v[name] = m.group(1) if m else out.splitlines()[0]
             except (BenchError, IndexError):
                 v[name] = "missing"
     return v
@@ -754,7 +756,7 @@ def write_outputs(doc: dict) -> None:
     idx = text.find("\n## Benchmarks")
     if idx < 0:
         raise BenchError("README.md has no ## Benchmarks section")
-    section = render(doc, "###").split("\n", 1)[1]  # drop the "### Benchmark results" heading
+    section = render(doc, "##").split("\n", 1)[1]  # drop the "### Benchmark results" heading
     intro = (
         "\n## Benchmarks\n\n"
         "Warren against rathole and frp on one machine, everything on 127.0.0.1, measured by "
