@@ -592,7 +592,10 @@ def machine_info() -> dict:
         mem = f"{kb / 1048576:.0f} GiB"
     except OSError:
         pass
+    flags = re.search(r"Flags:\s*(.+)", lscpu)
+    have = set(flags.group(1).split()) if flags else set()
     return {
+        "cpu_features": " ".join(f for f in ("aes", "vaes", "vpclmulqdq", "avx2", "avx512f") if f in have),
         "cpu": model.group(1).strip() if model else platform.processor(),
         "cores": os.cpu_count(),
         "kernel": platform.release(),
@@ -703,8 +706,9 @@ def render(doc: dict, heading: str = "#") -> str:
     lines = [
         f"{heading} Benchmark results",
         "",
-        f"- Date: {doc['date']}",
-        f"- Machine: {m['cpu']}, {m['cores']} cores, {m['memory']}, Linux {m['kernel']}",
+        f"- Date: {doc['date']}" + (f" ({doc['seconds'] / 60:.0f} minutes)" if doc.get("seconds") else ""),
+        f"- Machine: {m['cpu']}, {m['cores']} cores, {m['memory']}, Linux {m['kernel']}"
+        + (f" (CPU features: {m['cpu_features']})" if m.get("cpu_features") else ""),
         f"- Runs: {n} (medians shown; ratios are computed within each run, then the median taken)",
         f"- iperf3 `-t {doc['settings']['iperf_time']}`; sockperf `-t {doc['settings']['sockperf_time']}`; "
         f"{doc['settings']['idle_conns']} idle connections; {doc['settings']['connects']} sequential connects",
@@ -759,10 +763,11 @@ def write_outputs(doc: dict) -> None:
     section = render(doc, "##").split("\n", 1)[1]  # drop the "### Benchmark results" heading
     intro = (
         "\n## Benchmarks\n\n"
-        "Warren against rathole and frp on one machine, everything on 127.0.0.1, measured by "
-        "`bench/run.sh` ([bench/README.md](bench/README.md) says how; full report with the raw "
-        "data: [bench/RESULTS.md](bench/RESULTS.md)). Compare rows within this table only. "
-        "Record-layer micro-benchmarks: `cargo bench -p warren --bench record`.\n"
+        "Warren against rathole and frp on one machine, everything on 127.0.0.1, measured by\n"
+        "`bench/run.sh` ([bench/README.md](bench/README.md) says how and what each figure means;\n"
+        "report and raw data: [bench/RESULTS.md](bench/RESULTS.md)). Compare rows within this\n"
+        "table only, never with numbers from another run or machine. Record-layer\n"
+        "micro-benchmarks: `cargo bench -p warren --bench record`.\n"
     )
     readme.write_text(text[:idx] + intro + section)
 

@@ -3,7 +3,7 @@
 # everything on 127.0.0.1. Installs what is missing, builds Warren, measures, and (for a
 # full run) writes bench/RESULTS.md and README.md's Benchmarks section. See bench/README.md.
 #
-#   bench/run.sh                      # full run: 11 configs x 3 runs (~20-25 minutes)
+#   bench/run.sh                      # full run: 11 configs x 3 runs (~18 minutes)
 #   bench/run.sh --smoke              # a few seconds: Warren only, no peers, no files written
 #   bench/run.sh --runs 1 --only warren-aes128,rathole-tcp   # quick look, no files but the JSON
 #   bench/run.sh --help               # every option of bench/bench.py run
