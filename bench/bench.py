@@ -714,7 +714,8 @@ def render(doc: dict, heading: str = "#") -> str:
         f"{doc['settings']['idle_conns']} idle connections; {doc['settings']['connects']} sequential connects",
         f"- Versions: " + "; ".join(f"{k} {v}" for k, v in doc["versions"].items() if v),
         f"- 1-minute load average before each run: {loads}"
-        + (" — **noisy: other processes were running; treat differences under ±20% as noise**" if noisy else ""),
+        + ((" — **noisy: other processes were running (load above 0.5); differences under ±20% "
+           "are noise; rerun on a quiet machine for numbers to quote**") if noisy else ""),
         "",
         "| config | " + " | ".join(h for _, h, _ in FIGS) + " |",
         "|---|" + "---|" * len(FIGS),
