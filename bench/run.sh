@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# Side-by-side benchmark: Warren against rathole 0.5.0 and frp 0.71.0 on this machine,
+# everything on 127.0.0.1. Installs what is missing, builds Warren, measures, and (for a
+# full run) writes bench/RESULTS.md and README.md's Benchmarks section. See bench/README.md.
+#
+#   bench/run.sh                      # full run: 11 configs x 3 runs (~18 minutes)
+#   bench/run.sh --smoke              # a few seconds: Warren only, no peers, no files written
+#   bench/run.sh --runs 1 --only warren-aes128,rathole-tcp   # quick look, no files but the JSON
+#   bench/run.sh --help               # every option of bench/bench.py run
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+smoke=0; only=""; write=1; passthrough=()
+while (($#)); do
+    case "$1" in
+        --smoke) smoke=1; passthrough+=("$1") ;;
+        --only) only="$2"; passthrough+=("$1" "$2"); shift ;;
+        --only=*) only="${1#--only=}"; passthrough+=("$1") ;;
+        --no-write) write=0 ;;
+        -h|--help) sed -n '2,12p' "$0"; echo; exec python3 bench/bench.py run --help ;;
+        *) passthrough+=("$1") ;;
+    esac
+    shift
+done
+[[ -n "$only" || $smoke == 1 ]] && write=0
+
+# 1000 idle connections through a tunnel need a few thousand descriptors per process.
+ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
+if [[ "$(ulimit -n)" != unlimited && "$(ulimit -n)" -lt 8192 ]]; then
+    echo "bench: warning: ulimit -n is $(ulimit -n); the idle-connection figure may fail" >&2
+fi
+
+apt_install() {
+    local missing=()
+    for pkg in "$@"; do command -v "$pkg" >/dev/null || missing+=("$pkg"); done
+    ((${#missing[@]})) || return 0
+    local sudo=""; [[ $(id -u) == 0 ]] || sudo="sudo"
+    echo "bench: installing ${missing[*]} (Debian packages)" >&2
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null 2>&1 || {
+        $sudo apt-get update -qq >/dev/null 2>&1 || true
+        DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
+    }
+}
+if ((smoke)); then
+    apt_install iperf3
+    apt_install sockperf || echo "bench: sockperf could not be installed; smoke skips the RTT" >&2
+else
+    apt_install iperf3 sockperf
+fi
+
+if [[ -n "${WARREN_BIN:-}" ]]; then
+    passthrough+=(--warren "$WARREN_BIN")
+else
+    cargo build --release --quiet -p warren
+fi
+
+if ((!smoke)); then
+    if [[ -z "$only" || "$only" == *rathole* ]]; then bench/install-peers.sh rathole; fi
+    if [[ -z "$only" || "$only" == *frp* ]]; then bench/install-peers.sh frp; fi
+fi
+
+((write)) && passthrough+=(--write-results)
+# bench.py stops every process it started (by PID) on exit, error or signal.
+exec python3 bench/bench.py run "${passthrough[@]}"
