@@ -27,13 +27,14 @@ missing_packages=()
 command -v iperf3 >/dev/null 2>&1 || missing_packages+=(iperf3)
 command -v dnsmasq >/dev/null 2>&1 || missing_packages+=(dnsmasq-base)
 command -v dig >/dev/null 2>&1 || missing_packages+=(dnsutils)
+command -v sockperf >/dev/null 2>&1 || missing_packages+=(sockperf)
 if [ "${#missing_packages[@]}" -gt 0 ]; then
     echo "installing: ${missing_packages[*]}"
     as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq
     as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
         "${missing_packages[@]}"
 else
-    echo "have: iperf3 dnsmasq dig"
+    echo "have: iperf3 dnsmasq dig sockperf"
 fi
 for component in rustfmt clippy; do
     if ! cargo "${component/rustfmt/fmt}" --version >/dev/null 2>&1; then
@@ -55,6 +56,9 @@ cargo test --locked
 banner "5/5 release build and end-to-end tests (real binary with iperf3, dnsmasq and dig)"
 cargo build --release --locked
 WARREN_E2E_REQUIRE_TOOLS=1 cargo test --release --locked -p warren --test e2e --test e2e_dns
+
+banner "benchmark smoke (bench/run.sh --smoke: the harness still measures a working tunnel)"
+bash bench/run.sh --smoke
 
 echo
 echo "test.sh: all checks passed"
