@@ -324,3 +324,44 @@ async fn everything_works_over_ipv6_loopback() {
         hash(&payload)
     );
 }
+
+#[tokio::test]
+async fn channels_reused_across_many_sequential_streams_keep_bytes_exact() {
+    // Streams that end cleanly hand their data channel back to the pool at both ends; the
+    // next stream on it continues the record sequence. Bytes must stay exact across reuse.
+    let (target, mut results) = sink_then_reply_target(40_000).await;
+    let (server, _client) = tunnel(&Setup::default(), target).await;
+    for i in 0..120 {
+        let payload = random_bytes(1 + i * 1013);
+        let reply = round_trip(server.service, &payload).await.unwrap();
+        let (received_hash, sent) = results.recv().await.unwrap();
+        assert_eq!(
+            received_hash,
+            hash(&payload),
+            "stream {i}: visitor -> target"
+        );
+        assert_eq!(hash(&reply), hash(&sent), "stream {i}: target -> visitor");
+    }
+}
+
+#[tokio::test]
+async fn aborted_streams_do_not_poison_the_pool() {
+    let echo = echo_target().await;
+    let (server, _client) = tunnel(&Setup::default(), echo).await;
+    for i in 0..40 {
+        if i % 2 == 1 {
+            // A visitor that gives up mid-stream with a reset: its channel must not be reused.
+            let visitor = TcpStream::connect(server.service).await.unwrap();
+            let mut visitor = visitor;
+            visitor.write_all(&random_bytes(10_000)).await.unwrap();
+            socket2::SockRef::from(&visitor)
+                .set_linger(Some(Duration::ZERO))
+                .unwrap();
+            drop(visitor);
+            continue;
+        }
+        let payload = random_bytes(50_000 + i * 10);
+        let reply = round_trip(server.service, &payload).await.unwrap();
+        assert_eq!(hash(&reply), hash(&payload), "stream {i}");
+    }
+}

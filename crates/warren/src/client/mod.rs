@@ -39,9 +39,9 @@ use crate::transport::preamble::{self, PreambleError};
 use crate::transport::{Channel, tcp};
 
 /// Data channels kept open and idle at the server, ready for visitors.
-const POOL_SIZE: usize = 8;
+pub(crate) const POOL_SIZE: usize = 8;
 /// Most data channels being opened or idle at once (requests beyond wait).
-const MAX_POOLED: usize = 128;
+pub(crate) const MAX_POOLED: usize = 128;
 
 /// Errors that end the client (everything else is retried).
 #[derive(Debug, thiserror::Error)]

@@ -1,18 +1,21 @@
 //! The client's half of the data channel pool.
 //!
 //! Each pooled channel is one task: connect to the server, prove membership of the session,
-//! then wait (holding no buffers) for the server's `StreamOpen`. Once opened it is replaced
-//! by a fresh one, dials the service's target and relays until the stream ends (or, for a
-//! UDP service, carries its datagrams: see [`super::udp`]).
+//! then wait (holding no buffers) for the server's `StreamOpen`. An opened channel dials the
+//! service's target and relays until the stream ends (or, for a UDP service, carries its
+//! datagrams: see [`super::udp`]); a stream that ended cleanly leaves its channel idle at
+//! both ends, so it goes back to the pool instead of being closed. The pool is topped up to
+//! [`POOL_SIZE`] idle or opening channels as streams take them.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::net::TcpStream;
+use tokio::sync::OwnedSemaphorePermit;
 use tracing::{debug, warn};
 use warren_proto::message;
 
-use super::{ClientSession, Shared};
+use super::{ClientSession, MAX_POOLED, POOL_SIZE, Shared};
 use crate::config::ServiceKind;
 use crate::crypto::record::RecordKind;
 use crate::relay;
@@ -39,16 +42,35 @@ pub(super) fn spawn_channel(shared: &Arc<Shared>, session: &Arc<ClientSession>) 
             () = cancel.cancelled() => return,
             channel = open_channel(&session) => channel,
         };
-        let mut channel = match channel {
-            Ok(channel) => channel,
+        match channel {
+            Ok(channel) => run_channel(&shared_for_task, &session, channel, slot).await,
             Err(error) => {
                 debug!(event = "channel_open_failed", %error, "could not open a data channel");
-                return;
             }
-        };
-        // Idle until the server hands this channel to a visitor.
+        }
+    });
+}
+
+/// Opens more channels while fewer than the pool's target are idle or opening.
+fn top_up(shared: &Arc<Shared>, session: &Arc<ClientSession>) {
+    if MAX_POOLED - session.pool_slots.available_permits() < POOL_SIZE {
+        spawn_channel(shared, session);
+    }
+}
+
+/// One data channel for its whole life: idle in the pool (holding `slot` and no buffers)
+/// until the server sends `StreamOpen`, then serving that stream, then idle again if the
+/// stream ended cleanly and the pool has room.
+async fn run_channel(
+    shared: &Arc<Shared>,
+    session: &Arc<ClientSession>,
+    mut channel: Channel,
+    slot: OwnedSemaphorePermit,
+) {
+    let mut slot = Some(slot);
+    loop {
         let service = tokio::select! {
-            () = cancel.cancelled() => return,
+            () = session.cancel.cancelled() => return,
             first = channel.reader.read() => match first {
                 Ok(Some(Record::Control(bytes))) => match message::decode_stream_open(bytes) {
                     Ok(open) => open.service,
@@ -61,9 +83,16 @@ pub(super) fn spawn_channel(shared: &Arc<Shared>, session: &Arc<ClientSession>) 
                 Ok(Some(_)) | Err(_) => return,
             },
         };
-        drop(slot);
-        serve_stream(&shared_for_task, &session, channel, service).await;
-    });
+        drop(slot.take());
+        let Some(reusable) = serve_stream(shared, session, channel, service).await else {
+            return;
+        };
+        channel = reusable;
+        match Arc::clone(&session.pool_slots).try_acquire_owned() {
+            Ok(permit) => slot = Some(permit),
+            Err(_) => return,
+        }
+    }
 }
 
 async fn open_channel(session: &ClientSession) -> Result<Channel, String> {
@@ -81,27 +110,28 @@ async fn open_channel(session: &ClientSession) -> Result<Channel, String> {
         .unwrap_or_else(|_| Err("data channel handshake timed out".into()))
 }
 
-/// Dials the service's target and relays. The used pool channel is replaced once the target
-/// answered, so the replacement's handshake does not compete with this stream's first bytes.
+/// Dials the service's target and relays; gives the channel back when the stream ended
+/// cleanly, for the pool. The pool is topped up once the target answered, so a
+/// replacement's handshake does not compete with this stream's first bytes.
 async fn serve_stream(
     shared: &Arc<Shared>,
     session: &Arc<ClientSession>,
     mut channel: Channel,
     service: String,
-) {
+) -> Option<Channel> {
     let Some(config) = session.services.get(&service) else {
         warn!(event = "stream_rejected", %service, "server opened a stream for a service this session does not serve");
-        spawn_channel(shared, session);
+        top_up(shared, session);
         let _ = channel
             .writer
             .send(RecordKind::Close, b"unknown service")
             .await;
-        return;
+        return None;
     };
     if let ServiceKind::Udp(settings) = config.kind {
-        spawn_channel(shared, session);
+        top_up(shared, session);
         super::udp::serve_udp(shared, session, channel, config, settings).await;
-        return;
+        return None;
     }
     let connected = tcp::connect(&config.target, TARGET_CONNECT_TIMEOUT)
         .await
@@ -109,7 +139,7 @@ async fn serve_stream(
             warn!(event = "target_unreachable", %service, target = %config.target, %error, "cannot reach the service's target");
             format!("target unreachable: {error}")
         });
-    spawn_channel(shared, session);
+    top_up(shared, session);
     let target = match connected {
         Ok(target) => target,
         Err(reason) => {
@@ -117,13 +147,17 @@ async fn serve_stream(
                 .writer
                 .send(RecordKind::Close, reason.as_bytes())
                 .await;
-            return;
+            return None;
         }
     };
-    match relay::pump(target, channel, &shared.cancel).await {
+    match relay::pump(target, &mut channel, &shared.cancel).await {
         Ok(moved) => {
-            debug!(event = "stream_closed", %service, up = moved.to_tunnel, down = moved.to_local, "stream done")
+            debug!(event = "stream_closed", %service, up = moved.to_tunnel, down = moved.to_local, "stream done");
+            Some(channel)
         }
-        Err(error) => debug!(event = "stream_aborted", %service, %error, "stream aborted"),
+        Err(error) => {
+            debug!(event = "stream_aborted", %service, %error, "stream aborted");
+            None
+        }
     }
 }

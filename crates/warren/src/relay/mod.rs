@@ -58,19 +58,19 @@ pub struct Transferred {
 
 /// Relays `local` and `channel` until both directions have ended or one fails.
 ///
-/// On failure the local connection is reset and, where possible, the peer is sent `Close`.
+/// On success both sides have sent and seen `End`, so the channel is idle again and may
+/// carry another stream (both ends know it: the peer's pump finished the same way). On
+/// failure the local connection is reset, the peer is sent `Close` where possible, and the
+/// channel must be dropped.
 ///
 /// # Errors
 /// How the relay failed; a clean finish in both directions is `Ok`.
 pub async fn pump(
     mut local: TcpStream,
-    channel: Channel,
+    channel: &mut Channel,
     cancel: &CancellationToken,
 ) -> Result<Transferred, RelayError> {
-    let Channel {
-        mut reader,
-        mut writer,
-    } = channel;
+    let Channel { reader, writer } = channel;
     // Until the stream ends cleanly, closing `local` means a reset: if this process dies
     // (even by SIGKILL), the kernel aborts the connection instead of sending a FIN that
     // would make a cut transfer look complete. Cleared below on the clean path.
@@ -78,8 +78,8 @@ pub async fn pump(
     let mut moved = Transferred::default();
     let outcome = {
         let (mut local_read, mut local_write) = local.split();
-        let up = local_to_tunnel(&mut local_read, &mut writer, &mut moved.to_tunnel);
-        let down = tunnel_to_local(&mut reader, &mut local_write, &mut moved.to_local);
+        let up = local_to_tunnel(&mut local_read, writer, &mut moved.to_tunnel);
+        let down = tunnel_to_local(reader, &mut local_write, &mut moved.to_local);
         tokio::select! {
             result = async { tokio::try_join!(up, down) } => result.map(|_| ()),
             () = cancel.cancelled() => Err(RelayError::Cancelled),

@@ -796,7 +796,7 @@ async fn serve_visitor(
         () = cancel.cancelled() => return,
         opened = tokio::time::timeout(STREAM_OPEN_TIMEOUT, open_stream(&session, &slot.name)) => opened,
     };
-    let channel = match opened {
+    let mut channel = match opened {
         Ok(Ok(channel)) => channel,
         Ok(Err(error)) => {
             warn!(event = "stream_open_failed", service = %slot.name, %peer, %error, "could not open a stream to the client");
@@ -810,9 +810,12 @@ async fn serve_visitor(
         }
     };
     debug!(event = "stream_opened", service = %slot.name, %peer, "visitor connected");
-    match relay::pump(visitor, channel, &cancel).await {
+    match relay::pump(visitor, &mut channel, &cancel).await {
         Ok(moved) => {
-            debug!(event = "stream_closed", service = %slot.name, %peer, up = moved.to_tunnel, down = moved.to_local, "visitor done")
+            debug!(event = "stream_closed", service = %slot.name, %peer, up = moved.to_tunnel, down = moved.to_local, "visitor done");
+            // Both ends saw the stream end cleanly: the channel is idle again, and reusing
+            // it spares the client a connect and a channel handshake.
+            session.add_idle_channel(channel);
         }
         Err(error) => {
             debug!(event = "stream_aborted", service = %slot.name, %peer, %error, "visitor connection aborted")

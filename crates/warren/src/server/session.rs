@@ -77,8 +77,12 @@ impl ServerSession {
             .unwrap_or_else(|| mpsc::channel(1).1)
     }
 
-    /// Adds a freshly authenticated data channel to the pool (closing it if the pool is full).
+    /// Adds an idle data channel (fresh, or done with a stream) to the pool; closes it if
+    /// the pool is full or the session is over.
     pub(super) fn add_idle_channel(&self, channel: Channel) {
+        if self.cancel.is_cancelled() {
+            return;
+        }
         if self.idle_tx.try_send(channel).is_err() {
             debug!(
                 event = "pool_full",
