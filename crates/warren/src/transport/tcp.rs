@@ -51,10 +51,23 @@ pub async fn connect(target: &HostPort, deadline: Duration) -> io::Result<TcpStr
         })
 }
 
+/// TCP keepalive: a connection whose peer vanished without a FIN or RST (a cut cable, a
+/// NAT that forgot us) is detected after about `IDLE + RETRIES * INTERVAL` of silence
+/// instead of hanging forever.
+const KEEPALIVE_IDLE: Duration = Duration::from_secs(30);
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
+const KEEPALIVE_RETRIES: u32 = 3;
+
 /// Applies Warren's socket options to a fresh connection.
 pub fn tune(stream: &TcpStream) {
-    // Failure here only costs latency; never worth failing the connection over.
+    // Failures here only cost latency or dead-peer detection; never worth failing the
+    // connection over.
     let _ = stream.set_nodelay(true);
+    let keepalive = socket2::TcpKeepalive::new()
+        .with_time(KEEPALIVE_IDLE)
+        .with_interval(KEEPALIVE_INTERVAL)
+        .with_retries(KEEPALIVE_RETRIES);
+    let _ = socket2::SockRef::from(stream).set_tcp_keepalive(&keepalive);
 }
 
 /// Closes `stream` with a TCP reset, so the peer sees an error and not a clean end of data:
