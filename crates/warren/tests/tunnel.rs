@@ -224,6 +224,17 @@ async fn dead_target_resets_the_visitor() {
 
 #[tokio::test]
 async fn a_cut_tunnel_reaches_the_visitor_as_a_reset_not_an_eof() {
+    let plaintext = Setup {
+        transport: Transport::Tcp,
+        insecure: true,
+        ..Setup::default()
+    };
+    for setup in [Setup::default(), plaintext] {
+        cut_tunnel_resets_visitor(&setup).await;
+    }
+}
+
+async fn cut_tunnel_resets_visitor(setup: &Setup) {
     // The target sends a lot and never finishes; then the client dies mid-stream.
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let target = listener.local_addr().unwrap();
@@ -232,7 +243,7 @@ async fn a_cut_tunnel_reaches_the_visitor_as_a_reset_not_an_eof() {
         let chunk = random_bytes(64 * 1024);
         while stream.write_all(&chunk).await.is_ok() {}
     });
-    let (server, client) = tunnel(&Setup::default(), target).await;
+    let (server, client) = tunnel(setup, target).await;
     let mut visitor = TcpStream::connect(server.service).await.unwrap();
     let mut buf = vec![0u8; 64 * 1024];
     let mut total = 0;
@@ -363,5 +374,33 @@ async fn aborted_streams_do_not_poison_the_pool() {
         let payload = random_bytes(50_000 + i * 10);
         let reply = round_trip(server.service, &payload).await.unwrap();
         assert_eq!(hash(&reply), hash(&payload), "stream {i}");
+    }
+}
+
+#[tokio::test]
+async fn plaintext_zero_copy_path_keeps_bytes_exact_with_half_close_and_reuse() {
+    // The plaintext transport splices payloads socket to socket (Linux): check exact bytes,
+    // half-close both ways, large and tiny streams, and channel reuse on that path.
+    let setup = Setup {
+        transport: Transport::Tcp,
+        insecure: true,
+        ..Setup::default()
+    };
+    let (target, mut results) = sink_then_reply_target(2 * 1024 * 1024 + 3).await;
+    let (server, client) = tunnel(&setup, target).await;
+    assert_eq!(client.status.borrow().cipher, Some(CipherSuite::None));
+    for (i, len) in [0, 1, 7, 65_536, 65_537, 3 * 1024 * 1024 + 11, 100]
+        .into_iter()
+        .enumerate()
+    {
+        let payload = random_bytes(len);
+        let reply = round_trip(server.service, &payload).await.unwrap();
+        let (received_hash, sent) = results.recv().await.unwrap();
+        assert_eq!(
+            received_hash,
+            hash(&payload),
+            "stream {i} ({len} B): visitor -> target"
+        );
+        assert_eq!(hash(&reply), hash(&sent), "stream {i}: target -> visitor");
     }
 }

@@ -78,10 +78,19 @@ pub async fn pump(
     let mut moved = Transferred::default();
     let outcome = {
         let (mut local_read, mut local_write) = local.split();
-        let up = local_to_tunnel(&mut local_read, writer, &mut moved.to_tunnel);
-        let down = tunnel_to_local(reader, &mut local_write, &mut moved.to_local);
+        let both = async {
+            #[cfg(target_os = "linux")]
+            if writer.is_plaintext() {
+                let up = spliced::local_to_tunnel(&local_read, writer, &mut moved.to_tunnel);
+                let down = spliced::tunnel_to_local(reader, &mut local_write, &mut moved.to_local);
+                return tokio::try_join!(up, down).map(|_| ());
+            }
+            let up = local_to_tunnel(&mut local_read, writer, &mut moved.to_tunnel);
+            let down = tunnel_to_local(reader, &mut local_write, &mut moved.to_local);
+            tokio::try_join!(up, down).map(|_| ())
+        };
         tokio::select! {
-            result = async { tokio::try_join!(up, down) } => result.map(|_| ()),
+            result = both => result,
             () = cancel.cancelled() => Err(RelayError::Cancelled),
         }
     };
@@ -130,24 +139,117 @@ async fn tunnel_to_local(
     counter: &mut u64,
 ) -> Result<(), RelayError> {
     loop {
-        match reader.read().await? {
-            Some(Record::Data(bytes)) => {
-                local.write_all(bytes).await.map_err(RelayError::Local)?;
-                *counter += bytes.len() as u64;
+        let record = reader.read().await?;
+        if deliver(record, local, counter).await? == Flow::Ended {
+            reader.shrink();
+            return Ok(());
+        }
+    }
+}
+
+/// Whether a direction goes on after a record.
+#[derive(Debug, PartialEq, Eq)]
+enum Flow {
+    More,
+    Ended,
+}
+
+/// Acts on one record from the tunnel: bytes to the local side, `End` as a half-close,
+/// anything else as the failure it is.
+async fn deliver(
+    record: Option<Record<'_>>,
+    local: &mut WriteHalf<'_>,
+    counter: &mut u64,
+) -> Result<Flow, RelayError> {
+    match record {
+        Some(Record::Data(bytes)) => {
+            local.write_all(bytes).await.map_err(RelayError::Local)?;
+            *counter += bytes.len() as u64;
+            Ok(Flow::More)
+        }
+        Some(Record::End) => {
+            // Half-close towards the local side; the other direction carries on.
+            local.shutdown().await.map_err(RelayError::Local)?;
+            Ok(Flow::Ended)
+        }
+        Some(Record::Close(reason)) => Err(RelayError::PeerAborted(
+            String::from_utf8_lossy(reason).into_owned(),
+        )),
+        Some(Record::Control(_) | Record::Datagram(_)) => Err(RelayError::Protocol),
+        None => Err(RelayError::TunnelCut),
+    }
+}
+
+/// The same two directions for plaintext channels, payloads moving with `splice`.
+#[cfg(target_os = "linux")]
+mod spliced {
+    use std::io;
+
+    use tokio::net::TcpStream;
+    use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf, ReadHalf, WriteHalf};
+
+    use super::{Flow, RelayError, deliver};
+    use crate::crypto::record::{MAX_PAYLOAD, RecordKind};
+    use crate::transport::records::{Next, RecordIoError, RecordReader, RecordWriter};
+    use crate::transport::splice::{self, Pipe};
+
+    pub(super) async fn local_to_tunnel(
+        local: &ReadHalf<'_>,
+        writer: &mut RecordWriter<OwnedWriteHalf>,
+        counter: &mut u64,
+    ) -> Result<(), RelayError> {
+        let src: &TcpStream = local.as_ref();
+        loop {
+            src.readable().await.map_err(RelayError::Local)?;
+            // Held only while bytes move, like the record buffers.
+            let pipe = Pipe::take().map_err(RelayError::Local)?;
+            match splice::try_fill(&pipe, src, MAX_PAYLOAD) {
+                Ok(0) => {
+                    pipe.give();
+                    writer.send(RecordKind::End, &[]).await?;
+                    return Ok(());
+                }
+                Ok(n) => {
+                    writer.send_spliced(&pipe, n).await?;
+                    pipe.give();
+                    *counter += n as u64;
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => pipe.give(),
+                Err(e) => return Err(RelayError::Local(e)),
             }
-            Some(Record::End) => {
-                // Half-close towards the local side; the other direction carries on.
-                local.shutdown().await.map_err(RelayError::Local)?;
-                reader.shrink();
-                return Ok(());
+        }
+    }
+
+    pub(super) async fn tunnel_to_local(
+        reader: &mut RecordReader<OwnedReadHalf>,
+        local: &mut WriteHalf<'_>,
+        counter: &mut u64,
+    ) -> Result<(), RelayError> {
+        loop {
+            match reader.read_or_payload().await? {
+                Next::Payload(len) => {
+                    let pipe = Pipe::take().map_err(RelayError::Local)?;
+                    splice::fill_exact(&pipe, reader.socket(), len)
+                        .await
+                        .map_err(|e| match e.kind() {
+                            io::ErrorKind::UnexpectedEof => {
+                                RelayError::Tunnel(RecordIoError::Truncated)
+                            }
+                            _ => RelayError::Tunnel(RecordIoError::Io(e)),
+                        })?;
+                    splice::drain(&pipe, local.as_ref(), len)
+                        .await
+                        .map_err(RelayError::Local)?;
+                    pipe.give();
+                    *counter += len as u64;
+                }
+                Next::Record(record) => {
+                    if deliver(record, local, counter).await? == Flow::Ended {
+                        reader.shrink();
+                        return Ok(());
+                    }
+                }
             }
-            Some(Record::Close(reason)) => {
-                return Err(RelayError::PeerAborted(
-                    String::from_utf8_lossy(reason).into_owned(),
-                ));
-            }
-            Some(Record::Control(_) | Record::Datagram(_)) => return Err(RelayError::Protocol),
-            None => return Err(RelayError::TunnelCut),
         }
     }
 }

@@ -14,6 +14,8 @@
 pub mod buffers;
 pub mod preamble;
 pub mod records;
+#[cfg(target_os = "linux")]
+pub mod splice;
 pub mod tcp;
 
 use tokio::net::TcpStream;
