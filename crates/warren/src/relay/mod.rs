@@ -20,6 +20,7 @@ use tokio::net::tcp::{ReadHalf, WriteHalf};
 use tokio_util::sync::CancellationToken;
 
 use crate::crypto::record::RecordKind;
+use crate::metrics::Meter;
 use crate::transport::records::{Record, RecordIoError, RecordReader, RecordWriter, SendFromError};
 use crate::transport::{Channel, tcp};
 
@@ -63,9 +64,23 @@ pub struct Transferred {
 /// # Errors
 /// How the relay failed; a clean finish in both directions is `Ok`.
 pub async fn pump(
+    local: TcpStream,
+    channel: Channel,
+    cancel: &CancellationToken,
+) -> Result<Transferred, RelayError> {
+    pump_metered(local, channel, cancel, None).await
+}
+
+/// [`pump`], also adding every record's bytes to `meter` as it flows (one atomic add per
+/// record), so metrics and the admin API see a transfer while it runs.
+///
+/// # Errors
+/// As [`pump`].
+pub async fn pump_metered(
     mut local: TcpStream,
     channel: Channel,
     cancel: &CancellationToken,
+    meter: Option<&Meter>,
 ) -> Result<Transferred, RelayError> {
     let Channel {
         mut reader,
@@ -78,8 +93,8 @@ pub async fn pump(
     let mut moved = Transferred::default();
     let outcome = {
         let (mut local_read, mut local_write) = local.split();
-        let up = local_to_tunnel(&mut local_read, &mut writer, &mut moved.to_tunnel);
-        let down = tunnel_to_local(&mut reader, &mut local_write, &mut moved.to_local);
+        let up = local_to_tunnel(&mut local_read, &mut writer, &mut moved.to_tunnel, meter);
+        let down = tunnel_to_local(&mut reader, &mut local_write, &mut moved.to_local, meter);
         tokio::select! {
             result = async { tokio::try_join!(up, down) } => result.map(|_| ()),
             () = cancel.cancelled() => Err(RelayError::Cancelled),
@@ -110,6 +125,7 @@ async fn local_to_tunnel(
     local: &mut ReadHalf<'_>,
     writer: &mut RecordWriter<tokio::net::tcp::OwnedWriteHalf>,
     counter: &mut u64,
+    meter: Option<&Meter>,
 ) -> Result<(), RelayError> {
     loop {
         match writer.send_from(&*local).await {
@@ -117,7 +133,12 @@ async fn local_to_tunnel(
                 writer.send(RecordKind::End, &[]).await?;
                 return Ok(());
             }
-            Ok(n) => *counter += n as u64,
+            Ok(n) => {
+                *counter += n as u64;
+                if let Some(meter) = meter {
+                    meter.to_tunnel(n as u64);
+                }
+            }
             Err(SendFromError::Source(e)) => return Err(RelayError::Local(e)),
             Err(SendFromError::Sink(e)) => return Err(RelayError::Tunnel(e)),
         }
@@ -128,12 +149,16 @@ async fn tunnel_to_local(
     reader: &mut RecordReader<tokio::net::tcp::OwnedReadHalf>,
     local: &mut WriteHalf<'_>,
     counter: &mut u64,
+    meter: Option<&Meter>,
 ) -> Result<(), RelayError> {
     loop {
         match reader.read().await? {
             Some(Record::Data(bytes)) => {
                 local.write_all(bytes).await.map_err(RelayError::Local)?;
                 *counter += bytes.len() as u64;
+                if let Some(meter) = meter {
+                    meter.to_local(bytes.len() as u64);
+                }
             }
             Some(Record::End) => {
                 // Half-close towards the local side; the other direction carries on.
