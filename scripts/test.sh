@@ -55,7 +55,7 @@ cargo test --locked
 
 banner "5/5 release build and end-to-end tests (real binary with iperf3, dnsmasq and dig)"
 cargo build --release --locked
-WARREN_E2E_REQUIRE_TOOLS=1 cargo test --release --locked -p warren --test e2e --test e2e_dns
+WARREN_E2E_REQUIRE_TOOLS=1 cargo test --release --locked -p warren --test e2e --test e2e_dns --test e2e_ops
 
 banner "benchmark smoke (bench/run.sh --smoke: the harness still measures a working tunnel)"
 bash bench/run.sh --smoke

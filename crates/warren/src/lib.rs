@@ -35,11 +35,17 @@
 //! * [`relay`]: byte pumps between local sockets and channels; UDP flow tables.
 //! * [`server`], [`client`]: the two sides.
 //! * [`demo`]: the self-contained `warren demo`.
+//! * [`doctor`], [`ping`]: `warren doctor` and `warren ping`.
+//! * [`metrics`], [`admin`]: Prometheus metrics, live connections and the admin HTTP API.
 
+pub mod admin;
 pub mod client;
 pub mod config;
 pub mod crypto;
 pub mod demo;
+pub mod doctor;
+pub mod metrics;
+pub mod ping;
 pub mod relay;
 pub mod server;
 pub mod session;

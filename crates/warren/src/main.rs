@@ -15,7 +15,10 @@ Examples:
   warren keygen                    # print a fresh PSK and token
   warren server server.toml        # on the public machine
   warren client client.toml        # on the machine behind NAT
-  warren check client.toml         # validate a config and exit";
+  warren check client.toml         # validate a config and exit
+  warren doctor client.toml        # diagnose a setup: config, ports, targets, handshake
+  warren ping client.toml -n 10    # connect / handshake / round-trip times to the server
+  warren completions bash > /etc/bash_completion.d/warren";
 
 /// Warren: a fast, encrypted tunnel that exposes services behind NAT.
 #[derive(Debug, Parser)]
@@ -29,6 +32,12 @@ struct Cli {
     log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum OutputFormat {
+    Text,
+    Json,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -61,6 +70,48 @@ enum Command {
     Check {
         /// The config file.
         config: PathBuf,
+    },
+    /// Diagnose a setup: config, secrets, clock, ports, name resolution, targets, a full
+    /// handshake with the server, and this machine's cipher speeds. Exit 1 on any failure.
+    #[command(
+        after_help = "Examples:\n  warren doctor client.toml\n  warren doctor server.toml --format json"
+    )]
+    Doctor {
+        /// Config file (server or client, detected from its section).
+        #[arg(default_value = "warren.toml")]
+        config: PathBuf,
+        /// Output format.
+        #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
+        format: OutputFormat,
+    },
+    /// Measure connect, handshake and round-trip times to a server over N probes.
+    #[command(
+        after_help = "Examples:\n  warren ping client.toml\n  WARREN_PSK=... warren ping -r tunnel.example.com:7000 -n 20\n  warren ping -r 127.0.0.1:7000 --psk-file /etc/warren/psk"
+    )]
+    Ping {
+        /// Config file (client: its server; server: its own port on this machine).
+        #[arg(required_unless_present = "remote", conflicts_with = "remote")]
+        config: Option<PathBuf>,
+        /// The server to ping instead of a config's (needs WARREN_PSK or --psk-file).
+        #[arg(short = 'r', long = "remote", value_name = "HOST:PORT")]
+        remote: Option<String>,
+        /// File holding the PSK (with --remote; else WARREN_PSK is used).
+        #[arg(long, value_name = "FILE")]
+        psk_file: Option<PathBuf>,
+        /// Number of probes.
+        #[arg(short = 'n', long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=1000))]
+        count: u32,
+        /// Pause between probes, in milliseconds.
+        #[arg(long, default_value_t = 200)]
+        interval_ms: u64,
+    },
+    /// Print a shell completion script.
+    #[command(
+        after_help = "Examples:\n  warren completions bash > /etc/bash_completion.d/warren\n  warren completions zsh > \"${fpath[1]}/_warren\"\n  warren completions fish > ~/.config/fish/completions/warren.fish"
+    )]
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
     },
     /// Start a server, a client and a local web page on loopback, tunnelled end to end.
     #[command(after_help = "Example:\n  warren demo            # then open the printed URL")]
@@ -98,6 +149,12 @@ fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
+    if let Command::Completions { shell } = cli.command {
+        use clap::CommandFactory;
+        let mut command = Cli::command();
+        clap_complete::generate(shell, &mut command, "warren", &mut std::io::stdout());
+        return ExitCode::SUCCESS;
+    }
     match runtime.block_on(run(cli.command)) {
         Outcome::Clean => ExitCode::SUCCESS,
         Outcome::Failed => ExitCode::from(1),
@@ -208,6 +265,129 @@ async fn run(command: Command) -> Outcome {
             }
         }
         Command::Demo { port } => demo(port).await,
+        Command::Doctor { config, format } => {
+            let report = warren::doctor::diagnose(&config).await;
+            match format {
+                OutputFormat::Text => print!("{}", report.to_text()),
+                OutputFormat::Json => println!("{}", report.to_json()),
+            }
+            if report.failed() {
+                Outcome::Failed
+            } else {
+                Outcome::Clean
+            }
+        }
+        Command::Ping {
+            config,
+            remote,
+            psk_file,
+            count,
+            interval_ms,
+        } => ping(config, remote, psk_file, count, interval_ms).await,
+        Command::Completions { .. } => Outcome::Clean,
+    }
+}
+
+async fn ping(
+    config: Option<PathBuf>,
+    remote: Option<String>,
+    psk_file: Option<PathBuf>,
+    count: u32,
+    interval_ms: u64,
+) -> Outcome {
+    let target = match ping_target(config, remote, psk_file) {
+        Ok(target) => target,
+        Err(message) => {
+            eprintln!("error: {message}");
+            return Outcome::BadConfig;
+        }
+    };
+    println!("PING {} ({} probes)", target.server, count);
+    let mut probes = Vec::new();
+    for seq in 1..=u64::from(count) {
+        match warren::ping::probe(&target, seq).await {
+            Ok(probe) => {
+                println!(
+                    "probe {seq}: connect {}, handshake {}, rtt {} ({})",
+                    warren::doctor::ms(probe.connect),
+                    warren::doctor::ms(probe.handshake),
+                    warren::doctor::ms(probe.rtt),
+                    probe.cipher
+                );
+                probes.push(probe);
+            }
+            Err(error) => println!("probe {seq}: failed: {error}"),
+        }
+        if seq < u64::from(count) {
+            tokio::time::sleep(std::time::Duration::from_millis(interval_ms)).await;
+        }
+    }
+    print!("{}", warren::ping::summary(&probes, count as usize));
+    if probes.is_empty() {
+        Outcome::Failed
+    } else {
+        Outcome::Clean
+    }
+}
+
+/// Where `warren ping` goes: a config's server, or `-r` with a PSK from a file or the
+/// environment.
+fn ping_target(
+    config: Option<PathBuf>,
+    remote: Option<String>,
+    psk_file: Option<PathBuf>,
+) -> Result<warren::ping::PingTarget, String> {
+    use warren::config::{HostPort, Transport, has_aes_hardware};
+    use warren::crypto::secret::Secret;
+    let transport_ciphers =
+        |transport: Transport, ciphers: Vec<warren::CipherSuite>| match transport {
+            Transport::Tcp => vec![warren::CipherSuite::None],
+            _ => ciphers,
+        };
+    if let Some(remote) = remote {
+        let server: HostPort = remote
+            .parse()
+            .map_err(|e| format!("invalid --remote {remote:?}: {e}; write HOST:PORT"))?;
+        let psk = match psk_file {
+            Some(path) => std::fs::read_to_string(&path)
+                .map_err(|e| format!("cannot read --psk-file {}: {e}", path.display()))?
+                .trim()
+                .to_owned(),
+            None => std::env::var("WARREN_PSK").map_err(|_| {
+                "--remote needs the PSK: set WARREN_PSK or pass --psk-file FILE".to_owned()
+            })?,
+        };
+        return Ok(warren::ping::PingTarget {
+            server,
+            psk: Secret::new(psk),
+            ciphers: warren::CipherSuite::default_preference(has_aes_hardware()),
+            deadline: warren::config::DEFAULT_HANDSHAKE_TIMEOUT,
+        });
+    }
+    let path = config.unwrap_or_else(|| PathBuf::from("warren.toml"));
+    match load(&path).map_err(|e| e.to_string())? {
+        Config::Client(client) => Ok(warren::ping::PingTarget {
+            server: client.server,
+            psk: client.psk,
+            ciphers: transport_ciphers(client.transport, client.ciphers),
+            deadline: client.handshake_timeout,
+        }),
+        Config::Server(server) => {
+            let mut addr = server.bind;
+            if addr.ip().is_unspecified() {
+                addr.set_ip(if addr.is_ipv4() {
+                    std::net::Ipv4Addr::LOCALHOST.into()
+                } else {
+                    std::net::Ipv6Addr::LOCALHOST.into()
+                });
+            }
+            Ok(warren::ping::PingTarget {
+                server: HostPort::from(addr),
+                psk: server.psk,
+                ciphers: transport_ciphers(server.transport, server.ciphers),
+                deadline: server.handshake_timeout,
+            })
+        }
     }
 }
 

@@ -10,12 +10,14 @@
 //! Main types: [`Client`] (validated config, built with [`Client::builder`]),
 //! [`ClientStatus`] (watch the connection from outside).
 
+mod admin;
+pub mod establish;
 mod pool;
 mod udp;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rand::RngCore;
@@ -24,19 +26,20 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{error, info, warn};
 use warren_proto::CipherSuite;
-use warren_proto::handshake::{HandshakeError, Refusal};
+use warren_proto::handshake::Refusal;
 use warren_proto::liveness::Backoff;
-use warren_proto::message::{ControlMessage, ServiceClaim, Verdict};
+use warren_proto::message::{ControlMessage, Verdict};
 
 use crate::Side;
+use crate::admin::SessionInfo;
 use crate::config::{
     ClientConfig, ClientService, ConfigErrors, HostPort, ServiceKind, Transport, UdpSettings,
 };
-use crate::crypto::keys::{self, SessionKeys};
+use crate::crypto::keys::SessionKeys;
 use crate::crypto::secret::Secret;
+use crate::metrics::{HandshakeFailure, ServiceMeter, Telemetry, unix_seconds};
 use crate::session::{self as control, CONTROL_QUEUE, Liveness, SessionEnd, short_id};
-use crate::transport::preamble::{self, PreambleError};
-use crate::transport::{Channel, tcp};
+use establish::{EstablishError, EstablishedSession};
 
 /// Data channels kept open and idle at the server, ready for visitors.
 pub(crate) const POOL_SIZE: usize = 8;
@@ -55,6 +58,16 @@ pub enum ClientError {
         "the server refused every service ({0}): wrong token, or the service is not in the server's config; check `token` / `default_token` on both sides"
     )]
     AllServicesRefused(String),
+    /// The admin API's port could not be bound.
+    #[error(
+        "cannot bind the admin API on {addr}: {source}; is another process using it? (change [admin] bind)"
+    )]
+    AdminBind {
+        /// The address.
+        addr: SocketAddr,
+        /// The OS error.
+        source: std::io::Error,
+    },
 }
 
 /// Connection state, observable through [`Client::status`].
@@ -135,6 +148,16 @@ impl ClientBuilder {
     pub fn reconnect_delays(mut self, initial: Duration, max: Duration) -> Self {
         self.config.reconnect_initial_delay = initial;
         self.config.reconnect_max_delay = max;
+        self
+    }
+
+    /// Serves the admin API and `/metrics` on `bind`, requiring `token` as a bearer token
+    /// when given (a non-loopback `bind` needs one).
+    pub fn admin(mut self, bind: SocketAddr, token: Option<&str>) -> Self {
+        self.config.admin = Some(crate::config::AdminConfig {
+            bind,
+            token: token.map(Secret::new),
+        });
         self
     }
 
@@ -238,14 +261,42 @@ impl Client {
             Transport::Tcp => vec![CipherSuite::None],
             _ => self.config.ciphers.clone(),
         };
+        let telemetry = Telemetry::new(Side::Client);
+        let meters = self
+            .config
+            .services
+            .keys()
+            .map(|name| (name.clone(), telemetry.metrics.service(name)))
+            .collect();
+        let admin_listener = match &self.config.admin {
+            Some(admin) => Some(crate::admin::bind(admin.bind).await.map_err(|source| {
+                ClientError::AdminBind {
+                    addr: admin.bind,
+                    source,
+                }
+            })?),
+            None => None,
+        };
         let shared = Arc::new(Shared {
-            noise_psk: keys::noise_psk(&self.config.psk),
             ciphers,
             config: self.config,
             status: self.status,
             cancel,
             tasks: TaskTracker::new(),
+            telemetry,
+            meters,
+            current: Mutex::new(None),
         });
+        if let Some(listener) = admin_listener {
+            let token = shared.config.admin.as_ref().and_then(|a| a.token.clone());
+            let source = Arc::new(admin::ClientAdmin(Arc::clone(&shared)));
+            shared.tasks.spawn(crate::admin::serve(
+                listener,
+                source,
+                token,
+                shared.cancel.clone(),
+            ));
+        }
         let mut backoff = Backoff::new(
             shared.config.reconnect_initial_delay,
             shared.config.reconnect_max_delay,
@@ -269,6 +320,7 @@ impl Client {
                     warn!(event = "connect_failed", %reason, "could not establish a session")
                 }
             }
+            shared.telemetry.metrics.reconnecting();
             shared.status.send_modify(|s| {
                 s.connected = false;
                 s.services.clear();
@@ -296,11 +348,16 @@ impl Client {
 /// State shared by the client's tasks across sessions.
 struct Shared {
     config: ClientConfig,
-    noise_psk: [u8; 32],
     ciphers: Vec<CipherSuite>,
     status: watch::Sender<ClientStatus>,
     cancel: CancellationToken,
     tasks: TaskTracker,
+    /// Metrics and live connections (read by the admin API).
+    telemetry: Arc<Telemetry>,
+    /// Each service's counters.
+    meters: HashMap<String, ServiceMeter>,
+    /// The current session, for the admin API (written at session start and end only).
+    current: Mutex<Option<SessionInfo>>,
 }
 
 /// How an attempt to hold a session failed.
@@ -325,75 +382,52 @@ pub(crate) struct ClientSession {
 async fn run_session(shared: &Arc<Shared>, backoff: &mut Backoff) -> Result<SessionEnd, Failure> {
     let config = &shared.config;
     let deadline = config.handshake_timeout;
-    let connect = async {
-        let mut stream = tcp::connect(&config.server, deadline)
-            .await
-            .map_err(|e| Failure::Retry(e.to_string()))?;
-        let server_addr = stream
-            .peer_addr()
-            .map_err(|e| Failure::Retry(e.to_string()))?;
-        let established = match tokio::time::timeout(
-            deadline,
-            preamble::client_handshake(&mut stream, &shared.noise_psk, &shared.ciphers),
-        )
-        .await
-        {
-            Err(_) => {
-                return Err(Failure::Retry(format!(
-                    "no handshake answer from {} within {deadline:?}",
-                    config.server
-                )));
-            }
-            Ok(Ok(established)) => established,
-            Ok(Err(PreambleError::Handshake(HandshakeError::Refused(refusal)))) => {
-                return Err(Failure::Fatal(ClientError::Refused(refusal)));
-            }
-            Ok(Err(PreambleError::Io(e))) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
-                return Err(Failure::Retry(format!(
-                    "{} closed the connection during the handshake: the PSKs probably differ (or it is not a Warren server)",
-                    config.server
-                )));
-            }
-            Ok(Err(e)) => return Err(Failure::Retry(e.to_string())),
-        };
-        Ok((stream, server_addr, established))
-    };
-    let (stream, server_addr, established) = tokio::select! {
-        () = shared.cancel.cancelled() => return Ok(SessionEnd::Cancelled),
-        result = connect => result?,
-    };
-    let keys = SessionKeys::new(&established);
-    let (sealer, opener) = keys.control_channel(Side::Client);
-    let mut channel = Channel::new(stream, sealer, opener);
-
     let names: Vec<&String> = config.services.keys().collect();
-    let claims = names
+    let claims: Vec<(&str, &Secret)> = names
         .iter()
-        .map(|name| ServiceClaim {
-            name: (*name).clone(),
-            proof: keys::token_proof(&config.services[*name].token, keys.handshake_hash(), name),
-        })
+        .map(|name| (name.as_str(), &config.services[*name].token))
         .collect();
-    let hello = async {
-        control::send_control(&mut channel, &ControlMessage::Hello { services: claims }).await?;
-        control::recv_control(&mut channel).await
+    let attempt = establish::establish(
+        &config.server,
+        &config.psk,
+        &shared.ciphers,
+        &claims,
+        deadline,
+    );
+    let established = tokio::select! {
+        () = shared.cancel.cancelled() => return Ok(SessionEnd::Cancelled),
+        result = attempt => result,
     };
-    let verdicts = match tokio::time::timeout(deadline, hello).await {
-        Err(_) => {
-            return Err(Failure::Retry(
-                "the server did not answer the hello in time".into(),
-            ));
+    let established = match established {
+        Ok(established) => established,
+        Err(EstablishError::Refused(refusal)) => {
+            shared
+                .telemetry
+                .metrics
+                .handshake_failed(HandshakeFailure::Refused);
+            return Err(Failure::Fatal(ClientError::Refused(refusal)));
         }
-        Ok(Err(end)) => return Err(Failure::Retry(format!("hello failed: {end}"))),
-        Ok(Ok(ControlMessage::HelloReply { verdicts })) if verdicts.len() == names.len() => {
-            verdicts
-        }
-        Ok(Ok(other)) => {
-            return Err(Failure::Retry(format!(
-                "unexpected answer to hello: {other:?}"
-            )));
+        Err(error) => {
+            let reason = match error {
+                EstablishError::Connect { .. } => HandshakeFailure::Connect,
+                EstablishError::ClosedDuringHandshake { .. } => HandshakeFailure::BadPsk,
+                EstablishError::HandshakeTimeout { .. } | EstablishError::HelloTimeout => {
+                    HandshakeFailure::Timeout
+                }
+                EstablishError::Hello(_) => HandshakeFailure::Protocol,
+                _ => HandshakeFailure::Io,
+            };
+            shared.telemetry.metrics.handshake_failed(reason);
+            return Err(Failure::Retry(error.to_string()));
         }
     };
+    let EstablishedSession {
+        channel,
+        keys,
+        server_addr,
+        verdicts,
+        ..
+    } = established;
     let mut accepted = HashMap::new();
     let mut refused = Vec::new();
     for (name, verdict) in names.iter().zip(&verdicts) {
@@ -412,6 +446,10 @@ async fn run_session(shared: &Arc<Shared>, backoff: &mut Backoff) -> Result<Sess
         );
     }
     if accepted.is_empty() {
+        shared
+            .telemetry
+            .metrics
+            .handshake_failed(HandshakeFailure::BadToken);
         return Err(Failure::Fatal(ClientError::AllServicesRefused(
             refused.join(", "),
         )));
@@ -435,6 +473,17 @@ async fn run_session(shared: &Arc<Shared>, backoff: &mut Backoff) -> Result<Sess
         services = %service_names.join(","),
         "connected"
     );
+    shared.telemetry.metrics.session_started();
+    *shared
+        .current
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(SessionInfo {
+        id: short_id(session.keys.session_id()),
+        peer: server_addr.to_string(),
+        cipher: session.keys.cipher().to_string(),
+        since: unix_seconds(std::time::SystemTime::now()),
+        services: session.services.keys().cloned().collect(),
+    });
     shared.status.send_modify(|s| {
         s.connected = true;
         s.sessions += 1;
@@ -470,5 +519,10 @@ async fn run_session(shared: &Arc<Shared>, backoff: &mut Backoff) -> Result<Sess
     )
     .await;
     session.cancel.cancel();
+    shared.telemetry.metrics.session_ended();
+    *shared
+        .current
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner) = None;
     Ok(end)
 }

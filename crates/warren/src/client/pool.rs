@@ -18,6 +18,7 @@ use warren_proto::message;
 use super::{ClientSession, MAX_POOLED, POOL_SIZE, Shared};
 use crate::config::ServiceKind;
 use crate::crypto::record::RecordKind;
+use crate::metrics::LocalEnd;
 use crate::relay;
 use crate::transport::records::Record;
 use crate::transport::{Channel, preamble, tcp};
@@ -133,9 +134,14 @@ async fn serve_stream(
         super::udp::serve_udp(shared, session, channel, config, settings).await;
         return None;
     }
+    let meter = shared.meters.get(&service);
+    let started = tokio::time::Instant::now();
     let connected = tcp::connect(&config.target, TARGET_CONNECT_TIMEOUT)
         .await
         .map_err(|error| {
+            if let Some(meter) = meter {
+                meter.error();
+            }
             warn!(event = "target_unreachable", %service, target = %config.target, %error, "cannot reach the service's target");
             format!("target unreachable: {error}")
         });
@@ -150,12 +156,25 @@ async fn serve_stream(
             return None;
         }
     };
-    match relay::pump(target, &mut channel, &shared.cancel).await {
+    let listed = meter.map(|meter| {
+        meter.connected_in(started.elapsed());
+        let peer = target
+            .peer_addr()
+            .unwrap_or_else(|_| std::net::SocketAddr::from(([0, 0, 0, 0], 0)));
+        shared
+            .telemetry
+            .open(meter, &service, peer, LocalEnd::Target)
+    });
+    let byte_meter = listed.as_ref().map(|(byte_meter, _)| byte_meter);
+    match relay::pump_metered(target, &mut channel, &shared.cancel, byte_meter).await {
         Ok(moved) => {
             debug!(event = "stream_closed", %service, up = moved.to_tunnel, down = moved.to_local, "stream done");
             Some(channel)
         }
         Err(error) => {
+            if let Some(meter) = meter.filter(|_| !matches!(error, relay::RelayError::Cancelled)) {
+                meter.error();
+            }
             debug!(event = "stream_aborted", %service, %error, "stream aborted");
             None
         }

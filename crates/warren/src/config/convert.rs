@@ -15,14 +15,16 @@ use super::Config;
 use super::duration::{format_duration, parse_duration};
 use super::error::{ConfigError, ConfigErrors, Report, join_index, join_key};
 use super::file::{
-    FileClient, FileClientService, FileConfig, FileServer, FileServerService, RawDuration,
+    FileAdmin, FileClient, FileClientService, FileConfig, FileServer, FileServerService,
+    RawDuration,
 };
 use super::suggest::did_you_mean;
 use super::typed::{
-    ClientConfig, ClientService, DEFAULT_HANDSHAKE_TIMEOUT, DEFAULT_HEARTBEAT_INTERVAL,
-    DEFAULT_HEARTBEAT_TIMEOUT, DEFAULT_RECONNECT_INITIAL_DELAY, DEFAULT_RECONNECT_MAX_DELAY,
-    DEFAULT_UDP_IDLE_TIMEOUT, DEFAULT_UDP_MAX_SESSIONS, HostPort, HostPortError, ServerConfig,
-    ServerService, ServiceKind, Transport, UdpSettings, has_aes_hardware, service_key,
+    AdminConfig, ClientConfig, ClientService, DEFAULT_HANDSHAKE_TIMEOUT,
+    DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_HEARTBEAT_TIMEOUT, DEFAULT_RECONNECT_INITIAL_DELAY,
+    DEFAULT_RECONNECT_MAX_DELAY, DEFAULT_UDP_IDLE_TIMEOUT, DEFAULT_UDP_MAX_SESSIONS, HostPort,
+    HostPortError, ServerConfig, ServerService, ServiceKind, Transport, UdpSettings,
+    has_aes_hardware, service_key,
 };
 use crate::crypto::secret::Secret;
 
@@ -68,9 +70,24 @@ fn unreachable_empty() -> ConfigErrors {
 
 /// Converts a whole file; `None` (with errors in `report`) unless it has exactly one side.
 pub(crate) fn convert_config(file: FileConfig, report: &mut Report) -> Option<Config> {
+    let admin = file.admin.and_then(|admin| convert_admin(admin, report));
     match (file.server, file.client) {
-        (Some(server), None) => Some(Config::Server(convert_server(server, report))),
-        (None, Some(client)) => Some(Config::Client(convert_client(client, report))),
+        (Some(server), None) => {
+            let mut server = convert_server(server, report);
+            if let Some(admin) = admin {
+                report.extend_checked(admin.check(server.insecure));
+                server.admin = Some(admin);
+            }
+            Some(Config::Server(server))
+        }
+        (None, Some(client)) => {
+            let mut client = convert_client(client, report);
+            if let Some(admin) = admin {
+                report.extend_checked(admin.check(client.insecure));
+                client.admin = Some(admin);
+            }
+            Some(Config::Client(client))
+        }
         (Some(server), Some(client)) => {
             report.push(
                 ConfigError::new("client", "the file has both a [server] and a [client] section")
@@ -91,6 +108,25 @@ pub(crate) fn convert_config(file: FileConfig, report: &mut Report) -> Option<Co
             None
         }
     }
+}
+
+/// Converts `[admin]` (its rules are checked with the side's `insecure`).
+fn convert_admin(file: FileAdmin, report: &mut Report) -> Option<AdminConfig> {
+    let bind = match &file.bind {
+        Some(text) => socket_addr(report, "admin.bind", text)?,
+        None => {
+            missing(
+                report,
+                "admin.bind",
+                "where the admin API listens, e.g. bind = \"127.0.0.1:7001\"",
+            );
+            return None;
+        }
+    };
+    Some(AdminConfig {
+        bind,
+        token: file.token.map(Secret::new),
+    })
 }
 
 /// Converts `[server]`, then checks the semantic rules on the result.

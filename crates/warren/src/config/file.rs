@@ -20,6 +20,18 @@ pub struct FileConfig {
     pub server: Option<FileServer>,
     /// `[client]`: run the side behind NAT.
     pub client: Option<FileClient>,
+    /// `[admin]`: the admin API and `/metrics`, for either side. Default: off.
+    pub admin: Option<FileAdmin>,
+}
+
+/// The `[admin]` section: the admin HTTP API (JSON) and Prometheus `/metrics`.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileAdmin {
+    /// `IP:PORT` to serve the admin API on, e.g. `"127.0.0.1:7001"`. Required.
+    pub bind: Option<String>,
+    /// Bearer token every request must carry. Required when `bind` is not loopback.
+    pub token: Option<String>,
 }
 
 /// The `[server]` section.
@@ -218,7 +230,7 @@ mod tests {
 
     #[test]
     fn field_names_follow_the_structs() {
-        assert_eq!(field_names::<FileConfig>(), ["server", "client"]);
+        assert_eq!(field_names::<FileConfig>(), ["server", "client", "admin"]);
         assert!(field_names::<FileServer>().contains(&"heartbeat_interval"));
         assert!(field_names::<FileServer>().contains(&"services"));
         assert_eq!(

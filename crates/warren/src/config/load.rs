@@ -32,7 +32,8 @@ use super::error::{
     ConfigError, ConfigErrors, LineIndex, Report, join_index, join_key, parent_path,
 };
 use super::file::{
-    FileClient, FileClientService, FileConfig, FileServer, FileServerService, field_names,
+    FileAdmin, FileClient, FileClientService, FileConfig, FileServer, FileServerService,
+    field_names,
 };
 use super::suggest::did_you_mean;
 
@@ -144,7 +145,15 @@ impl Loader<'_> {
                 ..section
             })
         });
-        FileConfig { server, client }
+        let admin = root
+            .remove("admin")
+            .and_then(|value| self.table::<FileAdmin>("admin", value, None))
+            .map(|(admin, _)| admin);
+        FileConfig {
+            server,
+            client,
+            admin,
+        }
     }
 
     fn services<S: DeserializeOwned>(
@@ -363,12 +372,13 @@ fn unknown_key_hint(path: &str, key: &str, fields: &[&str]) -> String {
     if let Some(close) = did_you_mean(key, fields) {
         return format!("did you mean `{close}`?");
     }
-    let schema: [(&str, &[&str]); 5] = [
+    let schema: [(&str, &[&str]); 6] = [
         ("the top level", field_names::<FileConfig>()),
         ("[server]", field_names::<FileServer>()),
         ("[server.services.NAME]", field_names::<FileServerService>()),
         ("[client]", field_names::<FileClient>()),
         ("[client.services.NAME]", field_names::<FileClientService>()),
+        ("[admin]", field_names::<FileAdmin>()),
     ];
     let elsewhere: Vec<&str> = schema
         .iter()
@@ -752,6 +762,55 @@ token = "${WARREN_TEST_TOKEN}"
         let shown = errors.to_string();
         assert!(shown.contains("warren.toml:4:1: server.heartbeat_intervall: unknown key `heartbeat_intervall` in [server]\n  hint: did you mean `heartbeat_interval`?"), "{shown}");
         assert!(shown.contains("warren.toml:8:8: server.services.web.bind: invalid socket address \"0.0.0.0:80800\": invalid port `80800`\n  hint: write it as IP:PORT"), "{shown}");
+    }
+
+    #[test]
+    fn admin_section_on_both_sides() {
+        let base = "[server]\nbind = \"0.0.0.0:7000\"\npsk = \"${WARREN_TEST_PSK}\"\n";
+        let config = server(&format!("{base}[admin]\nbind = \"127.0.0.1:7001\"\n"));
+        let admin = config.admin.expect("admin configured");
+        assert_eq!(admin.bind, "127.0.0.1:7001".parse().unwrap());
+        assert!(admin.token.is_none());
+        assert!(server(base).admin.is_none());
+        let client = client(
+            "[client]\nserver = \"a:1\"\npsk = \"${WARREN_TEST_PSK}\"\n[admin]\nbind = \"[::1]:7001\"\ntoken = \"${WARREN_TEST_TOKEN}\"\n",
+        );
+        assert_eq!(
+            client
+                .admin
+                .and_then(|a| a.token)
+                .map(|t| t.expose().to_owned()),
+            Some(TOKEN.to_owned())
+        );
+    }
+
+    #[test]
+    fn admin_rules_are_reported_with_the_rest() {
+        // A public bind without a token, a weak token, a missing bind and an unknown key,
+        // together with a [server] error: all at once.
+        let all = errors(
+            "[server]\nbind = \"0.0.0.0:7000\"\npsk = \"short\"\n[admin]\nbind = \"0.0.0.0:7001\"\ntokn = \"x\"\n",
+        );
+        let text = all.to_string();
+        assert_eq!(
+            keys_and_lines(&all),
+            [
+                ("server.psk".to_owned(), Some(3)),
+                ("admin.bind".to_owned(), Some(5)),
+                ("admin.tokn".to_owned(), Some(6)),
+            ],
+            "{text}"
+        );
+        assert!(text.contains("needs a token"), "{text}");
+        assert!(text.contains("did you mean `token`?"), "{text}");
+        let weak = errors(
+            "[server]\nbind = \"0.0.0.0:7000\"\npsk = \"${WARREN_TEST_PSK}\"\n[admin]\nbind = \"0.0.0.0:7001\"\ntoken = \"abc\"\n",
+        );
+        assert_eq!(keys_and_lines(&weak), [("admin.token".to_owned(), Some(6))]);
+        assert!(!weak.to_string().contains("abc"));
+        let missing =
+            errors("[server]\nbind = \"0.0.0.0:7000\"\npsk = \"${WARREN_TEST_PSK}\"\n[admin]\n");
+        assert_eq!(keys_and_lines(&missing)[0].0, "admin.bind");
     }
 
     #[test]

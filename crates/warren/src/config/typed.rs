@@ -304,6 +304,42 @@ pub struct ServerConfig {
     pub insecure: bool,
     /// Services by name.
     pub services: BTreeMap<String, ServerService>,
+    /// The admin API and `/metrics`; `None` (the default) serves neither.
+    pub admin: Option<AdminConfig>,
+}
+
+/// The `[admin]` section: where the admin API and `/metrics` listen, and their token.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AdminConfig {
+    /// Where the admin HTTP server listens.
+    pub bind: SocketAddr,
+    /// Bearer token every request must carry; `None` allows anyone who can connect,
+    /// which is refused unless `bind` is a loopback address.
+    pub token: Option<Secret>,
+}
+
+impl AdminConfig {
+    /// The broken rules: a non-loopback bind needs a token; a token must be strong.
+    pub(crate) fn check(&self, insecure: bool) -> Vec<ConfigError> {
+        let mut errors = Vec::new();
+        match &self.token {
+            None if !self.bind.ip().is_loopback() => errors.push(
+                ConfigError::new(
+                    "admin.bind",
+                    format!(
+                        "the admin API on {} (not loopback) needs a token",
+                        self.bind
+                    ),
+                )
+                .with_hint(
+                    "add token = \"${WARREN_ADMIN_TOKEN}\" to [admin], or bind it to 127.0.0.1",
+                ),
+            ),
+            Some(token) if !insecure => errors.extend(check_secret("admin.token", token)),
+            _ => {}
+        }
+        errors
+    }
 }
 
 /// A service the server exposes to visitors.
@@ -344,6 +380,8 @@ pub struct ClientConfig {
     pub insecure: bool,
     /// Services by name.
     pub services: BTreeMap<String, ClientService>,
+    /// The admin API and `/metrics`; `None` (the default) serves neither.
+    pub admin: Option<AdminConfig>,
 }
 
 /// A service the client serves from a local target.
@@ -390,6 +428,7 @@ impl ServerConfig {
             handshake_timeout: DEFAULT_HANDSHAKE_TIMEOUT,
             insecure: false,
             services: BTreeMap::new(),
+            admin: None,
         }
     }
 
@@ -409,6 +448,9 @@ impl ServerConfig {
     /// The broken rules, unsorted.
     pub(crate) fn check(&self) -> Vec<ConfigError> {
         let mut errors = Vec::new();
+        if let Some(admin) = &self.admin {
+            errors.extend(admin.check(self.insecure));
+        }
         let side = "server";
         check_common(
             &mut errors,
@@ -475,6 +517,7 @@ impl ClientConfig {
             handshake_timeout: DEFAULT_HANDSHAKE_TIMEOUT,
             insecure: false,
             services: BTreeMap::new(),
+            admin: None,
         }
     }
 
@@ -494,6 +537,9 @@ impl ClientConfig {
     /// The broken rules, unsorted.
     pub(crate) fn check(&self) -> Vec<ConfigError> {
         let mut errors = Vec::new();
+        if let Some(admin) = &self.admin {
+            errors.extend(admin.check(self.insecure));
+        }
         let side = "client";
         check_common(
             &mut errors,

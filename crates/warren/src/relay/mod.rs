@@ -20,6 +20,7 @@ use tokio::net::tcp::{ReadHalf, WriteHalf};
 use tokio_util::sync::CancellationToken;
 
 use crate::crypto::record::RecordKind;
+use crate::metrics::Meter;
 use crate::transport::records::{Record, RecordIoError, RecordReader, RecordWriter, SendFromError};
 use crate::transport::{Channel, tcp};
 
@@ -66,9 +67,23 @@ pub struct Transferred {
 /// # Errors
 /// How the relay failed; a clean finish in both directions is `Ok`.
 pub async fn pump(
+    local: TcpStream,
+    channel: &mut Channel,
+    cancel: &CancellationToken,
+) -> Result<Transferred, RelayError> {
+    pump_metered(local, channel, cancel, None).await
+}
+
+/// [`pump`], also adding every record's bytes to `meter` as it flows (one atomic add per
+/// record), so metrics and the admin API see a transfer while it runs.
+///
+/// # Errors
+/// As [`pump`].
+pub async fn pump_metered(
     mut local: TcpStream,
     channel: &mut Channel,
     cancel: &CancellationToken,
+    meter: Option<&Meter>,
 ) -> Result<Transferred, RelayError> {
     let Channel { reader, writer } = channel;
     // Until the stream ends cleanly, closing `local` means a reset: if this process dies
@@ -78,15 +93,17 @@ pub async fn pump(
     let mut moved = Transferred::default();
     let outcome = {
         let (mut local_read, mut local_write) = local.split();
+        let up_tally = Tally::new(&mut moved.to_tunnel, meter, Towards::Tunnel);
+        let down_tally = Tally::new(&mut moved.to_local, meter, Towards::Local);
         let both = async {
             #[cfg(target_os = "linux")]
             if writer.is_plaintext() {
-                let up = spliced::local_to_tunnel(&local_read, writer, &mut moved.to_tunnel);
-                let down = spliced::tunnel_to_local(reader, &mut local_write, &mut moved.to_local);
+                let up = spliced::local_to_tunnel(&local_read, writer, up_tally);
+                let down = spliced::tunnel_to_local(reader, &mut local_write, down_tally);
                 return tokio::try_join!(up, down).map(|_| ());
             }
-            let up = local_to_tunnel(&mut local_read, writer, &mut moved.to_tunnel);
-            let down = tunnel_to_local(reader, &mut local_write, &mut moved.to_local);
+            let up = local_to_tunnel(&mut local_read, writer, up_tally);
+            let down = tunnel_to_local(reader, &mut local_write, down_tally);
             tokio::try_join!(up, down).map(|_| ())
         };
         tokio::select! {
@@ -115,10 +132,44 @@ pub async fn pump(
     }
 }
 
+/// Which way a direction's bytes go.
+#[derive(Debug, Clone, Copy)]
+enum Towards {
+    Tunnel,
+    Local,
+}
+
+/// Counts one direction's bytes: into the caller's totals and, as they flow, the metrics.
+struct Tally<'a> {
+    total: &'a mut u64,
+    meter: Option<&'a Meter>,
+    towards: Towards,
+}
+
+impl<'a> Tally<'a> {
+    fn new(total: &'a mut u64, meter: Option<&'a Meter>, towards: Towards) -> Self {
+        Tally {
+            total,
+            meter,
+            towards,
+        }
+    }
+
+    fn add(&mut self, bytes: usize) {
+        let bytes = bytes as u64;
+        *self.total += bytes;
+        match (self.meter, self.towards) {
+            (Some(meter), Towards::Tunnel) => meter.to_tunnel(bytes),
+            (Some(meter), Towards::Local) => meter.to_local(bytes),
+            (None, _) => {}
+        }
+    }
+}
+
 async fn local_to_tunnel(
     local: &mut ReadHalf<'_>,
     writer: &mut RecordWriter<tokio::net::tcp::OwnedWriteHalf>,
-    counter: &mut u64,
+    mut tally: Tally<'_>,
 ) -> Result<(), RelayError> {
     loop {
         match writer.send_from(&*local).await {
@@ -126,7 +177,7 @@ async fn local_to_tunnel(
                 writer.send(RecordKind::End, &[]).await?;
                 return Ok(());
             }
-            Ok(n) => *counter += n as u64,
+            Ok(n) => tally.add(n),
             Err(SendFromError::Source(e)) => return Err(RelayError::Local(e)),
             Err(SendFromError::Sink(e)) => return Err(RelayError::Tunnel(e)),
         }
@@ -136,11 +187,11 @@ async fn local_to_tunnel(
 async fn tunnel_to_local(
     reader: &mut RecordReader<tokio::net::tcp::OwnedReadHalf>,
     local: &mut WriteHalf<'_>,
-    counter: &mut u64,
+    mut tally: Tally<'_>,
 ) -> Result<(), RelayError> {
     loop {
         let record = reader.read().await?;
-        if deliver(record, local, counter).await? == Flow::Ended {
+        if deliver(record, local, &mut tally).await? == Flow::Ended {
             reader.shrink();
             return Ok(());
         }
@@ -159,12 +210,12 @@ enum Flow {
 async fn deliver(
     record: Option<Record<'_>>,
     local: &mut WriteHalf<'_>,
-    counter: &mut u64,
+    tally: &mut Tally<'_>,
 ) -> Result<Flow, RelayError> {
     match record {
         Some(Record::Data(bytes)) => {
             local.write_all(bytes).await.map_err(RelayError::Local)?;
-            *counter += bytes.len() as u64;
+            tally.add(bytes.len());
             Ok(Flow::More)
         }
         Some(Record::End) => {
@@ -188,7 +239,7 @@ mod spliced {
     use tokio::net::TcpStream;
     use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf, ReadHalf, WriteHalf};
 
-    use super::{Flow, RelayError, deliver};
+    use super::{Flow, RelayError, Tally, deliver};
     use crate::crypto::record::{MAX_PAYLOAD, RecordKind};
     use crate::transport::records::{Next, RecordIoError, RecordReader, RecordWriter};
     use crate::transport::splice::{self, Pipe};
@@ -196,7 +247,7 @@ mod spliced {
     pub(super) async fn local_to_tunnel(
         local: &ReadHalf<'_>,
         writer: &mut RecordWriter<OwnedWriteHalf>,
-        counter: &mut u64,
+        mut tally: Tally<'_>,
     ) -> Result<(), RelayError> {
         let src: &TcpStream = local.as_ref();
         loop {
@@ -212,7 +263,7 @@ mod spliced {
                 Ok(n) => {
                     writer.send_spliced(&pipe, n).await?;
                     pipe.give();
-                    *counter += n as u64;
+                    tally.add(n);
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => pipe.give(),
                 Err(e) => return Err(RelayError::Local(e)),
@@ -223,7 +274,7 @@ mod spliced {
     pub(super) async fn tunnel_to_local(
         reader: &mut RecordReader<OwnedReadHalf>,
         local: &mut WriteHalf<'_>,
-        counter: &mut u64,
+        mut tally: Tally<'_>,
     ) -> Result<(), RelayError> {
         loop {
             match reader.read_or_payload().await? {
@@ -241,10 +292,10 @@ mod spliced {
                         .await
                         .map_err(RelayError::Local)?;
                     pipe.give();
-                    *counter += len as u64;
+                    tally.add(len);
                 }
                 Next::Record(record) => {
-                    if deliver(record, local, counter).await? == Flow::Ended {
+                    if deliver(record, local, &mut tally).await? == Flow::Ended {
                         reader.shrink();
                         return Ok(());
                     }

@@ -11,6 +11,7 @@
 //! Main types: [`Server`] (validated config, built with [`Server::builder`]),
 //! [`BoundServer`] (sockets bound, ready to [`BoundServer::run`]).
 
+mod admin;
 mod session;
 mod udp;
 
@@ -36,6 +37,7 @@ use crate::config::{
 use crate::crypto::keys::{self, SessionKeys};
 use crate::crypto::record::RecordKind;
 use crate::crypto::secret::Secret;
+use crate::metrics::{HandshakeFailure, LocalEnd, ServiceMeter, Telemetry};
 use crate::relay;
 use crate::relay::udp::{UdpStats, UdpStatsSnapshot};
 use crate::session::{self as control, Liveness, SessionEnd, short_id};
@@ -146,6 +148,16 @@ impl ServerBuilder {
         self
     }
 
+    /// Serves the admin API and `/metrics` on `bind`, requiring `token` as a bearer token
+    /// when given (a non-loopback `bind` needs one).
+    pub fn admin(mut self, bind: SocketAddr, token: Option<&str>) -> Self {
+        self.config.admin = Some(crate::config::AdminConfig {
+            bind,
+            token: token.map(Secret::new),
+        });
+        self
+    }
+
     /// A reverse TCP service using the default token.
     pub fn tcp_service(mut self, name: impl Into<String>, bind: SocketAddr) -> Self {
         self.services
@@ -233,6 +245,11 @@ impl Server {
     /// [`ServerError::Bind`] naming the port that could not be bound.
     pub async fn bind(self) -> Result<BoundServer, ServerError> {
         let listener = bind_listener("the server port", self.config.bind).await?;
+        let admin_listener = match &self.config.admin {
+            Some(admin) => Some(bind_listener("the admin API", admin.bind).await?),
+            None => None,
+        };
+        let telemetry = Telemetry::new(Side::Server);
         let mut services = HashMap::new();
         let mut listeners = Vec::new();
         let mut udp_sockets = Vec::new();
@@ -241,8 +258,10 @@ impl Server {
             let what = format!("service `{}`", service.name);
             let slot = Arc::new(ServiceSlot {
                 name: service.name.clone(),
+                kind: service.kind,
                 token: service.token.clone(),
                 session: Mutex::new(None),
+                meter: telemetry.metrics.service(&service.name),
             });
             services.insert(service.name.clone(), Arc::clone(&slot));
             match service.kind {
@@ -283,10 +302,12 @@ impl Server {
             pending: Arc::new(Semaphore::new(MAX_PENDING_HANDSHAKES)),
             cancel: CancellationToken::new(),
             tasks: TaskTracker::new(),
+            telemetry,
         });
         Ok(BoundServer {
             shared,
             listener,
+            admin_listener,
             service_listeners: listeners,
             udp_services: udp_sockets,
         })
@@ -307,6 +328,7 @@ async fn bind_listener(what: &str, addr: SocketAddr) -> Result<TcpListener, Serv
 pub struct BoundServer {
     shared: Arc<Shared>,
     listener: TcpListener,
+    admin_listener: Option<TcpListener>,
     service_listeners: Vec<(Arc<ServiceSlot>, TcpListener)>,
     udp_services: Vec<udp::UdpService>,
 }
@@ -335,6 +357,18 @@ impl BoundServer {
         })
     }
 
+    /// The admin API's actual address, when `[admin]` is configured.
+    pub fn admin_addr(&self) -> Option<SocketAddr> {
+        self.admin_listener
+            .as_ref()
+            .and_then(|listener| listener.local_addr().ok())
+    }
+
+    /// The server's metrics and live connections.
+    pub fn telemetry(&self) -> Arc<Telemetry> {
+        Arc::clone(&self.shared.telemetry)
+    }
+
     /// A handle to read a UDP service's counters while the server runs.
     pub fn udp_stats(&self, name: &str) -> Option<UdpStatsHandle> {
         self.shared
@@ -353,9 +387,20 @@ impl BoundServer {
         let BoundServer {
             shared,
             listener,
+            admin_listener,
             service_listeners,
             udp_services,
         } = self;
+        if let Some(admin_listener) = admin_listener {
+            let token = shared.config.admin.as_ref().and_then(|a| a.token.clone());
+            let source = Arc::new(admin::ServerAdmin(Arc::clone(&shared)));
+            shared.tasks.spawn(crate::admin::serve(
+                admin_listener,
+                source,
+                token,
+                shared.cancel.clone(),
+            ));
+        }
         info!(
             event = "server_started",
             bind = %listener.local_addr().map(|a| a.to_string()).unwrap_or_default(),
@@ -413,6 +458,8 @@ struct Shared {
     pending: Arc<Semaphore>,
     cancel: CancellationToken,
     tasks: TaskTracker,
+    /// Metrics and live connections (read by the admin API).
+    telemetry: Arc<Telemetry>,
 }
 
 impl Shared {
@@ -428,7 +475,10 @@ impl Shared {
 /// One configured service and the session currently serving it.
 struct ServiceSlot {
     name: String,
+    kind: ServiceKind,
     token: Secret,
+    /// This service's counters (lock-free handles).
+    meter: ServiceMeter,
     /// The newest session that claimed the service; a reconnecting client replaces it.
     session: Mutex<Option<Arc<ServerSession>>>,
 }
@@ -492,10 +542,17 @@ async fn handle_connection(
     drop(permit);
     let authenticated = match outcome {
         Err(_) => {
+            shared
+                .telemetry
+                .metrics
+                .handshake_failed(HandshakeFailure::Timeout);
             debug!(event = "handshake_timeout", %peer, "no complete handshake within {deadline:?}; closing");
             return;
         }
         Ok(Err(reason)) => {
+            if let Some(failure) = reason.failure() {
+                shared.telemetry.metrics.handshake_failed(failure);
+            }
             reason.log(peer);
             return;
         }
@@ -521,6 +578,19 @@ enum Rejected {
 }
 
 impl Rejected {
+    /// The metrics label; `None` for what is not a failure (a probe session).
+    fn failure(&self) -> Option<HandshakeFailure> {
+        Some(match self {
+            Rejected::Silent(why) if why.contains("PSK") => HandshakeFailure::BadPsk,
+            Rejected::Silent(_) => HandshakeFailure::Malformed,
+            Rejected::Io(_) => HandshakeFailure::Io,
+            Rejected::Refused(_) => HandshakeFailure::Refused,
+            Rejected::Tokens(_) => HandshakeFailure::BadToken,
+            Rejected::TooManySessions => HandshakeFailure::TooManySessions,
+            Rejected::Protocol(_) => HandshakeFailure::Protocol,
+        })
+    }
+
     fn log(&self, peer: SocketAddr) {
         match self {
             Rejected::Silent(why) => {
@@ -654,7 +724,9 @@ async fn accept_control_channel(
     if !refused.is_empty() {
         Rejected::Tokens(refused).log(peer);
     }
-    if accepted.is_empty() {
+    // A hello with no claims is a probe (`warren ping`, `warren doctor`): a session that
+    // serves nothing but answers pings. Claims that were all refused end the session.
+    if accepted.is_empty() && !claims.is_empty() {
         let reply = ControlMessage::HelloReply { verdicts };
         let _ = control::send_control(&mut channel, &reply).await;
         return Err(Rejected::Tokens(Vec::new()));
@@ -719,6 +791,7 @@ fn unregister(shared: &Arc<Shared>, session: &Arc<ServerSession>) {
 }
 
 async fn run_session(shared: &Arc<Shared>, session: Arc<ServerSession>, channel: Channel) {
+    shared.telemetry.metrics.session_started();
     info!(
         event = "session_started",
         session = %short_id(&session.id()),
@@ -748,6 +821,7 @@ async fn run_session(shared: &Arc<Shared>, session: Arc<ServerSession>, channel:
     )
     .await;
     unregister(shared, &session);
+    shared.telemetry.metrics.session_ended();
     match end {
         SessionEnd::Cancelled => {
             debug!(event = "session_ended", session = %short_id(&session.id()), "session closed for shutdown")
@@ -769,9 +843,10 @@ async fn serve_visitors(shared: Arc<Shared>, slot: Arc<ServiceSlot>, listener: T
                 tcp::tune(&visitor);
                 let slot = Arc::clone(&slot);
                 let cancel = shared.cancel.clone();
-                shared
-                    .tasks
-                    .spawn(async move { serve_visitor(slot, visitor, peer, cancel).await });
+                let telemetry = Arc::clone(&shared.telemetry);
+                shared.tasks.spawn(async move {
+                    serve_visitor(slot, visitor, peer, cancel, telemetry).await
+                });
             }
             Err(error) => {
                 warn!(event = "accept_failed", service = %slot.name, %error, "accept failed on a service port; retrying");
@@ -786,12 +861,15 @@ async fn serve_visitor(
     visitor: TcpStream,
     peer: SocketAddr,
     cancel: CancellationToken,
+    telemetry: Arc<Telemetry>,
 ) {
     let Some(session) = slot.current() else {
+        slot.meter.error();
         debug!(event = "visitor_rejected", service = %slot.name, %peer, "no client serves this service; closing visitor");
         tcp::reset(visitor);
         return;
     };
+    let started = tokio::time::Instant::now();
     let opened = tokio::select! {
         () = cancel.cancelled() => return,
         opened = tokio::time::timeout(STREAM_OPEN_TIMEOUT, open_stream(&session, &slot.name)) => opened,
@@ -799,18 +877,22 @@ async fn serve_visitor(
     let mut channel = match opened {
         Ok(Ok(channel)) => channel,
         Ok(Err(error)) => {
+            slot.meter.error();
             warn!(event = "stream_open_failed", service = %slot.name, %peer, %error, "could not open a stream to the client");
             tcp::reset(visitor);
             return;
         }
         Err(_) => {
+            slot.meter.error();
             warn!(event = "stream_open_failed", service = %slot.name, %peer, "no data channel from the client within {STREAM_OPEN_TIMEOUT:?}");
             tcp::reset(visitor);
             return;
         }
     };
+    slot.meter.connected_in(started.elapsed());
     debug!(event = "stream_opened", service = %slot.name, %peer, "visitor connected");
-    match relay::pump(visitor, &mut channel, &cancel).await {
+    let (meter, _listed) = telemetry.open(&slot.meter, &slot.name, peer, LocalEnd::Visitor);
+    match relay::pump_metered(visitor, &mut channel, &cancel, Some(&meter)).await {
         Ok(moved) => {
             debug!(event = "stream_closed", service = %slot.name, %peer, up = moved.to_tunnel, down = moved.to_local, "visitor done");
             // Both ends saw the stream end cleanly: the channel is idle again, and reusing
@@ -818,6 +900,9 @@ async fn serve_visitor(
             session.add_idle_channel(channel);
         }
         Err(error) => {
+            if !matches!(error, relay::RelayError::Cancelled) {
+                slot.meter.error();
+            }
             debug!(event = "stream_aborted", service = %slot.name, %peer, %error, "visitor connection aborted")
         }
     }

@@ -36,6 +36,8 @@ pub struct ServerSession {
     /// Services this session was accepted for.
     pub(super) services: Vec<String>,
     pub(super) cancel: CancellationToken,
+    /// When the session was established (for the admin API).
+    pub(super) since: std::time::SystemTime,
     control: mpsc::Sender<ControlMessage>,
     control_rx: Mutex<Option<mpsc::Receiver<ControlMessage>>>,
     idle_tx: mpsc::Sender<Channel>,
@@ -57,6 +59,7 @@ impl ServerSession {
             peer,
             services,
             cancel,
+            since: std::time::SystemTime::now(),
             control,
             control_rx: Mutex::new(Some(control_rx)),
             idle_tx,

@@ -1,0 +1,230 @@
+//! Establishing a session, step by step: TCP connect, Noise handshake, hello with token
+//! proofs, verdicts. The client's run loop, `warren doctor` and `warren ping` all use
+//! [`establish`], so the three can never disagree about how a session starts.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use tokio::time::Instant;
+use warren_proto::CipherSuite;
+use warren_proto::handshake::{HandshakeError, Refusal};
+use warren_proto::message::{ControlMessage, ServiceClaim, Verdict};
+
+use crate::Side;
+use crate::config::HostPort;
+use crate::crypto::keys::{self, SessionKeys};
+use crate::crypto::secret::Secret;
+use crate::session as control;
+use crate::transport::preamble::{self, PreambleError};
+use crate::transport::{Channel, tcp};
+
+/// A session that is up: the control channel, its keys, and how long each step took.
+pub struct EstablishedSession {
+    /// The control channel, ready for [`control::run_control`].
+    pub channel: Channel,
+    /// The session's keys.
+    pub keys: SessionKeys,
+    /// The address the TCP connection reached.
+    pub server_addr: SocketAddr,
+    /// One verdict per claim, in order (empty for a probe session).
+    pub verdicts: Vec<Verdict>,
+    /// TCP connect time.
+    pub connect_time: Duration,
+    /// Noise handshake time.
+    pub handshake_time: Duration,
+    /// Hello round trip.
+    pub hello_time: Duration,
+}
+
+impl std::fmt::Debug for EstablishedSession {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EstablishedSession")
+            .field("server_addr", &self.server_addr)
+            .field("cipher", &self.keys.cipher())
+            .field("verdicts", &self.verdicts)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Why a session could not be established.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum EstablishError {
+    /// The TCP connection failed.
+    #[error("cannot connect to {server}: {source}")]
+    Connect {
+        /// The server as configured.
+        server: String,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The server did not answer the handshake in time.
+    #[error("no handshake answer from {server} within {deadline:?}")]
+    HandshakeTimeout {
+        /// The server as configured.
+        server: String,
+        /// The deadline.
+        deadline: Duration,
+    },
+    /// The server closed in silence: the usual sign of a wrong PSK.
+    #[error(
+        "{server} closed the connection during the handshake: the PSKs probably differ (or it is not a Warren server)"
+    )]
+    ClosedDuringHandshake {
+        /// The server as configured.
+        server: String,
+    },
+    /// The server refused the session (e.g. no common cipher); retrying will not help.
+    #[error("the server refused this client: {0}")]
+    Refused(Refusal),
+    /// The handshake failed otherwise.
+    #[error("{0}")]
+    Handshake(PreambleError),
+    /// The hello got no answer in time.
+    #[error("the server did not answer the hello in time")]
+    HelloTimeout,
+    /// The hello exchange failed.
+    #[error("hello failed: {0}")]
+    Hello(String),
+}
+
+/// Connects to `server`, runs the handshake offering `ciphers`, and sends a hello claiming
+/// `claims` (name and token). Zero claims make a probe session (serves nothing, answers
+/// pings). One `deadline` bounds each of connect, handshake and hello.
+///
+/// # Errors
+/// [`EstablishError`], naming the step that failed.
+pub async fn establish(
+    server: &HostPort,
+    psk: &Secret,
+    ciphers: &[CipherSuite],
+    claims: &[(&str, &Secret)],
+    deadline: Duration,
+) -> Result<EstablishedSession, EstablishError> {
+    let noise_psk = keys::noise_psk(psk);
+    let started = Instant::now();
+    let mut stream =
+        tcp::connect(server, deadline)
+            .await
+            .map_err(|source| EstablishError::Connect {
+                server: server.to_string(),
+                source,
+            })?;
+    let connect_time = started.elapsed();
+    let server_addr = stream
+        .peer_addr()
+        .map_err(|source| EstablishError::Connect {
+            server: server.to_string(),
+            source,
+        })?;
+    let started = Instant::now();
+    let established = match tokio::time::timeout(
+        deadline,
+        preamble::client_handshake(&mut stream, &noise_psk, ciphers),
+    )
+    .await
+    {
+        Err(_) => {
+            return Err(EstablishError::HandshakeTimeout {
+                server: server.to_string(),
+                deadline,
+            });
+        }
+        Ok(Ok(established)) => established,
+        Ok(Err(PreambleError::Handshake(HandshakeError::Refused(refusal)))) => {
+            return Err(EstablishError::Refused(refusal));
+        }
+        Ok(Err(PreambleError::Io(e)))
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::UnexpectedEof | std::io::ErrorKind::ConnectionReset
+            ) =>
+        {
+            return Err(EstablishError::ClosedDuringHandshake {
+                server: server.to_string(),
+            });
+        }
+        Ok(Err(e)) => return Err(EstablishError::Handshake(e)),
+    };
+    let handshake_time = started.elapsed();
+    let keys = SessionKeys::new(&established);
+    let (sealer, opener) = keys.control_channel(Side::Client);
+    let mut channel = Channel::new(stream, sealer, opener);
+    let claims: Vec<ServiceClaim> = claims
+        .iter()
+        .map(|(name, token)| ServiceClaim {
+            name: (*name).to_owned(),
+            proof: keys::token_proof(token, keys.handshake_hash(), name),
+        })
+        .collect();
+    let expected = claims.len();
+    let started = Instant::now();
+    let hello = async {
+        control::send_control(&mut channel, &ControlMessage::Hello { services: claims }).await?;
+        control::recv_control(&mut channel).await
+    };
+    let verdicts = match tokio::time::timeout(deadline, hello).await {
+        Err(_) => return Err(EstablishError::HelloTimeout),
+        Ok(Err(end)) => return Err(EstablishError::Hello(end.to_string())),
+        Ok(Ok(ControlMessage::HelloReply { verdicts })) if verdicts.len() == expected => verdicts,
+        Ok(Ok(other)) => {
+            return Err(EstablishError::Hello(format!(
+                "unexpected answer to hello: {other:?}"
+            )));
+        }
+    };
+    Ok(EstablishedSession {
+        channel,
+        keys,
+        server_addr,
+        verdicts,
+        connect_time,
+        handshake_time,
+        hello_time: started.elapsed(),
+    })
+}
+
+/// Round trip of one `Ping` on an established session's control channel (answering the
+/// server's own pings meanwhile).
+///
+/// # Errors
+/// The session ended or broke the protocol, or no answer within `deadline`.
+pub async fn ping(
+    channel: &mut Channel,
+    seq: u64,
+    deadline: Duration,
+) -> Result<Duration, EstablishError> {
+    let started = Instant::now();
+    let exchange = async {
+        control::send_control(channel, &ControlMessage::Ping { seq })
+            .await
+            .map_err(|e| EstablishError::Hello(e.to_string()))?;
+        loop {
+            match control::recv_control(channel).await {
+                Ok(ControlMessage::Pong { seq: got }) if got == seq => return Ok(started.elapsed()),
+                Ok(ControlMessage::Ping { seq: theirs }) => {
+                    control::send_control(channel, &ControlMessage::Pong { seq: theirs })
+                        .await
+                        .map_err(|e| EstablishError::Hello(e.to_string()))?;
+                }
+                Ok(_) => {}
+                Err(end) => return Err(EstablishError::Hello(end.to_string())),
+            }
+        }
+    };
+    tokio::time::timeout(deadline, exchange)
+        .await
+        .unwrap_or(Err(EstablishError::HelloTimeout))
+}
+
+/// Says goodbye on an established session and closes it (best effort, bounded).
+pub async fn goodbye(mut channel: Channel, reason: &str) {
+    let message = ControlMessage::Goodbye {
+        reason: reason.to_owned(),
+    };
+    let _ = tokio::time::timeout(Duration::from_secs(1), async {
+        let _ = control::send_control(&mut channel, &message).await;
+        let _ = channel.writer.shutdown().await;
+    })
+    .await;
+}

@@ -1,0 +1,523 @@
+//! `warren doctor`: diagnose a setup in one command.
+//!
+//! Checks, in order: the config parses and validates; secret strength; clock sanity; for a
+//! server, that every port it binds is free; for a client, that the server's name resolves
+//! (IPv4 / IPv6), a full handshake and hello with the server (cipher chosen, each service's
+//! verdict) and that every TCP target accepts connections (with connect time); then this
+//! machine's AEAD seal speed for each cipher. Every check is one [`Check`] with a status
+//! and, for a failure, a fix.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::{Duration, SystemTime};
+
+use serde::Serialize;
+use tokio::time::Instant;
+use warren_proto::CipherSuite;
+use warren_proto::message::Verdict;
+
+use crate::client::establish::{self, EstablishError};
+use crate::config::{ClientConfig, Config, MIN_SECRET_LEN, ServerConfig, ServiceKind, Transport};
+use crate::crypto::record::{DirectionKeys, HEADER_LEN, MAX_PAYLOAD, RecordKind, Sealer};
+use crate::crypto::secret::Secret;
+use crate::transport::tcp;
+
+/// No machine running this build can honestly be before this (2026-11-01 UTC).
+const EARLIEST_PLAUSIBLE_UNIX: u64 = 1_793_491_200;
+/// Deadline of each network check.
+const NETWORK_DEADLINE: Duration = Duration::from_secs(3);
+/// How long each cipher is measured.
+const AEAD_MEASURE: Duration = Duration::from_millis(50);
+
+/// The outcome of one check.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Status {
+    /// Fine.
+    Ok,
+    /// Works, but should be improved.
+    Warn,
+    /// Broken: the setup will not work until fixed.
+    Fail,
+}
+
+/// One line of the report.
+#[derive(Debug, Clone, Serialize)]
+pub struct Check {
+    /// The status.
+    pub status: Status,
+    /// What was checked, e.g. `handshake` or `target web`.
+    pub check: String,
+    /// What was found.
+    pub message: String,
+    /// How to fix it (for warnings and failures).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fix: Option<String>,
+}
+
+/// Every check of one run.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Report {
+    /// `server`, `client`, or `unknown` when the file did not load.
+    pub side: String,
+    /// The checks, in the order they ran.
+    pub checks: Vec<Check>,
+}
+
+impl Report {
+    fn push(&mut self, status: Status, check: impl Into<String>, message: impl Into<String>) {
+        self.checks.push(Check {
+            status,
+            check: check.into(),
+            message: message.into(),
+            fix: None,
+        });
+    }
+
+    fn push_fix(
+        &mut self,
+        status: Status,
+        check: impl Into<String>,
+        message: impl Into<String>,
+        fix: impl Into<String>,
+    ) {
+        self.checks.push(Check {
+            status,
+            check: check.into(),
+            message: message.into(),
+            fix: Some(fix.into()),
+        });
+    }
+
+    /// Whether any check failed.
+    pub fn failed(&self) -> bool {
+        self.checks.iter().any(|c| c.status == Status::Fail)
+    }
+
+    /// `[OK]` / `[WARN]` / `[FAIL]` lines, each failure followed by its fix.
+    pub fn to_text(&self) -> String {
+        let mut out = String::new();
+        for check in &self.checks {
+            let tag = match check.status {
+                Status::Ok => "[OK]  ",
+                Status::Warn => "[WARN]",
+                Status::Fail => "[FAIL]",
+            };
+            out.push_str(&format!("{tag} {}: {}\n", check.check, check.message));
+            if let Some(fix) = &check.fix {
+                out.push_str(&format!("       fix: {fix}\n"));
+            }
+        }
+        let (fails, warns) = self.checks.iter().fold((0, 0), |(f, w), c| match c.status {
+            Status::Fail => (f + 1, w),
+            Status::Warn => (f, w + 1),
+            Status::Ok => (f, w),
+        });
+        out.push_str(&format!(
+            "{} checks: {fails} failed, {warns} warnings\n",
+            self.checks.len()
+        ));
+        out
+    }
+
+    /// The report as JSON.
+    pub fn to_json(&self) -> String {
+        let value = serde_json::json!({
+            "side": self.side,
+            "ok": !self.failed(),
+            "checks": self.checks,
+        });
+        serde_json::to_string_pretty(&value).unwrap_or_default()
+    }
+}
+
+/// Runs every check on the config at `path`.
+pub async fn diagnose(path: &Path) -> Report {
+    let mut report = Report {
+        side: "unknown".into(),
+        ..Report::default()
+    };
+    let config = match Config::load(path) {
+        Ok(config) => config,
+        Err(errors) => {
+            report.push_fix(
+                Status::Fail,
+                "config",
+                format!("{} does not load:\n{errors}", path.display()),
+                "fix the errors listed (each names its key and line), then run `warren check` or `warren doctor` again",
+            );
+            return report;
+        }
+    };
+    match config {
+        Config::Server(server) => {
+            report.side = "server".into();
+            report.push(
+                Status::Ok,
+                "config",
+                format!(
+                    "{}: valid server config ({} services)",
+                    path.display(),
+                    server.services.len()
+                ),
+            );
+            diagnose_server(&mut report, &server).await;
+        }
+        Config::Client(client) => {
+            report.side = "client".into();
+            report.push(
+                Status::Ok,
+                "config",
+                format!(
+                    "{}: valid client config ({} services)",
+                    path.display(),
+                    client.services.len()
+                ),
+            );
+            diagnose_client(&mut report, &client).await;
+        }
+    }
+    aead_speed(&mut report);
+    report
+}
+
+async fn diagnose_server(report: &mut Report, config: &ServerConfig) {
+    secrets(
+        report,
+        config.insecure,
+        config.transport,
+        &config.psk,
+        config
+            .services
+            .values()
+            .map(|s| (s.name.as_str(), &s.token)),
+    );
+    clock(report).await;
+    port_free(report, "server port", config.bind, false).await;
+    for service in config.services.values() {
+        let udp = matches!(service.kind, ServiceKind::Udp(_));
+        port_free(
+            report,
+            &format!("service {} port", service.name),
+            service.bind,
+            udp,
+        )
+        .await;
+    }
+    if let Some(admin) = &config.admin {
+        port_free(report, "admin port", admin.bind, false).await;
+    }
+}
+
+async fn diagnose_client(report: &mut Report, config: &ClientConfig) {
+    secrets(
+        report,
+        config.insecure,
+        config.transport,
+        &config.psk,
+        config
+            .services
+            .values()
+            .map(|s| (s.name.as_str(), &s.token)),
+    );
+    clock(report).await;
+    resolve(report, "server address", &config.server.to_string()).await;
+    handshake(report, config).await;
+    for service in config.services.values() {
+        let check = format!("target {}", service.name);
+        if matches!(service.kind, ServiceKind::Udp(_)) {
+            resolve(report, &check, &service.target.to_string()).await;
+            continue;
+        }
+        let started = Instant::now();
+        match tcp::connect(&service.target, NETWORK_DEADLINE).await {
+            Ok(_) => report.push(
+                Status::Ok,
+                check,
+                format!(
+                    "{} accepts connections (connect {})",
+                    service.target,
+                    ms(started.elapsed())
+                ),
+            ),
+            Err(error) => report.push_fix(
+                Status::Fail,
+                check,
+                format!("{} is unreachable: {error}", service.target),
+                format!(
+                    "start the local service on {} or correct `target` in [client.services.{}]",
+                    service.target, service.name
+                ),
+            ),
+        }
+    }
+    if let Some(admin) = &config.admin {
+        port_free(report, "admin port", admin.bind, false).await;
+    }
+}
+
+fn secrets<'a>(
+    report: &mut Report,
+    insecure: bool,
+    transport: Transport,
+    psk: &Secret,
+    tokens: impl Iterator<Item = (&'a str, &'a Secret)>,
+) {
+    if insecure {
+        report.push_fix(
+            Status::Warn,
+            "secrets",
+            "insecure = true: weak secrets and plaintext are allowed",
+            "remove `insecure = true` outside of tests",
+        );
+    }
+    if transport == Transport::Tcp {
+        report.push_fix(
+            Status::Warn,
+            "transport",
+            "transport = \"tcp\" carries traffic in plaintext",
+            "use transport = \"noise\" (the default)",
+        );
+    }
+    secret_strength(report, "psk", psk, insecure);
+    for (name, token) in tokens {
+        secret_strength(report, &format!("token of {name}"), token, insecure);
+    }
+}
+
+fn secret_strength(report: &mut Report, what: &str, secret: &Secret, insecure: bool) {
+    let len = secret.len();
+    let distinct = {
+        let mut bytes: Vec<u8> = secret.as_bytes().to_vec();
+        bytes.sort_unstable();
+        bytes.dedup();
+        bytes.len()
+    };
+    if len < MIN_SECRET_LEN {
+        // `insecure = true` allows short secrets on purpose (tests): a warning, not a failure.
+        report.push_fix(
+            if insecure { Status::Warn } else { Status::Fail },
+            format!("secret {what}"),
+            format!("{len} characters, fewer than {MIN_SECRET_LEN}"),
+            "use `warren keygen` for a strong random value",
+        );
+    } else if len < 24 || distinct < 10 {
+        report.push_fix(
+            Status::Warn,
+            format!("secret {what}"),
+            format!("{len} characters, {distinct} distinct: guessable"),
+            "use `warren keygen` for a strong random value (32+ random characters)",
+        );
+    } else {
+        report.push(
+            Status::Ok,
+            format!("secret {what}"),
+            format!("{len} characters"),
+        );
+    }
+}
+
+async fn clock(report: &mut Report) {
+    let now = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    if now < EARLIEST_PLAUSIBLE_UNIX {
+        report.push_fix(
+            Status::Fail,
+            "clock",
+            "the system clock is before this build was made",
+            "set the clock (e.g. enable NTP: `timedatectl set-ntp true`)",
+        );
+        return;
+    }
+    let wall = SystemTime::now();
+    let mono = Instant::now();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let mono_elapsed = mono.elapsed().as_secs_f64();
+    let wall_elapsed = wall.elapsed().map_or(-1.0, |d| d.as_secs_f64());
+    let drift = (wall_elapsed - mono_elapsed).abs();
+    if drift > 0.05 {
+        report.push_fix(
+            Status::Warn,
+            "clock",
+            format!(
+                "wall clock and monotonic clock disagree by {:.0} ms over 100 ms",
+                drift * 1000.0
+            ),
+            "the clock is being stepped: check NTP (`timedatectl status`)",
+        );
+    } else {
+        report.push(Status::Ok, "clock", "system time is plausible and steady");
+    }
+}
+
+async fn port_free(report: &mut Report, what: &str, addr: SocketAddr, udp: bool) {
+    let bound = if udp {
+        tokio::net::UdpSocket::bind(addr).await.map(drop)
+    } else {
+        tokio::net::TcpListener::bind(addr).await.map(drop)
+    };
+    let proto = if udp { "udp" } else { "tcp" };
+    match bound {
+        Ok(()) => report.push(
+            Status::Ok,
+            what,
+            format!("{addr} ({proto}) is free"),
+        ),
+        Err(error) => report.push_fix(
+            Status::Fail,
+            what,
+            format!("cannot bind {addr} ({proto}): {error}"),
+            format!(
+                "the port is taken (if by a running warren, stop it first); find the owner with `ss -lpn 'sport = :{}'` or choose another port",
+                addr.port()
+            ),
+        ),
+    }
+}
+
+async fn resolve(report: &mut Report, what: &str, host_port: &str) {
+    match tokio::time::timeout(NETWORK_DEADLINE, tokio::net::lookup_host(host_port)).await {
+        Ok(Ok(addrs)) => {
+            let addrs: Vec<SocketAddr> = addrs.collect();
+            let v4 = addrs.iter().filter(|a| a.is_ipv4()).count();
+            let v6 = addrs.len() - v4;
+            if addrs.is_empty() {
+                report.push_fix(
+                    Status::Fail,
+                    what,
+                    format!("{host_port} resolves to no address"),
+                    "check the host name and DNS",
+                );
+            } else {
+                let list: Vec<String> = addrs.iter().map(|a| a.ip().to_string()).collect();
+                report.push(
+                    Status::Ok,
+                    what,
+                    format!(
+                        "{host_port} resolves to {} ({v4} IPv4, {v6} IPv6)",
+                        list.join(", ")
+                    ),
+                );
+            }
+        }
+        Ok(Err(error)) => report.push_fix(
+            Status::Fail,
+            what,
+            format!("{host_port} does not resolve: {error}"),
+            "check the host name, /etc/resolv.conf and DNS",
+        ),
+        Err(_) => report.push_fix(
+            Status::Fail,
+            what,
+            format!("resolving {host_port} took over {NETWORK_DEADLINE:?}"),
+            "check DNS (/etc/resolv.conf)",
+        ),
+    }
+}
+
+async fn handshake(report: &mut Report, config: &ClientConfig) {
+    let ciphers = match config.transport {
+        Transport::Tcp => vec![CipherSuite::None],
+        _ => config.ciphers.clone(),
+    };
+    let claims: Vec<(&str, &Secret)> = config
+        .services
+        .values()
+        .map(|s| (s.name.as_str(), &s.token))
+        .collect();
+    let deadline = config.handshake_timeout.min(NETWORK_DEADLINE);
+    match establish::establish(&config.server, &config.psk, &ciphers, &claims, deadline).await {
+        Ok(session) => {
+            report.push(
+                Status::Ok,
+                "handshake",
+                format!(
+                    "{} ({}): cipher {}, connect {}, handshake {}, hello {}",
+                    config.server,
+                    session.server_addr,
+                    session.keys.cipher(),
+                    ms(session.connect_time),
+                    ms(session.handshake_time),
+                    ms(session.hello_time)
+                ),
+            );
+            for ((name, _), verdict) in claims.iter().zip(&session.verdicts) {
+                match verdict {
+                    Verdict::Accepted => report.push(
+                        Status::Ok,
+                        format!("service {name}"),
+                        "accepted by the server",
+                    ),
+                    Verdict::Refused => report.push_fix(
+                        Status::Fail,
+                        format!("service {name}"),
+                        "refused by the server: wrong token, or the server has no such service",
+                        format!(
+                            "use the same token for `{name}` on both sides and make sure the server's config has [server.services.{name}]"
+                        ),
+                    ),
+                }
+            }
+            establish::goodbye(session.channel, "warren doctor done").await;
+        }
+        Err(error) => {
+            let fix = match &error {
+                EstablishError::Connect { .. } => format!(
+                    "is the server running and listening on {}? check `server` in [client], firewalls, and the server's `bind`",
+                    config.server
+                ),
+                EstablishError::ClosedDuringHandshake { .. } | EstablishError::HandshakeTimeout { .. } => {
+                    "wrong PSK: set the same `psk` (e.g. the same WARREN_PSK) on server and client; also check transport".to_owned()
+                }
+                EstablishError::Refused(_) => {
+                    "no common cipher: make the `ciphers` lists of server and client overlap".to_owned()
+                }
+                _ => "check that both sides run the same Warren version".to_owned(),
+            };
+            report.push_fix(
+                Status::Fail,
+                "handshake",
+                format!("with {}: {error}", config.server),
+                fix,
+            );
+        }
+    }
+}
+
+/// Seals 64 KiB records with every encrypting cipher for a moment each.
+fn aead_speed(report: &mut Report) {
+    let len = (64 * 1024).min(MAX_PAYLOAD);
+    let mut results = Vec::new();
+    for suite in CipherSuite::ENCRYPTING {
+        let keys = DirectionKeys::derive(suite, b"doctor", b"speed");
+        let mut sealer = Sealer::new(suite, keys);
+        let mut buf = Vec::with_capacity(HEADER_LEN + len + 64);
+        let started = Instant::now();
+        let mut bytes = 0u64;
+        // Bounded: at most 100k records even on an impossibly fast machine.
+        for _ in 0..100_000 {
+            buf.clear();
+            buf.resize(HEADER_LEN + len, 0x5a);
+            if sealer.seal(RecordKind::Data, &mut buf).is_err() {
+                break;
+            }
+            bytes += len as u64;
+            if started.elapsed() >= AEAD_MEASURE {
+                break;
+            }
+        }
+        let rate = bytes as f64 / started.elapsed().as_secs_f64().max(1e-9) / 1e9;
+        results.push(format!("{} {rate:.1} GB/s", suite.name()));
+    }
+    report.push(
+        Status::Ok,
+        "aead speed",
+        format!("seal, 64 KiB records, one core: {}", results.join(", ")),
+    );
+}
+
+/// A duration in milliseconds with two decimals.
+pub fn ms(duration: Duration) -> String {
+    format!("{:.2} ms", duration.as_secs_f64() * 1000.0)
+}

@@ -1,0 +1,590 @@
+//! Telemetry: Prometheus metrics and the table of live connections, one [`Telemetry`] per
+//! server or client.
+//!
+//! The data path never takes a lock here. Byte counters are prometheus-client `Counter`s,
+//! which are `Arc<AtomicU64>` inside: a relayed connection holds a [`Meter`] with clones of
+//! its service's counters and its own, and adds to them per record (one atomic add per
+//! record of up to 64 KiB), so a scrape sees bytes while they flow, not when a connection
+//! closes. The [`Connections`] table is touched twice per connection (open and close).
+//!
+//! Metric names (all prefixed `warren_`):
+//!
+//! | name | type | labels |
+//! |---|---|---|
+//! | `warren_build_info` | gauge (1) | `version`, `side` |
+//! | `warren_service_bytes_total` | counter | `service`, `direction` (`in`: visitor to target, `out`: back) |
+//! | `warren_service_connections_active` | gauge | `service` |
+//! | `warren_service_connections_total` | counter | `service` |
+//! | `warren_service_errors_total` | counter | `service` |
+//! | `warren_connect_duration_seconds` | histogram | `service` |
+//! | `warren_handshake_failures_total` | counter | `reason` |
+//! | `warren_sessions_active` | gauge | |
+//! | `warren_sessions_total` | counter | |
+//! | `warren_reconnects_total` | counter | |
+//! | `warren_udp_sessions_active` | gauge | `service` |
+//! | `warren_udp_datagrams_total` | counter | `service`, `direction` |
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, SystemTime};
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+use serde::Serialize;
+
+use crate::Side;
+
+/// Most live connections listed by the admin API; past this, connections still work and
+/// count in the metrics but are not listed one by one.
+pub const MAX_LISTED_CONNECTIONS: usize = 16_384;
+
+/// Labels of per-service metrics.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ServiceLabel {
+    service: String,
+}
+
+/// Labels of per-service, per-direction metrics.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DirectionLabel {
+    service: String,
+    direction: &'static str,
+}
+
+/// Labels of handshake failures.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabel {
+    reason: &'static str,
+}
+
+/// Labels of `warren_build_info`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BuildLabel {
+    version: &'static str,
+    side: &'static str,
+}
+
+type HistogramFamily = Family<ServiceLabel, Histogram, fn() -> Histogram>;
+
+/// Why a handshake (or session establishment) failed, as the `reason` label.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HandshakeFailure {
+    /// Wrong PSK (or not a Warren peer): closed in silence.
+    BadPsk,
+    /// Garbage preamble.
+    Malformed,
+    /// No complete handshake within the deadline.
+    Timeout,
+    /// The socket failed mid-handshake.
+    Io,
+    /// Refused by the handshake (e.g. no common cipher).
+    Refused,
+    /// Every service claim was refused (wrong tokens).
+    BadToken,
+    /// Too many sessions at once.
+    TooManySessions,
+    /// The peer broke the protocol during hello.
+    Protocol,
+    /// Client: the server could not be reached.
+    Connect,
+}
+
+impl HandshakeFailure {
+    /// The label value.
+    pub fn label(self) -> &'static str {
+        match self {
+            HandshakeFailure::BadPsk => "bad_psk",
+            HandshakeFailure::Malformed => "malformed",
+            HandshakeFailure::Timeout => "timeout",
+            HandshakeFailure::Io => "io",
+            HandshakeFailure::Refused => "refused",
+            HandshakeFailure::BadToken => "bad_token",
+            HandshakeFailure::TooManySessions => "too_many_sessions",
+            HandshakeFailure::Protocol => "protocol",
+            HandshakeFailure::Connect => "connect",
+        }
+    }
+}
+
+/// Every metric of one server or client, and the registry that encodes them.
+pub struct Metrics {
+    registry: Registry,
+    bytes: Family<DirectionLabel, Counter>,
+    active: Family<ServiceLabel, Gauge>,
+    total: Family<ServiceLabel, Counter>,
+    errors: Family<ServiceLabel, Counter>,
+    connect_latency: HistogramFamily,
+    handshake_failures: Family<ReasonLabel, Counter>,
+    sessions_active: Gauge,
+    sessions_total: Counter,
+    reconnects: Counter,
+    udp_active: Family<ServiceLabel, Gauge>,
+    udp_datagrams: Family<DirectionLabel, Counter>,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics").finish_non_exhaustive()
+    }
+}
+
+fn latency_histogram() -> Histogram {
+    // 100 µs .. ~3.3 s.
+    Histogram::new(exponential_buckets(0.0001, 2.0, 16))
+}
+
+impl Metrics {
+    /// A fresh registry for one side.
+    pub fn new(side: Side) -> Metrics {
+        let mut registry = Registry::with_prefix("warren");
+        let build = Family::<BuildLabel, Gauge>::default();
+        build
+            .get_or_create(&BuildLabel {
+                version: env!("CARGO_PKG_VERSION"),
+                side: side_name(side),
+            })
+            .set(1);
+        registry.register("build_info", "Warren version and side", build);
+        let metrics = Metrics {
+            bytes: Family::default(),
+            active: Family::default(),
+            total: Family::default(),
+            errors: Family::default(),
+            connect_latency: HistogramFamily::new_with_constructor(latency_histogram),
+            handshake_failures: Family::default(),
+            sessions_active: Gauge::default(),
+            sessions_total: Counter::default(),
+            reconnects: Counter::default(),
+            udp_active: Family::default(),
+            udp_datagrams: Family::default(),
+            registry: Registry::default(),
+        };
+        registry.register(
+            "service_bytes",
+            "Bytes relayed per service, counted as they flow (in: visitor to target, out: back)",
+            metrics.bytes.clone(),
+        );
+        registry.register(
+            "service_connections_active",
+            "Connections being relayed now",
+            metrics.active.clone(),
+        );
+        registry.register(
+            "service_connections",
+            "Connections relayed since start",
+            metrics.total.clone(),
+        );
+        registry.register(
+            "service_errors",
+            "Connections that failed (target unreachable, no client, cut channel)",
+            metrics.errors.clone(),
+        );
+        registry.register(
+            "connect_duration_seconds",
+            "Time to connect a visitor's stream (server: open the stream; client: dial the target)",
+            metrics.connect_latency.clone(),
+        );
+        registry.register(
+            "handshake_failures",
+            "Failed handshakes and session establishments by reason",
+            metrics.handshake_failures.clone(),
+        );
+        registry.register(
+            "sessions_active",
+            "Sessions up now",
+            metrics.sessions_active.clone(),
+        );
+        registry.register(
+            "sessions",
+            "Sessions established since start",
+            metrics.sessions_total.clone(),
+        );
+        registry.register(
+            "reconnects",
+            "Client: reconnect attempts after a lost or failed session",
+            metrics.reconnects.clone(),
+        );
+        registry.register(
+            "udp_sessions_active",
+            "UDP visitor sessions (flows) open now",
+            metrics.udp_active.clone(),
+        );
+        registry.register(
+            "udp_datagrams",
+            "UDP datagrams relayed (in: towards the tunnel, out: from it)",
+            metrics.udp_datagrams.clone(),
+        );
+        Metrics {
+            registry,
+            ..metrics
+        }
+    }
+
+    /// The Prometheus text exposition of every metric.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+
+    /// The counters of `service`, creating them (at zero) if needed.
+    pub fn service(&self, service: &str) -> ServiceMeter {
+        let label = ServiceLabel {
+            service: service.to_owned(),
+        };
+        let direction = |direction| DirectionLabel {
+            service: service.to_owned(),
+            direction,
+        };
+        ServiceMeter {
+            bytes_in: self.bytes.get_or_create_owned(&direction("in")),
+            bytes_out: self.bytes.get_or_create_owned(&direction("out")),
+            active: self.active.get_or_create_owned(&label),
+            total: self.total.get_or_create_owned(&label),
+            errors: self.errors.get_or_create_owned(&label),
+            connect_latency: self.connect_latency.get_or_create_owned(&label),
+        }
+    }
+
+    /// Counts one failed handshake.
+    pub fn handshake_failed(&self, reason: HandshakeFailure) {
+        self.handshake_failures
+            .get_or_create(&ReasonLabel {
+                reason: reason.label(),
+            })
+            .inc();
+    }
+
+    /// Failed handshakes so far for `reason`.
+    pub fn handshake_failures(&self, reason: HandshakeFailure) -> u64 {
+        self.handshake_failures
+            .get(&ReasonLabel {
+                reason: reason.label(),
+            })
+            .map_or(0, |c| c.get())
+    }
+
+    /// A session came up.
+    pub fn session_started(&self) {
+        self.sessions_active.inc();
+        self.sessions_total.inc();
+    }
+
+    /// A session ended.
+    pub fn session_ended(&self) {
+        self.sessions_active.dec();
+    }
+
+    /// The client schedules a reconnect.
+    pub fn reconnecting(&self) {
+        self.reconnects.inc();
+    }
+
+    /// Sets a UDP service's gauges and counters from its stats (called before a scrape).
+    pub fn set_udp(&self, service: &str, active: i64, to_tunnel: u64, from_tunnel: u64) {
+        self.udp_active
+            .get_or_create(&ServiceLabel {
+                service: service.to_owned(),
+            })
+            .set(active);
+        for (direction, value) in [("in", to_tunnel), ("out", from_tunnel)] {
+            let counter = self.udp_datagrams.get_or_create_owned(&DirectionLabel {
+                service: service.to_owned(),
+                direction,
+            });
+            let now = counter.get();
+            if value > now {
+                counter.inc_by(value - now);
+            }
+        }
+    }
+}
+
+fn side_name(side: Side) -> &'static str {
+    match side {
+        Side::Server => "server",
+        Side::Client => "client",
+    }
+}
+
+/// Handles on one service's counters (clones share the same atomics).
+#[derive(Debug, Clone)]
+pub struct ServiceMeter {
+    bytes_in: Counter,
+    bytes_out: Counter,
+    active: Gauge,
+    total: Counter,
+    errors: Counter,
+    connect_latency: Histogram,
+}
+
+impl ServiceMeter {
+    /// Records how long connecting a stream took.
+    pub fn connected_in(&self, elapsed: Duration) {
+        self.connect_latency.observe(elapsed.as_secs_f64());
+    }
+
+    /// Counts a failed connection.
+    pub fn error(&self) {
+        self.errors.inc();
+    }
+
+    /// Bytes visitor → target so far.
+    pub fn bytes_in(&self) -> u64 {
+        self.bytes_in.get()
+    }
+
+    /// Bytes target → visitor so far.
+    pub fn bytes_out(&self) -> u64 {
+        self.bytes_out.get()
+    }
+
+    /// Connections being relayed now.
+    pub fn active(&self) -> i64 {
+        self.active.get()
+    }
+
+    /// Connections relayed since start.
+    pub fn total(&self) -> u64 {
+        self.total.get()
+    }
+
+    /// Failed connections since start.
+    pub fn errors(&self) -> u64 {
+        self.errors.get()
+    }
+}
+
+/// Which way the local end of a relay faces, to map "to tunnel / to local" onto "in / out".
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LocalEnd {
+    /// The local socket is the visitor (the server in reverse mode): to-tunnel is `in`.
+    Visitor,
+    /// The local socket is the target (the client in reverse mode): to-tunnel is `out`.
+    Target,
+}
+
+/// What a relay adds its bytes to: the service's counters and the connection's own.
+#[derive(Debug, Clone, Default)]
+pub struct Meter {
+    to_tunnel: [Counter; 2],
+    to_local: [Counter; 2],
+}
+
+impl Meter {
+    /// Adds `n` bytes moved from the local socket into the tunnel.
+    #[inline]
+    pub fn to_tunnel(&self, n: u64) {
+        for counter in &self.to_tunnel {
+            counter.inc_by(n);
+        }
+    }
+
+    /// Adds `n` bytes moved from the tunnel to the local socket.
+    #[inline]
+    pub fn to_local(&self, n: u64) {
+        for counter in &self.to_local {
+            counter.inc_by(n);
+        }
+    }
+}
+
+/// One live connection, as the admin API lists it.
+#[derive(Debug, Clone, Serialize)]
+pub struct ConnectionInfo {
+    /// Process-unique id.
+    pub id: u64,
+    /// The service.
+    pub service: String,
+    /// The visitor's address (server), or the target's (client).
+    pub peer: String,
+    /// Seconds since the Unix epoch when it opened.
+    pub since: u64,
+    /// Bytes visitor → target so far.
+    pub bytes_in: u64,
+    /// Bytes target → visitor so far.
+    pub bytes_out: u64,
+}
+
+struct LiveConnection {
+    service: String,
+    peer: SocketAddr,
+    since: SystemTime,
+    bytes_in: Counter,
+    bytes_out: Counter,
+}
+
+/// The live connections of one side (bounded), plus the metrics.
+pub struct Telemetry {
+    /// Every metric.
+    pub metrics: Metrics,
+    next_id: AtomicU64,
+    live: Mutex<HashMap<u64, LiveConnection>>,
+    started: SystemTime,
+}
+
+impl std::fmt::Debug for Telemetry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Telemetry").finish_non_exhaustive()
+    }
+}
+
+impl Telemetry {
+    /// Fresh telemetry for one side.
+    pub fn new(side: Side) -> Arc<Telemetry> {
+        Arc::new(Telemetry {
+            metrics: Metrics::new(side),
+            next_id: AtomicU64::new(1),
+            live: Mutex::new(HashMap::new()),
+            started: SystemTime::now(),
+        })
+    }
+
+    /// When this side started.
+    pub fn started(&self) -> SystemTime {
+        self.started
+    }
+
+    /// Registers a connection of `service` with `peer` and returns the meter its relay
+    /// adds to; the connection is listed until the guard drops.
+    pub fn open(
+        self: &Arc<Self>,
+        service: &ServiceMeter,
+        name: &str,
+        peer: SocketAddr,
+        local: LocalEnd,
+    ) -> (Meter, ConnectionGuard) {
+        let bytes_in = Counter::default();
+        let bytes_out = Counter::default();
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        {
+            let mut live = self.live.lock().unwrap_or_else(PoisonError::into_inner);
+            if live.len() < MAX_LISTED_CONNECTIONS {
+                live.insert(
+                    id,
+                    LiveConnection {
+                        service: name.to_owned(),
+                        peer,
+                        since: SystemTime::now(),
+                        bytes_in: bytes_in.clone(),
+                        bytes_out: bytes_out.clone(),
+                    },
+                );
+            }
+        }
+        service.active.inc();
+        service.total.inc();
+        let inbound = [service.bytes_in.clone(), bytes_in];
+        let outbound = [service.bytes_out.clone(), bytes_out];
+        let meter = match local {
+            LocalEnd::Visitor => Meter {
+                to_tunnel: inbound,
+                to_local: outbound,
+            },
+            LocalEnd::Target => Meter {
+                to_tunnel: outbound,
+                to_local: inbound,
+            },
+        };
+        let guard = ConnectionGuard {
+            telemetry: Arc::clone(self),
+            active: service.active.clone(),
+            id,
+        };
+        (meter, guard)
+    }
+
+    /// The live connections, oldest first.
+    pub fn connections(&self) -> Vec<ConnectionInfo> {
+        let live = self.live.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut list: Vec<ConnectionInfo> = live
+            .iter()
+            .map(|(id, c)| ConnectionInfo {
+                id: *id,
+                service: c.service.clone(),
+                peer: c.peer.to_string(),
+                since: unix_seconds(c.since),
+                bytes_in: c.bytes_in.get(),
+                bytes_out: c.bytes_out.get(),
+            })
+            .collect();
+        drop(live);
+        list.sort_by_key(|c| c.id);
+        list
+    }
+}
+
+/// Removes its connection from the live table (and the active gauge) when dropped.
+pub struct ConnectionGuard {
+    telemetry: Arc<Telemetry>,
+    active: Gauge,
+    id: u64,
+}
+
+impl Drop for ConnectionGuard {
+    fn drop(&mut self) {
+        self.active.dec();
+        self.telemetry
+            .live
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&self.id);
+    }
+}
+
+/// Seconds since the Unix epoch (0 for times before it).
+pub fn unix_seconds(time: SystemTime) -> u64 {
+    time.duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bytes_count_per_service_and_per_connection() {
+        let telemetry = Telemetry::new(Side::Server);
+        let web = telemetry.metrics.service("web");
+        let (meter, guard) = telemetry.open(
+            &web,
+            "web",
+            "127.0.0.1:1".parse().unwrap(),
+            LocalEnd::Visitor,
+        );
+        meter.to_tunnel(10);
+        meter.to_local(3);
+        assert_eq!((web.bytes_in(), web.bytes_out(), web.active()), (10, 3, 1));
+        let listed = telemetry.connections();
+        assert_eq!(listed.len(), 1);
+        assert_eq!((listed[0].bytes_in, listed[0].bytes_out), (10, 3));
+        let text = telemetry.metrics.encode();
+        assert!(text.contains("warren_service_bytes_total{service=\"web\",direction=\"in\"} 10"));
+        assert!(text.contains("warren_build_info{version="));
+        drop(guard);
+        assert_eq!(web.active(), 0);
+        assert!(telemetry.connections().is_empty());
+    }
+
+    #[test]
+    fn target_side_maps_directions() {
+        let telemetry = Telemetry::new(Side::Client);
+        let web = telemetry.metrics.service("web");
+        let (meter, _guard) = telemetry.open(
+            &web,
+            "web",
+            "127.0.0.1:1".parse().unwrap(),
+            LocalEnd::Target,
+        );
+        meter.to_local(7);
+        meter.to_tunnel(2);
+        assert_eq!((web.bytes_in(), web.bytes_out()), (7, 2));
+    }
+}

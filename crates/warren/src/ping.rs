@@ -1,0 +1,127 @@
+//! `warren ping`: connect, handshake and round-trip times to a server over N probes.
+//!
+//! Each probe is a fresh TCP connect, a Noise handshake, a hello with no service claims (a
+//! *probe session*, which the server accepts and which serves nothing; see
+//! docs/protocol.md), one `Ping`/`Pong` round trip on the control channel, and a goodbye.
+
+use std::time::Duration;
+
+use serde::Serialize;
+use warren_proto::CipherSuite;
+
+use crate::client::establish::{self, EstablishError};
+use crate::config::HostPort;
+use crate::crypto::secret::Secret;
+use crate::doctor::ms;
+
+/// The times of one successful probe.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct Probe {
+    /// TCP connect.
+    pub connect: Duration,
+    /// Noise handshake (after connect).
+    pub handshake: Duration,
+    /// One ping round trip on the established session.
+    pub rtt: Duration,
+    /// The negotiated cipher.
+    #[serde(serialize_with = "cipher_name")]
+    pub cipher: CipherSuite,
+}
+
+fn cipher_name<S: serde::Serializer>(cipher: &CipherSuite, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(cipher.name())
+}
+
+/// Where and how to ping.
+#[derive(Debug, Clone)]
+pub struct PingTarget {
+    /// The server.
+    pub server: HostPort,
+    /// Its PSK.
+    pub psk: Secret,
+    /// Ciphers to offer.
+    pub ciphers: Vec<CipherSuite>,
+    /// Deadline of each step.
+    pub deadline: Duration,
+}
+
+/// Runs one probe.
+///
+/// # Errors
+/// The step that failed.
+pub async fn probe(target: &PingTarget, seq: u64) -> Result<Probe, EstablishError> {
+    let mut session = establish::establish(
+        &target.server,
+        &target.psk,
+        &target.ciphers,
+        &[],
+        target.deadline,
+    )
+    .await?;
+    let rtt = establish::ping(&mut session.channel, seq, target.deadline).await?;
+    let probe = Probe {
+        connect: session.connect_time,
+        handshake: session.handshake_time,
+        rtt,
+        cipher: session.keys.cipher(),
+    };
+    establish::goodbye(session.channel, "warren ping done").await;
+    Ok(probe)
+}
+
+/// Min, median and max of some durations (`None` when empty).
+pub fn stats(mut values: Vec<Duration>) -> Option<(Duration, Duration, Duration)> {
+    values.sort_unstable();
+    let min = *values.first()?;
+    let max = *values.last()?;
+    let mid = values.len() / 2;
+    let median = if values.len().is_multiple_of(2) {
+        (values[mid - 1] + values[mid]) / 2
+    } else {
+        values[mid]
+    };
+    Some((min, median, max))
+}
+
+/// The summary lines for successful probes.
+pub fn summary(probes: &[Probe], sent: usize) -> String {
+    let mut out = format!(
+        "--- {} probes, {} ok, {} failed ---\n",
+        sent,
+        probes.len(),
+        sent - probes.len()
+    );
+    type Pick = fn(&Probe) -> Duration;
+    let rows: [(&str, Pick); 3] = [
+        ("connect", |p| p.connect),
+        ("handshake", |p| p.handshake),
+        ("rtt", |p| p.rtt),
+    ];
+    for (name, pick) in rows {
+        if let Some((min, median, max)) = stats(probes.iter().map(pick).collect()) {
+            out.push_str(&format!(
+                "{name:<9} min {} / median {} / max {}\n",
+                ms(min),
+                ms(median),
+                ms(max)
+            ));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stats_of_odd_and_even_counts() {
+        let d = Duration::from_millis;
+        assert_eq!(stats(vec![d(3), d(1), d(2)]), Some((d(1), d(2), d(3))));
+        assert_eq!(
+            stats(vec![d(4), d(1), d(2), d(3)]),
+            Some((d(1), Duration::from_micros(2500), d(4)))
+        );
+        assert_eq!(stats(vec![]), None);
+    }
+}

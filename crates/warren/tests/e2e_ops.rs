@@ -1,0 +1,249 @@
+//! End-to-end tests of the operations commands (issue 6) with the real binary: `warren
+//! doctor` on a healthy setup and on each kind of breakage, `warren ping`, shell
+//! completions, `--help` examples, and logs that never contain a secret.
+//!
+//! Run: `cargo test --release -p warren --test e2e_ops`.
+
+mod e2e_support;
+
+use std::time::Duration;
+
+use e2e_support::*;
+
+async fn doctor(dir: &TestDir, config: &std::path::Path, psk: &str) -> (i32, String, String) {
+    Proc::warren_output(
+        dir,
+        "doctor",
+        &["doctor", config.to_str().unwrap()],
+        &[("WARREN_PSK", psk)],
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn doctor_passes_on_a_healthy_setup() {
+    let dir = TestDir::new("doctor-healthy");
+    let tunnel = Tunnel::to(echo_target().await).start(&dir).await;
+    let (code, out, err) = doctor(&dir, &tunnel.client_config, PSK).await;
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert!(out.contains("[OK]   handshake"), "{out}");
+    assert!(out.contains("cipher "), "{out}");
+    assert!(out.contains("[OK]   service web: accepted"), "{out}");
+    assert!(out.contains("[OK]   target web"), "{out}");
+    assert!(out.contains("[OK]   aead speed"), "{out}");
+    assert!(out.contains("GB/s"), "{out}");
+    assert!(!out.contains(PSK) && !out.contains(TOKEN), "{out}");
+
+    let (code, out, _) = Proc::warren_output(
+        &dir,
+        "doctor-json",
+        &[
+            "doctor",
+            tunnel.client_config.to_str().unwrap(),
+            "--format",
+            "json",
+        ],
+        &[("WARREN_PSK", PSK)],
+    )
+    .await;
+    assert_eq!(code, 0);
+    let report: serde_json::Value = serde_json::from_str(&out).expect("JSON report");
+    assert_eq!(report["ok"], true);
+    assert_eq!(report["side"], "client");
+    assert!(report["checks"].as_array().unwrap().len() > 5);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn doctor_names_a_wrong_psk() {
+    let dir = TestDir::new("doctor-psk");
+    let tunnel = Tunnel::to(echo_target().await).start(&dir).await;
+    let (code, out, err) =
+        doctor(&dir, &tunnel.client_config, "another-psk-0123456789-abcdef").await;
+    assert_eq!(code, 1, "{out}\n{err}");
+    assert!(out.contains("[FAIL] handshake"), "{out}");
+    assert!(out.contains("PSK"), "{out}");
+    assert!(out.contains("fix: wrong PSK"), "{out}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn doctor_names_a_stopped_server() {
+    let dir = TestDir::new("doctor-stopped");
+    let ports = Ports::pick();
+    let config = dir.write(
+        "client.toml",
+        &client_toml(
+            &Setup::default(),
+            ports,
+            echo_target().await,
+            echo_target().await,
+        ),
+    );
+    let (code, out, _) = doctor(&dir, &config, PSK).await;
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("[FAIL] handshake"), "{out}");
+    assert!(out.contains("cannot connect"), "{out}");
+    assert!(out.contains("is the server running"), "{out}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn doctor_names_a_taken_port() {
+    let dir = TestDir::new("doctor-port");
+    let ports = Ports::pick();
+    let _holder = std::net::TcpListener::bind(loopback(ports.web)).unwrap();
+    let config = dir.write("server.toml", &server_toml(&Setup::default(), ports));
+    let (code, out, _) = doctor(&dir, &config, PSK).await;
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("[FAIL] service web port"), "{out}");
+    assert!(out.contains("port is taken"), "{out}");
+    assert!(out.contains("[OK]   server port"), "{out}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn doctor_names_a_dead_target() {
+    let dir = TestDir::new("doctor-target");
+    let tunnel = Tunnel::to(echo_target().await).start(&dir).await;
+    let dead = loopback(free_port());
+    let config = dir.write(
+        "dead.toml",
+        &client_toml(&Setup::default(), tunnel.ports, dead, echo_target().await),
+    );
+    let (code, out, _) = doctor(&dir, &config, PSK).await;
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("[FAIL] target web"), "{out}");
+    assert!(out.contains(&format!("{dead} is unreachable")), "{out}");
+    assert!(out.contains("[OK]   handshake"), "{out}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn doctor_reports_a_bad_config() {
+    let dir = TestDir::new("doctor-config");
+    let config = dir.write("bad.toml", "[client]\nserver = \"nope\"\n");
+    let (code, out, _) = doctor(&dir, &config, PSK).await;
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("[FAIL] config"), "{out}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ping_reports_statistics() {
+    let dir = TestDir::new("ping");
+    let tunnel = Tunnel::to(echo_target().await).start(&dir).await;
+    let (code, out, err) = Proc::warren_output(
+        &dir,
+        "ping",
+        &[
+            "ping",
+            tunnel.client_config.to_str().unwrap(),
+            "-n",
+            "3",
+            "--interval-ms",
+            "10",
+        ],
+        &[("WARREN_PSK", PSK)],
+    )
+    .await;
+    assert_eq!(code, 0, "{out}\n{err}");
+    for needle in ["probe 1:", "probe 3:", "3 ok, 0 failed", "rtt", "median"] {
+        assert!(out.contains(needle), "{needle}: {out}");
+    }
+    let remote = format!("127.0.0.1:{}", tunnel.ports.server);
+    let (code, out, _) = Proc::warren_output(
+        &dir,
+        "ping-r",
+        &["ping", "-r", &remote, "-n", "2", "--interval-ms", "10"],
+        &[("WARREN_PSK", PSK)],
+    )
+    .await;
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("2 ok, 0 failed"), "{out}");
+    let (code, out, _) = Proc::warren_output(
+        &dir,
+        "ping-bad",
+        &["ping", "-r", &remote, "-n", "1"],
+        &[("WARREN_PSK", "another-psk-0123456789-abcdef")],
+    )
+    .await;
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("PSKs probably differ"), "{out}");
+    // The server kept serving its real client throughout.
+    let reply = round_trip(tunnel.service(), b"still here").await.unwrap();
+    assert_eq!(reply, b"still here");
+}
+
+#[tokio::test]
+async fn completions_for_every_shell() {
+    let dir = TestDir::new("completions");
+    for shell in ["bash", "zsh", "fish"] {
+        let (code, out, err) = Proc::warren_output(&dir, shell, &["completions", shell], &[]).await;
+        assert_eq!(code, 0, "{err}");
+        assert!(out.contains("warren") && out.contains("doctor"), "{shell}");
+    }
+}
+
+#[tokio::test]
+async fn every_subcommand_help_has_an_example() {
+    let dir = TestDir::new("help");
+    for sub in [
+        "server",
+        "client",
+        "keygen",
+        "check",
+        "doctor",
+        "ping",
+        "completions",
+        "demo",
+    ] {
+        let (code, out, _) = Proc::warren_output(&dir, sub, &[sub, "--help"], &[]).await;
+        assert_eq!(code, 0, "{sub}");
+        assert!(
+            out.contains("Example"),
+            "`warren {sub} --help` has no example:\n{out}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn trace_logs_never_contain_secrets() {
+    let dir = TestDir::new("log-secrets");
+    let ports = Ports::pick();
+    let target = echo_target().await;
+    let server_config = dir.write("server.toml", &server_toml(&Setup::default(), ports));
+    let client_config = dir.write(
+        "client.toml",
+        &client_toml(&Setup::default(), ports, target, echo_target().await),
+    );
+    let mut server = Proc::warren(
+        &dir,
+        "server",
+        &["server", server_config.to_str().unwrap()],
+        &[("WARREN_PSK", PSK), ("WARREN_LOG", "trace")],
+    );
+    let mut client = Proc::warren(
+        &dir,
+        "client",
+        &[
+            "--log-format",
+            "json",
+            "client",
+            client_config.to_str().unwrap(),
+        ],
+        &[("WARREN_PSK", PSK), ("WARREN_LOG", "trace")],
+    );
+    let service = loopback(ports.web);
+    let mut worked = false;
+    for _ in 0..100 {
+        if round_trip(service, b"hello").await.ok().as_deref() == Some(b"hello".as_slice()) {
+            worked = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(worked, "{}\n{}", server.logs(), client.logs());
+    server.terminate();
+    client.terminate();
+    server.wait_exit(Duration::from_secs(5)).await;
+    client.wait_exit(Duration::from_secs(5)).await;
+    let logs = format!("{}\n{}", server.logs(), client.logs());
+    assert!(logs.contains("session_started"), "{logs}");
+    assert!(!logs.contains(PSK), "the PSK leaked into the logs");
+    assert!(!logs.contains(TOKEN), "a token leaked into the logs");
+}
