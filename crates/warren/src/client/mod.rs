@@ -10,12 +10,13 @@
 //! Main types: [`Client`] (validated config, built with [`Client::builder`]),
 //! [`ClientStatus`] (watch the connection from outside).
 
+mod forward;
 mod pool;
 mod udp;
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use rand::RngCore;
@@ -26,17 +27,19 @@ use tracing::{error, info, warn};
 use warren_proto::CipherSuite;
 use warren_proto::handshake::{HandshakeError, Refusal};
 use warren_proto::liveness::Backoff;
-use warren_proto::message::{ControlMessage, ServiceClaim, Verdict};
+use warren_proto::message::{ClaimKind, ControlMessage, ServiceClaim, Verdict};
 
 use crate::Side;
+use crate::config::proxy::{ProxySetting, ProxyUrl};
 use crate::config::{
-    ClientConfig, ClientService, ConfigErrors, HostPort, ServiceKind, Transport, UdpSettings,
+    ClientConfig, ClientForward, ClientService, ConfigErrors, HostPort, ProxyProtocol, ServiceKind,
+    Transport, UdpSettings,
 };
 use crate::crypto::keys::{self, SessionKeys};
 use crate::crypto::secret::Secret;
 use crate::session::{self as control, CONTROL_QUEUE, Liveness, SessionEnd, short_id};
+use crate::transport::Channel;
 use crate::transport::preamble::{self, PreambleError};
-use crate::transport::{Channel, tcp};
 
 /// Data channels kept open and idle at the server, ready for visitors.
 const POOL_SIZE: usize = 8;
@@ -55,6 +58,18 @@ pub enum ClientError {
         "the server refused every service ({0}): wrong token, or the service is not in the server's config; check `token` / `default_token` on both sides"
     )]
     AllServicesRefused(String),
+    /// A forward service's local port could not be bound.
+    #[error(
+        "cannot bind forward service `{service}` on {addr}: {source}; is another process using it? (choose another port)"
+    )]
+    Bind {
+        /// The service.
+        service: String,
+        /// Its `bind`.
+        addr: SocketAddr,
+        /// The OS error.
+        source: std::io::Error,
+    },
 }
 
 /// Connection state, observable through [`Client::status`].
@@ -68,6 +83,10 @@ pub struct ClientStatus {
     pub services: Vec<String>,
     /// The negotiated cipher of the current session.
     pub cipher: Option<CipherSuite>,
+    /// Client-declared services: the address the server bound for each, as it reported it.
+    pub bound: BTreeMap<String, SocketAddr>,
+    /// Forward services: the local address each listens on (bound once, at start).
+    pub forwards: BTreeMap<String, SocketAddr>,
 }
 
 /// A validated client, ready to run.
@@ -92,6 +111,12 @@ pub struct Client {
 pub struct ClientBuilder {
     config: ClientConfig,
     services: Vec<(String, ServiceKind, HostPort, Option<Secret>)>,
+    /// Declared services' `remote_bind`, by name.
+    remote_binds: HashMap<String, SocketAddr>,
+    /// PROXY protocol versions, by service name.
+    proxy_protocols: HashMap<String, ProxyProtocol>,
+    /// Forward services: name, local bind, optional target selector.
+    forwards: Vec<(String, SocketAddr, Option<HostPort>)>,
 }
 
 impl ClientBuilder {
@@ -145,6 +170,58 @@ impl ClientBuilder {
         self
     }
 
+    /// A client-declared TCP service: the server binds `remote_bind` (port 0: any port in
+    /// its `allow_ports`) and visitors there reach `target`. Authenticated by the default
+    /// token; the bound address appears in [`ClientStatus::bound`].
+    pub fn declared_service(
+        mut self,
+        name: impl Into<String>,
+        target: HostPort,
+        remote_bind: SocketAddr,
+    ) -> Self {
+        let name = name.into();
+        self.remote_binds.insert(name.clone(), remote_bind);
+        self.services.push((name, ServiceKind::Tcp, target, None));
+        self
+    }
+
+    /// Sends a PROXY protocol header to the target of service `name` (added before or after).
+    pub fn proxy_protocol(mut self, name: impl Into<String>, version: ProxyProtocol) -> Self {
+        self.proxy_protocols.insert(name.into(), version);
+        self
+    }
+
+    /// A forward TCP service: the client listens on `bind` (port 0: any free port, see
+    /// [`ClientStatus::forwards`]) and the server dials the target of its forward service
+    /// `name`.
+    pub fn forward_service(mut self, name: impl Into<String>, bind: SocketAddr) -> Self {
+        self.forwards.push((name.into(), bind, None));
+        self
+    }
+
+    /// A forward TCP service selecting the server's forward service by its `target`.
+    pub fn forward_to(
+        mut self,
+        name: impl Into<String>,
+        bind: SocketAddr,
+        target: HostPort,
+    ) -> Self {
+        self.forwards.push((name.into(), bind, Some(target)));
+        self
+    }
+
+    /// Reaches the server through a proxy.
+    pub fn proxy(mut self, proxy: ProxySetting) -> Self {
+        self.config.proxy = Some(proxy);
+        self
+    }
+
+    /// Tries IPv6 addresses first when a name resolves to both.
+    pub fn prefer_ipv6(mut self, prefer: bool) -> Self {
+        self.config.prefer_ipv6 = prefer;
+        self
+    }
+
     /// A reverse UDP service with default settings: datagrams to the server's `name` port
     /// reach `target`, one socket per visitor.
     pub fn udp_service(self, name: impl Into<String>, target: HostPort) -> Self {
@@ -191,8 +268,23 @@ impl ClientBuilder {
             self.config.services.insert(
                 name.clone(),
                 ClientService {
+                    remote_bind: self.remote_binds.get(&name).copied(),
+                    proxy_protocol: self.proxy_protocols.get(&name).copied(),
                     name,
                     kind,
+                    target,
+                    token,
+                },
+            );
+        }
+        for (name, bind, target) in self.forwards {
+            let token = self.config.default_token.clone().unwrap_or_default();
+            self.config.forwards.insert(
+                name.clone(),
+                ClientForward {
+                    name,
+                    kind: ServiceKind::Tcp,
+                    bind,
                     target,
                     token,
                 },
@@ -208,6 +300,9 @@ impl Client {
         ClientBuilder {
             config: ClientConfig::new(server, Secret::default()),
             services: Vec::new(),
+            remote_binds: HashMap::new(),
+            proxy_protocols: HashMap::new(),
+            forwards: Vec::new(),
         }
     }
 
@@ -238,6 +333,7 @@ impl Client {
             Transport::Tcp => vec![CipherSuite::None],
             _ => self.config.ciphers.clone(),
         };
+        let listeners = forward::bind_forwards(&self.config).await?;
         let shared = Arc::new(Shared {
             noise_psk: keys::noise_psk(&self.config.psk),
             ciphers,
@@ -245,7 +341,19 @@ impl Client {
             status: self.status,
             cancel,
             tasks: TaskTracker::new(),
+            current: Mutex::new(None),
         });
+        for (name, listener) in listeners {
+            if let Ok(addr) = listener.local_addr() {
+                info!(event = "forward_listening", service = %name, %addr, "forward service listening");
+                shared.status.send_modify(|s| {
+                    s.forwards.insert(name.clone(), addr);
+                });
+            }
+            shared
+                .tasks
+                .spawn(forward::serve_listener(Arc::clone(&shared), name, listener));
+        }
         let mut backoff = Backoff::new(
             shared.config.reconnect_initial_delay,
             shared.config.reconnect_max_delay,
@@ -273,6 +381,7 @@ impl Client {
                 s.connected = false;
                 s.services.clear();
                 s.cipher = None;
+                s.bound.clear();
             });
             let delay = backoff.next_delay(rand::rng().next_u64());
             info!(
@@ -301,6 +410,8 @@ struct Shared {
     status: watch::Sender<ClientStatus>,
     cancel: CancellationToken,
     tasks: TaskTracker,
+    /// The session up right now, for forward listeners.
+    current: Mutex<Option<Arc<ClientSession>>>,
 }
 
 /// How an attempt to hold a session failed.
@@ -312,9 +423,14 @@ enum Failure {
 /// One session's state, shared with its data channel tasks.
 pub(crate) struct ClientSession {
     keys: SessionKeys,
-    /// Where data channels connect: the address the control channel reached.
+    /// Where data channels connect: the address the control channel reached (the proxy's,
+    /// when there is one).
     server_addr: SocketAddr,
+    /// The proxy every connection to the server goes through, if any.
+    proxy: Option<ProxyUrl>,
     services: HashMap<String, ClientService>,
+    /// Forward services the server accepted.
+    forwards: HashSet<String>,
     /// Cancelled when the session ends: idle pooled channels close.
     cancel: CancellationToken,
     /// Bounds channels opening or idle.
@@ -325,8 +441,14 @@ pub(crate) struct ClientSession {
 async fn run_session(shared: &Arc<Shared>, backoff: &mut Backoff) -> Result<SessionEnd, Failure> {
     let config = &shared.config;
     let deadline = config.handshake_timeout;
+    let proxy = match &config.proxy {
+        Some(setting) => setting
+            .resolve(&|name| std::env::var(name).ok())
+            .map_err(Failure::Retry)?,
+        None => None,
+    };
     let connect = async {
-        let mut stream = tcp::connect(&config.server, deadline)
+        let mut stream = forward::dial_server(config, proxy.as_ref(), None, deadline)
             .await
             .map_err(|e| Failure::Retry(e.to_string()))?;
         let server_addr = stream
@@ -351,7 +473,7 @@ async fn run_session(shared: &Arc<Shared>, backoff: &mut Backoff) -> Result<Sess
             Ok(Err(PreambleError::Io(e))) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
                 return Err(Failure::Retry(format!(
                     "{} closed the connection during the handshake: the PSKs probably differ (or it is not a Warren server)",
-                    config.server
+                    forward::describe(config, proxy.as_ref())
                 )));
             }
             Ok(Err(e)) => return Err(Failure::Retry(e.to_string())),
@@ -366,12 +488,33 @@ async fn run_session(shared: &Arc<Shared>, backoff: &mut Backoff) -> Result<Sess
     let (sealer, opener) = keys.control_channel(Side::Client);
     let mut channel = Channel::new(stream, sealer, opener);
 
-    let names: Vec<&String> = config.services.keys().collect();
+    let mut names: Vec<&String> = config.services.keys().collect();
+    names.extend(config.forwards.keys());
     let claims = names
         .iter()
-        .map(|name| ServiceClaim {
-            name: (*name).clone(),
-            proof: keys::token_proof(&config.services[*name].token, keys.handshake_hash(), name),
+        .map(|name| {
+            let (token, kind) = match (config.services.get(*name), config.forwards.get(*name)) {
+                (Some(service), _) => (
+                    &service.token,
+                    match service.remote_bind {
+                        Some(remote_bind) => ClaimKind::Declared { remote_bind },
+                        None => ClaimKind::Reverse,
+                    },
+                ),
+                (None, Some(forward)) => (
+                    &forward.token,
+                    ClaimKind::Forward {
+                        target: forward.target.as_ref().map(HostPort::to_string),
+                    },
+                ),
+                // Invariant: `names` holds only keys of these two maps.
+                (None, None) => unreachable!("claim names come from the config's maps"),
+            };
+            ServiceClaim {
+                name: (*name).clone(),
+                proof: keys::token_proof(token, keys.handshake_hash(), name),
+                kind,
+            }
         })
         .collect();
     let hello = async {
@@ -395,13 +538,28 @@ async fn run_session(shared: &Arc<Shared>, backoff: &mut Backoff) -> Result<Sess
         }
     };
     let mut accepted = HashMap::new();
+    let mut forwards = HashSet::new();
+    let mut bound = BTreeMap::new();
     let mut refused = Vec::new();
+    let mut denied = Vec::new();
     for (name, verdict) in names.iter().zip(&verdicts) {
         match verdict {
-            Verdict::Accepted => {
-                accepted.insert((*name).clone(), config.services[*name].clone());
+            Verdict::Accepted { bound: address } => {
+                if let Some(service) = config.services.get(*name) {
+                    accepted.insert((*name).clone(), service.clone());
+                } else {
+                    forwards.insert((*name).clone());
+                }
+                if let Some(address) = address {
+                    info!(event = "service_bound", service = %name, %address, "the server bound this client-declared service");
+                    bound.insert((*name).clone(), *address);
+                }
             }
             Verdict::Refused => refused.push((*name).clone()),
+            Verdict::Denied { reason } => {
+                error!(event = "service_denied", service = %name, %reason, "the server refused this service: {reason}");
+                denied.push(format!("{name}: {reason}"));
+            }
         }
     }
     if !refused.is_empty() {
@@ -411,22 +569,33 @@ async fn run_session(shared: &Arc<Shared>, backoff: &mut Backoff) -> Result<Sess
             "the server refused these services: wrong token, or not in the server's config"
         );
     }
-    if accepted.is_empty() {
-        return Err(Failure::Fatal(ClientError::AllServicesRefused(
-            refused.join(", "),
-        )));
+    if accepted.is_empty() && forwards.is_empty() {
+        let mut reasons = refused.clone();
+        reasons.extend(denied.iter().cloned());
+        let error = ClientError::AllServicesRefused(reasons.join("; "));
+        // A denial (port in use, say) may clear up, e.g. when the server drops our previous
+        // session after a reconnect; a wrong token never does.
+        return if !denied.is_empty() && shared.status.borrow().sessions > 0 {
+            Err(Failure::Retry(error.to_string()))
+        } else {
+            Err(Failure::Fatal(error))
+        };
     }
     backoff.reset();
 
     let session = Arc::new(ClientSession {
         server_addr,
+        proxy,
         services: accepted,
+        forwards,
         cancel: shared.cancel.child_token(),
         pool_slots: Arc::new(Semaphore::new(MAX_POOLED)),
         handshake_timeout: deadline,
         keys,
     });
-    let service_names: Vec<String> = session.services.keys().cloned().collect();
+    let mut service_names: Vec<String> = session.services.keys().cloned().collect();
+    service_names.extend(session.forwards.iter().cloned());
+    service_names.sort();
     info!(
         event = "session_started",
         session = %short_id(session.keys.session_id()),
@@ -440,7 +609,12 @@ async fn run_session(shared: &Arc<Shared>, backoff: &mut Backoff) -> Result<Sess
         s.sessions += 1;
         s.services = service_names;
         s.cipher = Some(session.keys.cipher());
+        s.bound = bound;
     });
+    *shared
+        .current
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner) = Some(Arc::clone(&session));
 
     let (_control_tx, control_rx) = mpsc::channel(CONTROL_QUEUE);
     for _ in 0..POOL_SIZE {
@@ -470,5 +644,10 @@ async fn run_session(shared: &Arc<Shared>, backoff: &mut Backoff) -> Result<Sess
     )
     .await;
     session.cancel.cancel();
+    shared
+        .current
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .take();
     Ok(end)
 }

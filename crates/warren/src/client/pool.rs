@@ -8,9 +8,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::net::TcpStream;
+use tokio::io::AsyncWriteExt;
 use tracing::{debug, warn};
-use warren_proto::message;
+use warren_proto::message::{self, StreamOpen};
+use warren_proto::proxy_header;
 
 use super::{ClientSession, Shared};
 use crate::config::ServiceKind;
@@ -37,7 +38,7 @@ pub(super) fn spawn_channel(shared: &Arc<Shared>, session: &Arc<ClientSession>) 
         let cancel = session.cancel.clone();
         let channel = tokio::select! {
             () = cancel.cancelled() => return,
-            channel = open_channel(&session) => channel,
+            channel = open_channel(&shared_for_task, &session) => channel,
         };
         let mut channel = match channel {
             Ok(channel) => channel,
@@ -47,11 +48,11 @@ pub(super) fn spawn_channel(shared: &Arc<Shared>, session: &Arc<ClientSession>) 
             }
         };
         // Idle until the server hands this channel to a visitor.
-        let service = tokio::select! {
+        let open = tokio::select! {
             () = cancel.cancelled() => return,
             first = channel.reader.read() => match first {
                 Ok(Some(Record::Control(bytes))) => match message::decode_stream_open(bytes) {
-                    Ok(open) => open.service,
+                    Ok(open) => open,
                     Err(error) => {
                         warn!(event = "protocol_error", %error, "bad stream open from server");
                         return;
@@ -62,16 +63,20 @@ pub(super) fn spawn_channel(shared: &Arc<Shared>, session: &Arc<ClientSession>) 
             },
         };
         drop(slot);
-        serve_stream(&shared_for_task, &session, channel, service).await;
+        serve_stream(&shared_for_task, &session, channel, open).await;
     });
 }
 
-async fn open_channel(session: &ClientSession) -> Result<Channel, String> {
+async fn open_channel(shared: &Shared, session: &ClientSession) -> Result<Channel, String> {
     let attempt = async {
-        let stream = TcpStream::connect(session.server_addr)
-            .await
-            .map_err(|e| e.to_string())?;
-        tcp::tune(&stream);
+        let stream = super::forward::dial_server(
+            &shared.config,
+            session.proxy.as_ref(),
+            Some(session.server_addr),
+            session.handshake_timeout,
+        )
+        .await
+        .map_err(|e| e.to_string())?;
         preamble::client_data_channel(stream, &session.keys)
             .await
             .map_err(|e| e.to_string())
@@ -87,8 +92,9 @@ async fn serve_stream(
     shared: &Arc<Shared>,
     session: &Arc<ClientSession>,
     mut channel: Channel,
-    service: String,
+    open: StreamOpen,
 ) {
+    let service = open.service;
     let Some(config) = session.services.get(&service) else {
         warn!(event = "stream_rejected", %service, "server opened a stream for a service this session does not serve");
         spawn_channel(shared, session);
@@ -103,14 +109,15 @@ async fn serve_stream(
         super::udp::serve_udp(shared, session, channel, config, settings).await;
         return;
     }
-    let connected = tcp::connect(&config.target, TARGET_CONNECT_TIMEOUT)
+    let family = super::forward::family(&shared.config);
+    let connected = tcp::connect_preferring(&config.target, TARGET_CONNECT_TIMEOUT, family)
         .await
         .map_err(|error| {
             warn!(event = "target_unreachable", %service, target = %config.target, %error, "cannot reach the service's target");
             format!("target unreachable: {error}")
         });
     spawn_channel(shared, session);
-    let target = match connected {
+    let mut target = match connected {
         Ok(target) => target,
         Err(reason) => {
             let _ = channel
@@ -120,6 +127,18 @@ async fn serve_stream(
             return;
         }
     };
+    if let Some(version) = config.proxy_protocol {
+        let addresses = open.visitor.zip(open.local);
+        let header = proxy_header::encode(version, addresses);
+        if let Err(error) = target.write_all(&header).await {
+            warn!(event = "target_write_failed", %service, %error, "cannot send the PROXY header to the target");
+            let _ = channel
+                .writer
+                .send(RecordKind::Close, b"target closed")
+                .await;
+            return;
+        }
+    }
     match relay::pump(target, channel, &shared.cancel).await {
         Ok(moved) => {
             debug!(event = "stream_closed", %service, up = moved.to_tunnel, down = moved.to_local, "stream done")
