@@ -16,6 +16,9 @@
 //!   proves with a MAC keyed from the session secret that it belongs there; the server answers
 //!   `[len: u16][DataAccept]` only if the MAC checks, else closes in silence. No DH: channels
 //!   are cheap enough to open one per visitor.
+//! * kind [`KIND_DATA_OPEN`]: the same [`DataHello`], for a channel that carries a stream
+//!   the *client* opens (forward services): it never goes to the server's idle pool; the
+//!   client's first record on it is a `StreamOpen`.
 //!
 //! The MACs and key derivations themselves live in the `warren` crate (which owns the crypto
 //! libraries); this module only fixes the layouts and drives snow, which is itself sans-IO.
@@ -37,8 +40,11 @@ pub const MAX_PREAMBLE_LEN: usize = 1024;
 
 /// Preamble kind: a control channel (Noise handshake follows).
 pub const KIND_CONTROL: u8 = 0x57; // 'W'
-/// Preamble kind: a data channel of an existing session.
+/// Preamble kind: a data channel of an existing session, for the server's idle pool.
 pub const KIND_DATA: u8 = 0x44; // 'D'
+/// Preamble kind: a data channel that opens a stream at once (a forward service): the
+/// client's first record on it is a `StreamOpen`, and the server dials the service's target.
+pub const KIND_DATA_OPEN: u8 = 0x4F; // 'O'
 
 /// Bytes in a session id.
 pub const SESSION_ID_LEN: usize = 16;
@@ -147,8 +153,10 @@ pub enum HandshakeError {
 pub enum Preamble<'a> {
     /// Noise message 1 of a new control channel.
     Control(&'a [u8]),
-    /// A data channel hello.
+    /// A data channel hello (a channel for the idle pool).
     Data(DataHello),
+    /// A data channel hello for a channel that opens a stream towards the server.
+    DataOpen(DataHello),
 }
 
 /// Checks a 2-byte frame length prefix before the body is read.
@@ -181,6 +189,7 @@ pub fn parse_preamble(body: &[u8]) -> Result<Preamble<'_>, HandshakeError> {
     match body.split_first() {
         Some((&KIND_CONTROL, rest)) => Ok(Preamble::Control(rest)),
         Some((&KIND_DATA, rest)) => DataHello::from_bytes(rest).map(Preamble::Data),
+        Some((&KIND_DATA_OPEN, rest)) => DataHello::from_bytes(rest).map(Preamble::DataOpen),
         _ => Err(HandshakeError::Malformed),
     }
 }
@@ -343,10 +352,16 @@ impl DataHello {
     /// Encoded size (without kind and length prefix).
     pub const LEN: usize = SESSION_ID_LEN + NONCE_LEN + MAC_LEN;
 
-    /// The complete preamble frame for this hello.
+    /// The complete preamble frame for this hello (kind [`KIND_DATA`]).
     pub fn to_frame(&self) -> Vec<u8> {
+        self.to_frame_of_kind(KIND_DATA)
+    }
+
+    /// The complete preamble frame for this hello with preamble kind `kind`
+    /// ([`KIND_DATA`] or [`KIND_DATA_OPEN`]).
+    pub fn to_frame_of_kind(&self, kind: u8) -> Vec<u8> {
         let mut body = Vec::with_capacity(1 + Self::LEN);
-        body.push(KIND_DATA);
+        body.push(kind);
         body.extend_from_slice(&self.session_id);
         body.extend_from_slice(&self.client_nonce);
         body.extend_from_slice(&self.mac);
@@ -503,9 +518,14 @@ mod tests {
         let frame = hello.to_frame();
         assert_eq!(
             parse_preamble(body_of(&frame)).unwrap(),
-            Preamble::Data(hello)
+            Preamble::Data(hello.clone())
         );
         assert!(parse_preamble(&[KIND_DATA, 1, 2]).is_err());
+        let open = hello.to_frame_of_kind(KIND_DATA_OPEN);
+        assert_eq!(
+            parse_preamble(body_of(&open)),
+            Ok(Preamble::DataOpen(hello))
+        );
         assert!(parse_preamble(&[0x00]).is_err());
         assert!(parse_preamble(&[]).is_err());
         let accept = DataAccept {

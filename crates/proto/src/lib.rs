@@ -8,6 +8,7 @@
 //! * [`handshake`]: connection preambles, the Noise handshake, data channel hellos.
 //! * [`message`]: control messages and their size-capped codec.
 //! * [`liveness`]: heartbeat and reconnect backoff state machines.
+//! * [`proxy_header`]: PROXY protocol v1/v2 headers towards a service's target.
 //!
 //! The wire format is described in `docs/protocol.md`.
 
@@ -15,5 +16,6 @@ pub mod cipher;
 pub mod handshake;
 pub mod liveness;
 pub mod message;
+pub mod proxy_header;
 
 pub use cipher::CipherSuite;

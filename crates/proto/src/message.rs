@@ -19,6 +19,8 @@
 //!
 //! On a data channel the opener's first record is an [`StreamOpen`], then data records.
 
+use std::net::SocketAddr;
+
 use serde::{Deserialize, Serialize};
 
 /// Largest encoded control message we accept. Hellos with a few hundred services fit easily.
@@ -33,6 +35,12 @@ pub const MAX_SERVICE_NAME_LEN: usize = 64;
 /// Length of a token proof (HMAC-SHA256).
 pub const PROOF_LEN: usize = 32;
 
+/// Longest `HOST:PORT` a forward claim may name as its target.
+pub const MAX_TARGET_LEN: usize = 300;
+
+/// Longest refusal reason in a [`Verdict::Denied`].
+pub const MAX_REASON_LEN: usize = 1024;
+
 /// A client's claim to serve one service, proving it knows the service token without
 /// sending it: `proof = HMAC-SHA256(token, "warren token proof" || handshake hash || name)`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -41,15 +49,49 @@ pub struct ServiceClaim {
     pub name: String,
     /// The token proof, bound to this handshake so it cannot be replayed elsewhere.
     pub proof: [u8; PROOF_LEN],
+    /// Which way the service's streams go, as the client's config sees it.
+    pub kind: ClaimKind,
+}
+
+/// What a client claims a service as.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ClaimKind {
+    /// A service in the server's config that the server binds (visitors come to the server).
+    Reverse,
+    /// A forward service: the client binds, the server dials a target its config names.
+    /// With `target`, the server picks its forward service whose target is exactly this
+    /// `HOST:PORT` (the token proof is then checked against that service's token); without,
+    /// it looks the service up by name.
+    Forward {
+        /// The target the client asks for, if it selects by target.
+        target: Option<String>,
+    },
+    /// A service the server's config does not list (frp/bore style): the server binds
+    /// `remote_bind` (port 0: any free port) if its `allow_ports` / `allow_bind_addrs` allow
+    /// it; the proof is checked against the server's `default_token`.
+    Declared {
+        /// Where the client wants visitors to connect at the server.
+        remote_bind: SocketAddr,
+    },
 }
 
 /// The server's answer for one claimed service.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Verdict {
     /// The service is now served by this session.
-    Accepted,
+    Accepted {
+        /// For a declared service, the address the server bound (the real port when the
+        /// client asked for port 0).
+        bound: Option<SocketAddr>,
+    },
     /// Unknown service or wrong token: deliberately the same answer for both.
     Refused,
+    /// The token was right but the server cannot serve the claim; the reason says why
+    /// (port outside `allow_ports`, port in use, wrong direction).
+    Denied {
+        /// For the client's log.
+        reason: String,
+    },
 }
 
 /// Messages on the control channel.
@@ -93,6 +135,22 @@ pub enum ControlMessage {
 pub struct StreamOpen {
     /// The service name.
     pub service: String,
+    /// The visitor's address (source of the connection to the bound port), for the PROXY
+    /// protocol header towards the target. `None` when unknown (UDP channels).
+    pub visitor: Option<SocketAddr>,
+    /// The address the visitor connected to (the bound port), the header's destination.
+    pub local: Option<SocketAddr>,
+}
+
+impl StreamOpen {
+    /// A stream open for `service` with no addresses.
+    pub fn new(service: impl Into<String>) -> Self {
+        StreamOpen {
+            service: service.into(),
+            visitor: None,
+            local: None,
+        }
+    }
 }
 
 /// Why bytes could not be decoded as a message.
@@ -144,6 +202,20 @@ pub fn decode_control(bytes: &[u8]) -> Result<ControlMessage, DecodeError> {
         check_len("services", services.len(), MAX_SERVICES_PER_SESSION)?;
         for claim in services {
             check_len("service name", claim.name.len(), MAX_SERVICE_NAME_LEN)?;
+            if let ClaimKind::Forward {
+                target: Some(target),
+            } = &claim.kind
+            {
+                check_len("target", target.len(), MAX_TARGET_LEN)?;
+            }
+        }
+    }
+    if let ControlMessage::HelloReply { verdicts } = &message {
+        check_len("verdicts", verdicts.len(), MAX_SERVICES_PER_SESSION)?;
+        for verdict in verdicts {
+            if let Verdict::Denied { reason } = verdict {
+                check_len("reason", reason.len(), MAX_REASON_LEN)?;
+            }
         }
     }
     if let ControlMessage::Goodbye { reason } = &message {
@@ -186,16 +258,29 @@ mod tests {
     use proptest::prelude::*;
 
     fn arb_message() -> impl Strategy<Value = ControlMessage> {
-        let claim = ("[a-z0-9-]{1,64}", any::<[u8; 32]>())
-            .prop_map(|(name, proof)| ServiceClaim { name, proof });
+        let kind = prop_oneof![
+            Just(ClaimKind::Reverse),
+            proptest::option::of("[a-z0-9.:-]{1,40}")
+                .prop_map(|target| ClaimKind::Forward { target }),
+            (any::<[u8; 4]>(), any::<u16>()).prop_map(|(ip, port)| ClaimKind::Declared {
+                remote_bind: SocketAddr::from((ip, port))
+            }),
+        ];
+        let claim = ("[a-z0-9-]{1,64}", any::<[u8; 32]>(), kind)
+            .prop_map(|(name, proof, kind)| ServiceClaim { name, proof, kind });
+        let verdict = prop_oneof![
+            Just(Verdict::Accepted { bound: None }),
+            any::<u16>().prop_map(|port| Verdict::Accepted {
+                bound: Some(SocketAddr::from(([127, 0, 0, 1], port)))
+            }),
+            Just(Verdict::Refused),
+            ".{0,100}".prop_map(|reason| Verdict::Denied { reason }),
+        ];
         prop_oneof![
             prop::collection::vec(claim, 0..20)
                 .prop_map(|services| ControlMessage::Hello { services }),
-            prop::collection::vec(
-                prop_oneof![Just(Verdict::Accepted), Just(Verdict::Refused)],
-                0..20
-            )
-            .prop_map(|verdicts| ControlMessage::HelloReply { verdicts }),
+            prop::collection::vec(verdict, 0..20)
+                .prop_map(|verdicts| ControlMessage::HelloReply { verdicts }),
             any::<u64>().prop_map(|seq| ControlMessage::Ping { seq }),
             any::<u64>().prop_map(|seq| ControlMessage::Pong { seq }),
             any::<u16>().prop_map(|count| ControlMessage::NeedChannels { count }),
@@ -210,8 +295,12 @@ mod tests {
         }
 
         #[test]
-        fn stream_open_round_trip(service in "[a-z0-9_.-]{1,64}") {
-            let open = StreamOpen { service };
+        fn stream_open_round_trip(service in "[a-z0-9_.-]{1,64}", port in any::<u16>()) {
+            let open = StreamOpen {
+                service,
+                visitor: Some(SocketAddr::from(([127, 0, 0, 2], port))),
+                local: Some("[::1]:8080".parse().expect("addr")),
+            };
             prop_assert_eq!(decode_stream_open(&encode(&open)), Ok(open));
         }
 
@@ -237,6 +326,7 @@ mod tests {
             .map(|i| ServiceClaim {
                 name: format!("s{i}"),
                 proof: [0; 32],
+                kind: ClaimKind::Reverse,
             })
             .collect();
         let bytes = encode(&ControlMessage::Hello { services });

@@ -421,13 +421,11 @@ async fn handshake(report: &mut Report, config: &ClientConfig) {
         Transport::Tcp => vec![CipherSuite::None],
         _ => config.ciphers.clone(),
     };
-    let claims: Vec<(&str, &Secret)> = config
-        .services
-        .values()
-        .map(|s| (s.name.as_str(), &s.token))
-        .collect();
+    let claims = crate::client::claims_of(config);
     let deadline = config.handshake_timeout.min(NETWORK_DEADLINE);
-    match establish::establish(&config.server, &config.psk, &ciphers, &claims, deadline).await {
+    let dial = crate::transport::tcp::connect(&config.server, deadline);
+    let server = config.server.to_string();
+    match establish::establish(dial, &server, &config.psk, &ciphers, &claims, deadline).await {
         Ok(session) => {
             report.push(
                 Status::Ok,
@@ -442,12 +440,24 @@ async fn handshake(report: &mut Report, config: &ClientConfig) {
                     ms(session.hello_time)
                 ),
             );
-            for ((name, _), verdict) in claims.iter().zip(&session.verdicts) {
+            for (claim, verdict) in claims.iter().zip(&session.verdicts) {
+                let name = claim.name;
                 match verdict {
-                    Verdict::Accepted => report.push(
+                    Verdict::Accepted { bound: None } => report.push(
                         Status::Ok,
                         format!("service {name}"),
                         "accepted by the server",
+                    ),
+                    Verdict::Accepted { bound: Some(address) } => report.push(
+                        Status::Ok,
+                        format!("service {name}"),
+                        format!("accepted by the server, which bound it on {address}"),
+                    ),
+                    Verdict::Denied { reason } => report.push_fix(
+                        Status::Fail,
+                        format!("service {name}"),
+                        format!("denied by the server: {reason}"),
+                        "see the reason: a declared port outside allow_ports or in use, or a forward/reverse mismatch between the configs",
                     ),
                     Verdict::Refused => report.push_fix(
                         Status::Fail,

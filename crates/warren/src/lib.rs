@@ -52,7 +52,8 @@ pub mod session;
 pub mod transport;
 
 pub use client::{Client, ClientBuilder, ClientError, ClientStatus};
-pub use config::{ClientConfig, Config, HostPort, ServerConfig, UdpSettings};
+pub use config::proxy::{PortRange, ProxySetting};
+pub use config::{ClientConfig, Config, HostPort, ProxyProtocol, ServerConfig, UdpSettings};
 pub use relay::udp::UdpStatsSnapshot;
 pub use server::{BoundServer, Server, ServerBuilder, ServerError, UdpStatsHandle};
 pub use warren_proto::CipherSuite;

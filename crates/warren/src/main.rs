@@ -1,5 +1,8 @@
 //! The `warren` command: a thin CLI over the `warren` library.
 
+mod cli;
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -18,7 +21,9 @@ Examples:
   warren check client.toml         # validate a config and exit
   warren doctor client.toml        # diagnose a setup: config, ports, targets, handshake
   warren ping client.toml -n 10    # connect / handshake / round-trip times to the server
-  warren completions bash > /etc/bash_completion.d/warren";
+  warren completions bash > /etc/bash_completion.d/warren
+  WARREN_PSK=... WARREN_TOKEN=... warren expose 3000 --to tunnel.example.com:7000
+  WARREN_PSK=... WARREN_TOKEN=... warren forward -l 5000 -r tunnel.example.com:7000 -t 10.0.0.5:80";
 
 /// Warren: a fast, encrypted tunnel that exposes services behind NAT.
 #[derive(Debug, Parser)]
@@ -54,6 +59,9 @@ enum Command {
         /// Config file with a [server] section.
         #[arg(default_value = "warren.toml")]
         config: PathBuf,
+        /// Override the port of the config's `bind` (clients connect here).
+        #[arg(short = 'p', long = "port")]
+        port: Option<u16>,
     },
     /// Run the client behind NAT: connects to the server and serves local targets.
     #[command(after_help = "Example:\n  WARREN_PSK=... warren client client.toml")]
@@ -61,6 +69,69 @@ enum Command {
         /// Config file with a [client] section.
         #[arg(default_value = "warren.toml")]
         config: PathBuf,
+        /// Override the config's `server` (HOST:PORT).
+        #[arg(short = 'r', long = "remote", value_name = "HOST:PORT")]
+        server: Option<String>,
+        /// Override the `bind` of the config's only forward service.
+        #[arg(short = 'l', long = "local", value_name = "[IP:]PORT")]
+        local: Option<String>,
+        /// Override the `target` of the config's only forward service.
+        #[arg(short = 't', long = "target", value_name = "HOST:PORT")]
+        target: Option<String>,
+        #[command(flatten)]
+        overrides: cli::ClientOverrides,
+    },
+    /// Expose a local port through a server, no config file (the server needs allow_ports).
+    #[command(
+        after_help = "Example:\n  WARREN_PSK=... WARREN_TOKEN=... warren expose 3000 --to tunnel.example.com:7000"
+    )]
+    Expose {
+        /// The local service: PORT (on 127.0.0.1) or HOST:PORT.
+        local: String,
+        /// The server, HOST:PORT.
+        #[arg(long = "to", short = 'r', value_name = "HOST:PORT")]
+        to: String,
+        /// Ask for this public port (default: any port the server allows).
+        #[arg(long)]
+        remote_port: Option<u16>,
+        /// Ask for this public IP at the server (default: the server's choice).
+        #[arg(long, value_name = "IP")]
+        remote_addr: Option<IpAddr>,
+        /// Send a PROXY protocol header (v1 or v2) to the local service.
+        #[arg(long, value_name = "VERSION")]
+        proxy_protocol: Option<String>,
+        #[command(flatten)]
+        secrets: cli::SecretArgs,
+        #[command(flatten)]
+        overrides: cli::ClientOverrides,
+    },
+    /// Reach a target through a server (ssh -L style), no config file. The server's config
+    /// must name the target as a forward service.
+    #[command(
+        after_help = "Example:\n  WARREN_PSK=... WARREN_TOKEN=... warren forward -l 5000 -r tunnel.example.com:7000 -t 10.0.0.5:80"
+    )]
+    Forward {
+        /// Where to listen: PORT (on 127.0.0.1) or IP:PORT.
+        #[arg(short = 'l', long = "local", value_name = "[IP:]PORT")]
+        local: String,
+        /// The server, HOST:PORT.
+        #[arg(short = 'r', long = "remote", value_name = "HOST:PORT")]
+        remote: String,
+        /// The target, exactly as the server's forward service names it.
+        #[arg(
+            short = 't',
+            long = "target",
+            value_name = "HOST:PORT",
+            required_unless_present = "service"
+        )]
+        target: Option<String>,
+        /// Select the server's forward service by name instead of by target.
+        #[arg(long, value_name = "NAME")]
+        service: Option<String>,
+        #[command(flatten)]
+        secrets: cli::SecretArgs,
+        #[command(flatten)]
+        overrides: cli::ClientOverrides,
     },
     /// Print a strong random PSK and token for new configs.
     #[command(after_help = "Example:\n  warren keygen >> secrets.env")]
@@ -222,9 +293,14 @@ async fn run(command: Command) -> Outcome {
                 Outcome::Failed
             }
         },
-        Command::Server { config } => {
+        Command::Server { config, port } => {
             let server_config = match load(&config) {
-                Ok(Config::Server(server)) => server,
+                Ok(Config::Server(mut server)) => {
+                    if let Some(port) = port {
+                        server.bind.set_port(port);
+                    }
+                    server
+                }
                 Ok(Config::Client(_)) => return wrong_kind(&config, "server", "client"),
                 Err(errors) => return bad_config(errors),
             };
@@ -244,24 +320,95 @@ async fn run(command: Command) -> Outcome {
             bound.run().await;
             Outcome::Clean
         }
-        Command::Client { config } => {
-            let client_config = match load(&config) {
+        Command::Client {
+            config,
+            server,
+            local,
+            target,
+            overrides,
+        } => {
+            let mut client_config = match load(&config) {
                 Ok(Config::Client(client)) => client,
                 Ok(Config::Server(_)) => return wrong_kind(&config, "client", "server"),
                 Err(errors) => return bad_config(errors),
             };
-            let client = match Client::from_config(client_config) {
-                Ok(client) => client,
-                Err(errors) => return bad_config(errors),
-            };
-            let cancel = CancellationToken::new();
-            tokio::spawn(stop_on_signal(cancel.clone()));
-            match client.run(cancel).await {
-                Ok(()) => Outcome::Clean,
-                Err(e) => {
-                    error!("{e}");
-                    Outcome::Failed
-                }
+            if let Err(message) =
+                client_overrides(&mut client_config, server, local, target, &overrides)
+            {
+                return usage_error(&message);
+            }
+            run_client(client_config, None).await
+        }
+        Command::Expose {
+            local,
+            to,
+            remote_port,
+            remote_addr,
+            proxy_protocol,
+            secrets,
+            overrides,
+        } => {
+            let built = (|| -> Result<_, String> {
+                let target = cli::local_target(&local)?;
+                let server = cli::server_addr(&to)?;
+                let (psk, token) = secrets.resolve()?;
+                let version = proxy_protocol
+                    .as_deref()
+                    .map(cli::proxy_protocol)
+                    .transpose()?;
+                let remote_bind = SocketAddr::new(
+                    remote_addr.unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED)),
+                    remote_port.unwrap_or(0),
+                );
+                let mut config = cli::expose_config(
+                    server,
+                    target.clone(),
+                    remote_bind,
+                    psk,
+                    token,
+                    version,
+                    secrets.insecure,
+                );
+                cli::apply_overrides(&mut config, &overrides)?;
+                Ok((config, target))
+            })();
+            match built {
+                Ok((config, target)) => run_client(config, Some(target)).await,
+                Err(message) => usage_error(&message),
+            }
+        }
+        Command::Forward {
+            local,
+            remote,
+            target,
+            service,
+            secrets,
+            overrides,
+        } => {
+            let built = (|| -> Result<_, String> {
+                let bind = cli::listen_addr(&local)?;
+                let server = cli::server_addr(&remote)?;
+                let target = target.as_deref().map(|t| {
+                    t.parse::<warren::HostPort>()
+                        .map_err(|e| format!("invalid target {t:?}: {e}; write HOST:PORT as the server's config names it"))
+                });
+                let target = target.transpose()?;
+                let (psk, token) = secrets.resolve()?;
+                let mut config = cli::forward_config(
+                    server,
+                    bind,
+                    target,
+                    service,
+                    psk,
+                    token,
+                    secrets.insecure,
+                );
+                cli::apply_overrides(&mut config, &overrides)?;
+                Ok(config)
+            })();
+            match built {
+                Ok(config) => run_client(config, None).await,
+                Err(message) => usage_error(&message),
             }
         }
         Command::Demo { port } => demo(port).await,
@@ -389,6 +536,94 @@ fn ping_target(
             })
         }
     }
+}
+
+/// Applies `-r`, `-l`, `-t`, `-x` to a loaded client config.
+fn client_overrides(
+    config: &mut warren::ClientConfig,
+    server: Option<String>,
+    local: Option<String>,
+    target: Option<String>,
+    overrides: &cli::ClientOverrides,
+) -> Result<(), String> {
+    if let Some(server) = server {
+        config.server = cli::server_addr(&server)?;
+    }
+    if local.is_some() || target.is_some() {
+        let mut forwards = config.forwards.values_mut();
+        let (Some(forward), None) = (forwards.next(), forwards.next()) else {
+            return Err(
+                "-l and -t change the config's forward service, and it must have exactly one"
+                    .into(),
+            );
+        };
+        if let Some(local) = local {
+            forward.bind = cli::listen_addr(&local)?;
+        }
+        if let Some(target) = target {
+            forward.target = Some(
+                target
+                    .parse()
+                    .map_err(|e| format!("invalid target {target:?}: {e}"))?,
+            );
+        }
+    }
+    cli::apply_overrides(config, overrides)
+}
+
+/// Runs a client; for `warren expose`, prints the public address once the server bound it.
+async fn run_client(config: warren::ClientConfig, exposing: Option<warren::HostPort>) -> Outcome {
+    let server_host = config.server.host.clone();
+    let client = match Client::from_config(config) {
+        Ok(client) => client,
+        Err(errors) => return bad_config(errors),
+    };
+    let cancel = CancellationToken::new();
+    tokio::spawn(stop_on_signal(cancel.clone()));
+    if let Some(local) = exposing {
+        let mut status = client.status();
+        let cancel = cancel.clone();
+        tokio::spawn(async move {
+            let mut shown = None;
+            loop {
+                let bound = status
+                    .borrow_and_update()
+                    .bound
+                    .get(cli::EXPOSE_SERVICE)
+                    .copied();
+                if let Some(addr) = bound.filter(|addr| Some(*addr) != shown) {
+                    let host = if addr.ip().is_unspecified() {
+                        warren::HostPort {
+                            host: server_host.clone(),
+                            port: addr.port(),
+                        }
+                    } else {
+                        warren::HostPort::from(addr)
+                    };
+                    println!("Exposed {local} at {host}");
+                    use std::io::Write;
+                    let _ = std::io::stdout().flush();
+                    shown = Some(addr);
+                }
+                tokio::select! {
+                    () = cancel.cancelled() => return,
+                    changed = status.changed() => if changed.is_err() { return },
+                }
+            }
+        });
+    }
+    match client.run(cancel).await {
+        Ok(()) => Outcome::Clean,
+        Err(e) => {
+            error!("{e}");
+            Outcome::Failed
+        }
+    }
+}
+
+fn usage_error(message: &str) -> Outcome {
+    eprintln!("error: {message}");
+    Outcome::BadConfig
 }
 
 fn load(path: &Path) -> Result<Config, ConfigErrors> {

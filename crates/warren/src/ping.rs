@@ -51,7 +51,8 @@ pub struct PingTarget {
 /// The step that failed.
 pub async fn probe(target: &PingTarget, seq: u64) -> Result<Probe, EstablishError> {
     let mut session = establish::establish(
-        &target.server,
+        crate::transport::tcp::connect(&target.server, target.deadline),
+        &target.server.to_string(),
         &target.psk,
         &target.ciphers,
         &[],

@@ -20,7 +20,7 @@ impl AdminSource for ClientAdmin {
 
     fn sessions(&self) -> Vec<SessionInfo> {
         self.0
-            .current
+            .admin_session
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .iter()

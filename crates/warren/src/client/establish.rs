@@ -2,21 +2,23 @@
 //! proofs, verdicts. The client's run loop, `warren doctor` and `warren ping` all use
 //! [`establish`], so the three can never disagree about how a session starts.
 
+use std::future::Future;
 use std::net::SocketAddr;
 use std::time::Duration;
+
+use tokio::net::TcpStream;
 
 use tokio::time::Instant;
 use warren_proto::CipherSuite;
 use warren_proto::handshake::{HandshakeError, Refusal};
-use warren_proto::message::{ControlMessage, ServiceClaim, Verdict};
+use warren_proto::message::{ClaimKind, ControlMessage, ServiceClaim, Verdict};
 
 use crate::Side;
-use crate::config::HostPort;
 use crate::crypto::keys::{self, SessionKeys};
 use crate::crypto::secret::Secret;
 use crate::session as control;
+use crate::transport::Channel;
 use crate::transport::preamble::{self, PreambleError};
-use crate::transport::{Channel, tcp};
 
 /// A session that is up: the control channel, its keys, and how long each step took.
 pub struct EstablishedSession {
@@ -88,33 +90,43 @@ pub enum EstablishError {
     Hello(String),
 }
 
-/// Connects to `server`, runs the handshake offering `ciphers`, and sends a hello claiming
-/// `claims` (name and token). Zero claims make a probe session (serves nothing, answers
-/// pings). One `deadline` bounds each of connect, handshake and hello.
+/// One service a hello claims: its name, the token to prove, and how it is served.
+#[derive(Debug, Clone)]
+pub struct Claim<'a> {
+    /// The service name.
+    pub name: &'a str,
+    /// The token whose knowledge the claim proves.
+    pub token: &'a Secret,
+    /// Reverse, forward or client-declared.
+    pub kind: ClaimKind,
+}
+
+/// Connects with `dial` (directly or through a proxy; `server` names it in messages), runs
+/// the handshake offering `ciphers`, and sends a hello with `claims`. Zero claims make a
+/// probe session (serves nothing, answers pings). One `deadline` bounds each of connect,
+/// handshake and hello.
 ///
 /// # Errors
 /// [`EstablishError`], naming the step that failed.
 pub async fn establish(
-    server: &HostPort,
+    dial: impl Future<Output = std::io::Result<TcpStream>>,
+    server: &str,
     psk: &Secret,
     ciphers: &[CipherSuite],
-    claims: &[(&str, &Secret)],
+    claims: &[Claim<'_>],
     deadline: Duration,
 ) -> Result<EstablishedSession, EstablishError> {
     let noise_psk = keys::noise_psk(psk);
     let started = Instant::now();
-    let mut stream =
-        tcp::connect(server, deadline)
-            .await
-            .map_err(|source| EstablishError::Connect {
-                server: server.to_string(),
-                source,
-            })?;
+    let mut stream = dial.await.map_err(|source| EstablishError::Connect {
+        server: server.to_owned(),
+        source,
+    })?;
     let connect_time = started.elapsed();
     let server_addr = stream
         .peer_addr()
         .map_err(|source| EstablishError::Connect {
-            server: server.to_string(),
+            server: server.to_owned(),
             source,
         })?;
     let started = Instant::now();
@@ -126,7 +138,7 @@ pub async fn establish(
     {
         Err(_) => {
             return Err(EstablishError::HandshakeTimeout {
-                server: server.to_string(),
+                server: server.to_owned(),
                 deadline,
             });
         }
@@ -141,7 +153,7 @@ pub async fn establish(
             ) =>
         {
             return Err(EstablishError::ClosedDuringHandshake {
-                server: server.to_string(),
+                server: server.to_owned(),
             });
         }
         Ok(Err(e)) => return Err(EstablishError::Handshake(e)),
@@ -152,9 +164,10 @@ pub async fn establish(
     let mut channel = Channel::new(stream, sealer, opener);
     let claims: Vec<ServiceClaim> = claims
         .iter()
-        .map(|(name, token)| ServiceClaim {
-            name: (*name).to_owned(),
-            proof: keys::token_proof(token, keys.handshake_hash(), name),
+        .map(|claim| ServiceClaim {
+            name: claim.name.to_owned(),
+            proof: keys::token_proof(claim.token, keys.handshake_hash(), claim.name),
+            kind: claim.kind.clone(),
         })
         .collect();
     let expected = claims.len();

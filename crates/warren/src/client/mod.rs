@@ -12,12 +12,13 @@
 
 mod admin;
 pub mod establish;
+mod forward;
 mod pool;
 mod udp;
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use rand::RngCore;
@@ -28,18 +29,20 @@ use tracing::{error, info, warn};
 use warren_proto::CipherSuite;
 use warren_proto::handshake::Refusal;
 use warren_proto::liveness::Backoff;
-use warren_proto::message::{ControlMessage, Verdict};
+use warren_proto::message::{ClaimKind, ControlMessage, Verdict};
 
 use crate::Side;
 use crate::admin::SessionInfo;
+use crate::config::proxy::{ProxySetting, ProxyUrl};
 use crate::config::{
-    ClientConfig, ClientService, ConfigErrors, HostPort, ServiceKind, Transport, UdpSettings,
+    ClientConfig, ClientForward, ClientService, ConfigErrors, HostPort, ProxyProtocol, ServiceKind,
+    Transport, UdpSettings,
 };
 use crate::crypto::keys::SessionKeys;
 use crate::crypto::secret::Secret;
 use crate::metrics::{HandshakeFailure, ServiceMeter, Telemetry, unix_seconds};
 use crate::session::{self as control, CONTROL_QUEUE, Liveness, SessionEnd, short_id};
-use establish::{EstablishError, EstablishedSession};
+use establish::{Claim, EstablishError, EstablishedSession};
 
 /// Data channels kept open and idle at the server, ready for visitors.
 pub(crate) const POOL_SIZE: usize = 8;
@@ -58,6 +61,18 @@ pub enum ClientError {
         "the server refused every service ({0}): wrong token, or the service is not in the server's config; check `token` / `default_token` on both sides"
     )]
     AllServicesRefused(String),
+    /// A forward service's local port could not be bound.
+    #[error(
+        "cannot bind forward service `{service}` on {addr}: {source}; is another process using it? (choose another port)"
+    )]
+    Bind {
+        /// The service.
+        service: String,
+        /// Its `bind`.
+        addr: SocketAddr,
+        /// The OS error.
+        source: std::io::Error,
+    },
     /// The admin API's port could not be bound.
     #[error(
         "cannot bind the admin API on {addr}: {source}; is another process using it? (change [admin] bind)"
@@ -81,6 +96,10 @@ pub struct ClientStatus {
     pub services: Vec<String>,
     /// The negotiated cipher of the current session.
     pub cipher: Option<CipherSuite>,
+    /// Client-declared services: the address the server bound for each, as it reported it.
+    pub bound: BTreeMap<String, SocketAddr>,
+    /// Forward services: the local address each listens on (bound once, at start).
+    pub forwards: BTreeMap<String, SocketAddr>,
 }
 
 /// A validated client, ready to run.
@@ -105,6 +124,12 @@ pub struct Client {
 pub struct ClientBuilder {
     config: ClientConfig,
     services: Vec<(String, ServiceKind, HostPort, Option<Secret>)>,
+    /// Declared services' `remote_bind`, by name.
+    remote_binds: HashMap<String, SocketAddr>,
+    /// PROXY protocol versions, by service name.
+    proxy_protocols: HashMap<String, ProxyProtocol>,
+    /// Forward services: name, local bind, optional target selector.
+    forwards: Vec<(String, SocketAddr, Option<HostPort>)>,
 }
 
 impl ClientBuilder {
@@ -145,12 +170,6 @@ impl ClientBuilder {
     }
 
     /// Reconnect backoff bounds.
-    pub fn reconnect_delays(mut self, initial: Duration, max: Duration) -> Self {
-        self.config.reconnect_initial_delay = initial;
-        self.config.reconnect_max_delay = max;
-        self
-    }
-
     /// Serves the admin API and `/metrics` on `bind`, requiring `token` as a bearer token
     /// when given (a non-loopback `bind` needs one).
     pub fn admin(mut self, bind: SocketAddr, token: Option<&str>) -> Self {
@@ -161,10 +180,69 @@ impl ClientBuilder {
         self
     }
 
+    /// Reconnect backoff bounds.
+    pub fn reconnect_delays(mut self, initial: Duration, max: Duration) -> Self {
+        self.config.reconnect_initial_delay = initial;
+        self.config.reconnect_max_delay = max;
+        self
+    }
+
     /// A reverse TCP service: visitors of the server's `name` port reach `target`.
     pub fn tcp_service(mut self, name: impl Into<String>, target: HostPort) -> Self {
         self.services
             .push((name.into(), ServiceKind::Tcp, target, None));
+        self
+    }
+
+    /// A client-declared TCP service: the server binds `remote_bind` (port 0: any port in
+    /// its `allow_ports`) and visitors there reach `target`. Authenticated by the default
+    /// token; the bound address appears in [`ClientStatus::bound`].
+    pub fn declared_service(
+        mut self,
+        name: impl Into<String>,
+        target: HostPort,
+        remote_bind: SocketAddr,
+    ) -> Self {
+        let name = name.into();
+        self.remote_binds.insert(name.clone(), remote_bind);
+        self.services.push((name, ServiceKind::Tcp, target, None));
+        self
+    }
+
+    /// Sends a PROXY protocol header to the target of service `name` (added before or after).
+    pub fn proxy_protocol(mut self, name: impl Into<String>, version: ProxyProtocol) -> Self {
+        self.proxy_protocols.insert(name.into(), version);
+        self
+    }
+
+    /// A forward TCP service: the client listens on `bind` (port 0: any free port, see
+    /// [`ClientStatus::forwards`]) and the server dials the target of its forward service
+    /// `name`.
+    pub fn forward_service(mut self, name: impl Into<String>, bind: SocketAddr) -> Self {
+        self.forwards.push((name.into(), bind, None));
+        self
+    }
+
+    /// A forward TCP service selecting the server's forward service by its `target`.
+    pub fn forward_to(
+        mut self,
+        name: impl Into<String>,
+        bind: SocketAddr,
+        target: HostPort,
+    ) -> Self {
+        self.forwards.push((name.into(), bind, Some(target)));
+        self
+    }
+
+    /// Reaches the server through a proxy.
+    pub fn proxy(mut self, proxy: ProxySetting) -> Self {
+        self.config.proxy = Some(proxy);
+        self
+    }
+
+    /// Tries IPv6 addresses first when a name resolves to both.
+    pub fn prefer_ipv6(mut self, prefer: bool) -> Self {
+        self.config.prefer_ipv6 = prefer;
         self
     }
 
@@ -214,8 +292,23 @@ impl ClientBuilder {
             self.config.services.insert(
                 name.clone(),
                 ClientService {
+                    remote_bind: self.remote_binds.get(&name).copied(),
+                    proxy_protocol: self.proxy_protocols.get(&name).copied(),
                     name,
                     kind,
+                    target,
+                    token,
+                },
+            );
+        }
+        for (name, bind, target) in self.forwards {
+            let token = self.config.default_token.clone().unwrap_or_default();
+            self.config.forwards.insert(
+                name.clone(),
+                ClientForward {
+                    name,
+                    kind: ServiceKind::Tcp,
+                    bind,
                     target,
                     token,
                 },
@@ -231,6 +324,9 @@ impl Client {
         ClientBuilder {
             config: ClientConfig::new(server, Secret::default()),
             services: Vec::new(),
+            remote_binds: HashMap::new(),
+            proxy_protocols: HashMap::new(),
+            forwards: Vec::new(),
         }
     }
 
@@ -261,6 +357,7 @@ impl Client {
             Transport::Tcp => vec![CipherSuite::None],
             _ => self.config.ciphers.clone(),
         };
+        let listeners = forward::bind_forwards(&self.config).await?;
         let telemetry = Telemetry::new(Side::Client);
         let meters = self
             .config
@@ -283,9 +380,10 @@ impl Client {
             status: self.status,
             cancel,
             tasks: TaskTracker::new(),
+            current: Mutex::new(None),
             telemetry,
             meters,
-            current: Mutex::new(None),
+            admin_session: Mutex::new(None),
         });
         if let Some(listener) = admin_listener {
             let token = shared.config.admin.as_ref().and_then(|a| a.token.clone());
@@ -296,6 +394,17 @@ impl Client {
                 token,
                 shared.cancel.clone(),
             ));
+        }
+        for (name, listener) in listeners {
+            if let Ok(addr) = listener.local_addr() {
+                info!(event = "forward_listening", service = %name, %addr, "forward service listening");
+                shared.status.send_modify(|s| {
+                    s.forwards.insert(name.clone(), addr);
+                });
+            }
+            shared
+                .tasks
+                .spawn(forward::serve_listener(Arc::clone(&shared), name, listener));
         }
         let mut backoff = Backoff::new(
             shared.config.reconnect_initial_delay,
@@ -320,12 +429,13 @@ impl Client {
                     warn!(event = "connect_failed", %reason, "could not establish a session")
                 }
             }
-            shared.telemetry.metrics.reconnecting();
             shared.status.send_modify(|s| {
                 s.connected = false;
                 s.services.clear();
                 s.cipher = None;
+                s.bound.clear();
             });
+            shared.telemetry.metrics.reconnecting();
             let delay = backoff.next_delay(rand::rng().next_u64());
             info!(
                 event = "reconnect_scheduled",
@@ -352,12 +462,14 @@ struct Shared {
     status: watch::Sender<ClientStatus>,
     cancel: CancellationToken,
     tasks: TaskTracker,
+    /// The session up right now, for forward listeners.
+    current: Mutex<Option<Arc<ClientSession>>>,
     /// Metrics and live connections (read by the admin API).
     telemetry: Arc<Telemetry>,
     /// Each service's counters.
     meters: HashMap<String, ServiceMeter>,
-    /// The current session, for the admin API (written at session start and end only).
-    current: Mutex<Option<SessionInfo>>,
+    /// The current session as the admin API shows it (written at session start and end).
+    admin_session: Mutex<Option<SessionInfo>>,
 }
 
 /// How an attempt to hold a session failed.
@@ -369,9 +481,14 @@ enum Failure {
 /// One session's state, shared with its data channel tasks.
 pub(crate) struct ClientSession {
     keys: SessionKeys,
-    /// Where data channels connect: the address the control channel reached.
+    /// Where data channels connect: the address the control channel reached (the proxy's,
+    /// when there is one).
     server_addr: SocketAddr,
+    /// The proxy every connection to the server goes through, if any.
+    proxy: Option<ProxyUrl>,
     services: HashMap<String, ClientService>,
+    /// Forward services the server accepted.
+    forwards: HashSet<String>,
     /// Cancelled when the session ends: idle pooled channels close.
     cancel: CancellationToken,
     /// Bounds channels opening or idle.
@@ -382,13 +499,17 @@ pub(crate) struct ClientSession {
 async fn run_session(shared: &Arc<Shared>, backoff: &mut Backoff) -> Result<SessionEnd, Failure> {
     let config = &shared.config;
     let deadline = config.handshake_timeout;
-    let names: Vec<&String> = config.services.keys().collect();
-    let claims: Vec<(&str, &Secret)> = names
-        .iter()
-        .map(|name| (name.as_str(), &config.services[*name].token))
-        .collect();
+    let proxy = match &config.proxy {
+        Some(setting) => setting
+            .resolve(&|name| std::env::var(name).ok())
+            .map_err(Failure::Retry)?,
+        None => None,
+    };
+    let claims = claims_of(config);
+    let server_name = forward::describe(config, proxy.as_ref());
     let attempt = establish::establish(
-        &config.server,
+        forward::dial_server(config, proxy.as_ref(), None, deadline),
+        &server_name,
         &config.psk,
         &shared.ciphers,
         &claims,
@@ -428,14 +549,30 @@ async fn run_session(shared: &Arc<Shared>, backoff: &mut Backoff) -> Result<Sess
         verdicts,
         ..
     } = established;
+    let names: Vec<&str> = claims.iter().map(|claim| claim.name).collect();
     let mut accepted = HashMap::new();
+    let mut forwards = HashSet::new();
+    let mut bound = BTreeMap::new();
     let mut refused = Vec::new();
+    let mut denied = Vec::new();
     for (name, verdict) in names.iter().zip(&verdicts) {
         match verdict {
-            Verdict::Accepted => {
-                accepted.insert((*name).clone(), config.services[*name].clone());
+            Verdict::Accepted { bound: address } => {
+                if let Some(service) = config.services.get(*name) {
+                    accepted.insert(name.to_string(), service.clone());
+                } else {
+                    forwards.insert(name.to_string());
+                }
+                if let Some(address) = address {
+                    info!(event = "service_bound", service = %name, %address, "the server bound this client-declared service");
+                    bound.insert(name.to_string(), *address);
+                }
             }
-            Verdict::Refused => refused.push((*name).clone()),
+            Verdict::Refused => refused.push(name.to_string()),
+            Verdict::Denied { reason } => {
+                error!(event = "service_denied", service = %name, %reason, "the server refused this service: {reason}");
+                denied.push(format!("{name}: {reason}"));
+            }
         }
     }
     if !refused.is_empty() {
@@ -445,26 +582,37 @@ async fn run_session(shared: &Arc<Shared>, backoff: &mut Backoff) -> Result<Sess
             "the server refused these services: wrong token, or not in the server's config"
         );
     }
-    if accepted.is_empty() {
+    if accepted.is_empty() && forwards.is_empty() {
         shared
             .telemetry
             .metrics
             .handshake_failed(HandshakeFailure::BadToken);
-        return Err(Failure::Fatal(ClientError::AllServicesRefused(
-            refused.join(", "),
-        )));
+        let mut reasons = refused.clone();
+        reasons.extend(denied.iter().cloned());
+        let error = ClientError::AllServicesRefused(reasons.join("; "));
+        // A denial (port in use, say) may clear up, e.g. when the server drops our previous
+        // session after a reconnect; a wrong token never does.
+        return if !denied.is_empty() && shared.status.borrow().sessions > 0 {
+            Err(Failure::Retry(error.to_string()))
+        } else {
+            Err(Failure::Fatal(error))
+        };
     }
     backoff.reset();
 
     let session = Arc::new(ClientSession {
         server_addr,
+        proxy,
         services: accepted,
+        forwards,
         cancel: shared.cancel.child_token(),
         pool_slots: Arc::new(Semaphore::new(MAX_POOLED)),
         handshake_timeout: deadline,
         keys,
     });
-    let service_names: Vec<String> = session.services.keys().cloned().collect();
+    let mut service_names: Vec<String> = session.services.keys().cloned().collect();
+    service_names.extend(session.forwards.iter().cloned());
+    service_names.sort();
     info!(
         event = "session_started",
         session = %short_id(session.keys.session_id()),
@@ -473,22 +621,27 @@ async fn run_session(shared: &Arc<Shared>, backoff: &mut Backoff) -> Result<Sess
         services = %service_names.join(","),
         "connected"
     );
-    shared.telemetry.metrics.session_started();
-    *shared
-        .current
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(SessionInfo {
-        id: short_id(session.keys.session_id()),
-        peer: server_addr.to_string(),
-        cipher: session.keys.cipher().to_string(),
-        since: unix_seconds(std::time::SystemTime::now()),
-        services: session.services.keys().cloned().collect(),
-    });
     shared.status.send_modify(|s| {
         s.connected = true;
         s.sessions += 1;
         s.services = service_names;
         s.cipher = Some(session.keys.cipher());
+        s.bound = bound;
+    });
+    *shared
+        .current
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner) = Some(Arc::clone(&session));
+    shared.telemetry.metrics.session_started();
+    *shared
+        .admin_session
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner) = Some(SessionInfo {
+        id: short_id(session.keys.session_id()),
+        peer: server_addr.to_string(),
+        cipher: session.keys.cipher().to_string(),
+        since: unix_seconds(std::time::SystemTime::now()),
+        services: session.services.keys().cloned().collect(),
     });
 
     let (_control_tx, control_rx) = mpsc::channel(CONTROL_QUEUE);
@@ -520,9 +673,36 @@ async fn run_session(shared: &Arc<Shared>, backoff: &mut Backoff) -> Result<Sess
     .await;
     session.cancel.cancel();
     shared.telemetry.metrics.session_ended();
-    *shared
+    shared
         .current
         .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner) = None;
+        .unwrap_or_else(PoisonError::into_inner)
+        .take();
+    shared
+        .admin_session
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .take();
     Ok(end)
+}
+
+/// What a client claims in its hello: every service (reverse or client-declared), then
+/// every forward service, each with its token.
+pub fn claims_of(config: &ClientConfig) -> Vec<Claim<'_>> {
+    let reverse = config.services.values().map(|service| Claim {
+        name: &service.name,
+        token: &service.token,
+        kind: match service.remote_bind {
+            Some(remote_bind) => ClaimKind::Declared { remote_bind },
+            None => ClaimKind::Reverse,
+        },
+    });
+    let forward = config.forwards.values().map(|forward| Claim {
+        name: &forward.name,
+        token: &forward.token,
+        kind: ClaimKind::Forward {
+            target: forward.target.as_ref().map(HostPort::to_string),
+        },
+    });
+    reverse.chain(forward).collect()
 }

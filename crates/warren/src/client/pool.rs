@@ -10,10 +10,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::net::TcpStream;
+use tokio::io::AsyncWriteExt;
 use tokio::sync::OwnedSemaphorePermit;
 use tracing::{debug, warn};
-use warren_proto::message;
+use warren_proto::message::{self, StreamOpen};
+use warren_proto::proxy_header;
 
 use super::{ClientSession, MAX_POOLED, POOL_SIZE, Shared};
 use crate::config::ServiceKind;
@@ -41,7 +42,7 @@ pub(super) fn spawn_channel(shared: &Arc<Shared>, session: &Arc<ClientSession>) 
         let cancel = session.cancel.clone();
         let channel = tokio::select! {
             () = cancel.cancelled() => return,
-            channel = open_channel(&session) => channel,
+            channel = open_channel(&shared_for_task, &session) => channel,
         };
         match channel {
             Ok(channel) => run_channel(&shared_for_task, &session, channel, slot).await,
@@ -70,11 +71,11 @@ async fn run_channel(
 ) {
     let mut slot = Some(slot);
     loop {
-        let service = tokio::select! {
+        let open = tokio::select! {
             () = session.cancel.cancelled() => return,
             first = channel.reader.read() => match first {
                 Ok(Some(Record::Control(bytes))) => match message::decode_stream_open(bytes) {
-                    Ok(open) => open.service,
+                    Ok(open) => open,
                     Err(error) => {
                         warn!(event = "protocol_error", %error, "bad stream open from server");
                         return;
@@ -85,7 +86,7 @@ async fn run_channel(
             },
         };
         drop(slot.take());
-        let Some(reusable) = serve_stream(shared, session, channel, service).await else {
+        let Some(reusable) = serve_stream(shared, session, channel, open).await else {
             return;
         };
         channel = reusable;
@@ -96,12 +97,16 @@ async fn run_channel(
     }
 }
 
-async fn open_channel(session: &ClientSession) -> Result<Channel, String> {
+async fn open_channel(shared: &Shared, session: &ClientSession) -> Result<Channel, String> {
     let attempt = async {
-        let stream = TcpStream::connect(session.server_addr)
-            .await
-            .map_err(|e| e.to_string())?;
-        tcp::tune(&stream);
+        let stream = super::forward::dial_server(
+            &shared.config,
+            session.proxy.as_ref(),
+            Some(session.server_addr),
+            session.handshake_timeout,
+        )
+        .await
+        .map_err(|e| e.to_string())?;
         preamble::client_data_channel(stream, &session.keys)
             .await
             .map_err(|e| e.to_string())
@@ -118,8 +123,9 @@ async fn serve_stream(
     shared: &Arc<Shared>,
     session: &Arc<ClientSession>,
     mut channel: Channel,
-    service: String,
+    open: StreamOpen,
 ) -> Option<Channel> {
+    let service = open.service;
     let Some(config) = session.services.get(&service) else {
         warn!(event = "stream_rejected", %service, "server opened a stream for a service this session does not serve");
         top_up(shared, session);
@@ -136,7 +142,8 @@ async fn serve_stream(
     }
     let meter = shared.meters.get(&service);
     let started = tokio::time::Instant::now();
-    let connected = tcp::connect(&config.target, TARGET_CONNECT_TIMEOUT)
+    let family = super::forward::family(&shared.config);
+    let connected = tcp::connect_preferring(&config.target, TARGET_CONNECT_TIMEOUT, family)
         .await
         .map_err(|error| {
             if let Some(meter) = meter {
@@ -146,7 +153,7 @@ async fn serve_stream(
             format!("target unreachable: {error}")
         });
     top_up(shared, session);
-    let target = match connected {
+    let mut target = match connected {
         Ok(target) => target,
         Err(reason) => {
             let _ = channel
@@ -156,6 +163,18 @@ async fn serve_stream(
             return None;
         }
     };
+    if let Some(version) = config.proxy_protocol {
+        let addresses = open.visitor.zip(open.local);
+        let header = proxy_header::encode(version, addresses);
+        if let Err(error) = target.write_all(&header).await {
+            warn!(event = "target_write_failed", %service, %error, "cannot send the PROXY header to the target");
+            let _ = channel
+                .writer
+                .send(RecordKind::Close, b"target closed")
+                .await;
+            return None;
+        }
+    }
     let listed = meter.map(|meter| {
         meter.connected_in(started.elapsed());
         let peer = target

@@ -18,13 +18,14 @@ use super::file::{
     FileAdmin, FileClient, FileClientService, FileConfig, FileServer, FileServerService,
     RawDuration,
 };
+use super::proxy::{PortRange, ProxySetting};
 use super::suggest::did_you_mean;
 use super::typed::{
-    AdminConfig, ClientConfig, ClientService, DEFAULT_HANDSHAKE_TIMEOUT,
+    AdminConfig, ClientConfig, ClientForward, ClientService, DEFAULT_HANDSHAKE_TIMEOUT,
     DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_HEARTBEAT_TIMEOUT, DEFAULT_RECONNECT_INITIAL_DELAY,
     DEFAULT_RECONNECT_MAX_DELAY, DEFAULT_UDP_IDLE_TIMEOUT, DEFAULT_UDP_MAX_SESSIONS, HostPort,
-    HostPortError, ServerConfig, ServerService, ServiceKind, Transport, UdpSettings,
-    has_aes_hardware, service_key,
+    HostPortError, ProxyProtocol, ServerConfig, ServerForward, ServerService, ServiceKind,
+    Transport, UdpSettings, has_aes_hardware, service_key,
 };
 use crate::crypto::secret::Secret;
 
@@ -164,18 +165,50 @@ pub(crate) fn convert_server(file: FileServer, report: &mut Report) -> ServerCon
         DEFAULT_HANDSHAKE_TIMEOUT,
     );
     config.insecure = insecure;
-    config.services = server_services(report, file.services, default_token.as_ref());
+    if let Some(text) = &file.allow_ports {
+        match text.parse::<PortRange>() {
+            Ok(range) => config.allow_ports = Some(range),
+            Err(error) => report.fail(
+                ConfigError::new(
+                    "server.allow_ports",
+                    format!("invalid allow_ports: {error}"),
+                )
+                .with_hint("write a range such as \"20000-29999\""),
+            ),
+        }
+    }
+    for (i, text) in file.allow_bind_addrs.iter().flatten().enumerate() {
+        match text.trim().parse::<IpAddr>() {
+            Ok(ip) => config.allow_bind_addrs.push(ip),
+            Err(_) => report.fail(
+                ConfigError::new(
+                    join_index("server.allow_bind_addrs", i),
+                    format!("{text:?} is not an IP address"),
+                )
+                .with_hint("write IPs without ports: \"0.0.0.0\", \"127.0.0.1\", \"::\""),
+            ),
+        }
+    }
+    let (services, forwards) = server_services(report, file.services, default_token.as_ref());
+    config.services = services;
+    config.forwards = forwards;
     config.default_token = default_token;
     report.extend_checked(config.check());
     config
 }
 
+type ServerServices = (
+    BTreeMap<String, ServerService>,
+    BTreeMap<String, ServerForward>,
+);
+
 fn server_services(
     report: &mut Report,
     services: BTreeMap<String, FileServerService>,
     default_token: Option<&Secret>,
-) -> BTreeMap<String, ServerService> {
+) -> ServerServices {
     let mut out = BTreeMap::new();
+    let mut forwards = BTreeMap::new();
     for (name, service) in services {
         let key = service_key("server", &name);
         let kind = service_kind(report, &key, service.kind.as_deref());
@@ -187,13 +220,37 @@ fn server_services(
             service.udp_max_sessions,
         );
         let bind_key = join_key(&key, "bind");
+        if let (None, Some(text)) = (&service.bind, &service.target) {
+            let target = host_port(report, &join_key(&key, "target"), text);
+            let token = token(report, "server", &name, service.token, default_token);
+            let target = target.unwrap_or_else(|| HostPort {
+                host: "placeholder.invalid".to_owned(),
+                port: 1,
+            });
+            forwards.insert(
+                name.clone(),
+                ServerForward {
+                    name,
+                    kind,
+                    target,
+                    token,
+                },
+            );
+            continue;
+        }
+        if service.bind.is_some() && service.target.is_some() {
+            report.fail(
+                ConfigError::new(&key, "a service has `bind` (reverse: the server listens) or `target` (forward: the server dials), not both")
+                    .with_hint("keep `bind` to expose a client's service here; keep `target` to let clients reach that address through the server"),
+            );
+        }
         let bind = match &service.bind {
             Some(text) => socket_addr(report, &bind_key, text),
             None => {
                 missing(
                     report,
                     &bind_key,
-                    "where visitors connect, e.g. bind = \"0.0.0.0:8080\"",
+                    "where visitors connect, e.g. bind = \"0.0.0.0:8080\" (or target = \"10.0.0.5:80\" for a forward service)",
                 );
                 None
             }
@@ -211,7 +268,7 @@ fn server_services(
             },
         );
     }
-    out
+    (out, forwards)
 }
 
 /// Converts `[client]`, then checks the semantic rules on the result.
@@ -267,18 +324,37 @@ pub(crate) fn convert_client(file: FileClient, report: &mut Report) -> ClientCon
         DEFAULT_HANDSHAKE_TIMEOUT,
     );
     config.insecure = insecure;
-    config.services = client_services(report, file.services, default_token.as_ref());
+    config.prefer_ipv6 = file.prefer_ipv6.unwrap_or(false);
+    if let Some(text) = &file.proxy {
+        match text.parse::<ProxySetting>() {
+            Ok(proxy) => config.proxy = Some(proxy),
+            Err(error) => report.fail(
+                ConfigError::new("client.proxy", format!("invalid proxy: {error}")).with_hint(
+                    "write \"socks5://user:pass@HOST:1080\", \"http://HOST:3128\" or \"env\"",
+                ),
+            ),
+        }
+    }
+    let (services, forwards) = client_services(report, file.services, default_token.as_ref());
+    config.services = services;
+    config.forwards = forwards;
     config.default_token = default_token;
     report.extend_checked(config.check());
     config
 }
 
+type ClientServices = (
+    BTreeMap<String, ClientService>,
+    BTreeMap<String, ClientForward>,
+);
+
 fn client_services(
     report: &mut Report,
     services: BTreeMap<String, FileClientService>,
     default_token: Option<&Secret>,
-) -> BTreeMap<String, ClientService> {
+) -> ClientServices {
     let mut out = BTreeMap::new();
+    let mut forwards = BTreeMap::new();
     for (name, service) in services {
         let key = service_key("client", &name);
         let kind = service_kind(report, &key, service.kind.as_deref());
@@ -289,6 +365,70 @@ fn client_services(
             service.udp_idle_timeout.as_ref(),
             service.udp_max_sessions,
         );
+        let proxy_protocol = service.proxy_protocol.as_deref().and_then(|text| {
+            match text.trim().to_ascii_lowercase().as_str() {
+                "v1" | "1" => Some(ProxyProtocol::V1),
+                "v2" | "2" => Some(ProxyProtocol::V2),
+                _ => {
+                    report.fail(
+                        ConfigError::new(
+                            join_key(&key, "proxy_protocol"),
+                            format!("unknown proxy_protocol {text:?}"),
+                        )
+                        .with_hint("write \"v1\" or \"v2\", or remove the key"),
+                    );
+                    None
+                }
+            }
+        });
+        if let Some(text) = &service.bind {
+            let bind = socket_addr(report, &join_key(&key, "bind"), text)
+                .unwrap_or(SocketAddr::from((Ipv4Addr::UNSPECIFIED, 0)));
+            let target = service
+                .target
+                .as_deref()
+                .and_then(|text| host_port(report, &join_key(&key, "target"), text));
+            for (set, field) in [
+                (service.remote_bind.is_some(), "remote_bind"),
+                (service.proxy_protocol.is_some(), "proxy_protocol"),
+            ] {
+                if set {
+                    report.fail(
+                        ConfigError::new(join_key(&key, field), format!("`{field}` is for reverse services; this one has `bind`, so it is a forward service"))
+                            .with_hint("remove it, or remove `bind` to make a reverse service"),
+                    );
+                }
+            }
+            let token = token(report, "client", &name, service.token, default_token);
+            forwards.insert(
+                name.clone(),
+                ClientForward {
+                    name,
+                    kind,
+                    bind,
+                    target,
+                    token,
+                },
+            );
+            continue;
+        }
+        let remote_bind = service.remote_bind.as_deref().and_then(|text| {
+            match text.trim().parse::<SocketAddr>() {
+                Ok(addr) => Some(addr),
+                Err(_) => {
+                    report.fail(
+                        ConfigError::new(
+                            join_key(&key, "remote_bind"),
+                            format!("invalid remote_bind {text:?}: not an IP:PORT"),
+                        )
+                        .with_hint(
+                            "write \"0.0.0.0:0\" for any allowed port, or \"0.0.0.0:20001\"",
+                        ),
+                    );
+                    None
+                }
+            }
+        });
         let target_key = join_key(&key, "target");
         let target = match &service.target {
             Some(text) => host_port(report, &target_key, text),
@@ -296,7 +436,7 @@ fn client_services(
                 missing(
                     report,
                     &target_key,
-                    "the local service to forward to, e.g. target = \"127.0.0.1:3000\"",
+                    "the local service to forward to, e.g. target = \"127.0.0.1:3000\" (or bind = \"127.0.0.1:5000\" for a forward service)",
                 );
                 None
             }
@@ -313,10 +453,12 @@ fn client_services(
                 kind,
                 target,
                 token,
+                remote_bind,
+                proxy_protocol,
             },
         );
     }
-    out
+    (out, forwards)
 }
 
 /// Reports a required key that is absent (unless it failed earlier and was removed).

@@ -56,6 +56,11 @@ pub struct FileServer {
     /// Allows weak or placeholder secrets, `transport = "tcp"` and the `none` cipher.
     /// Default `false`.
     pub insecure: Option<bool>,
+    /// Ports clients may bind with client-declared services, `"20000-29999"`. Default:
+    /// none (client-declared services are refused).
+    pub allow_ports: Option<String>,
+    /// IPs clients may bind declared services on. Default: the IP of `bind`.
+    pub allow_bind_addrs: Option<Vec<String>>,
     /// `[server.services.NAME]` tables. Default: none.
     #[serde(default)]
     pub services: BTreeMap<String, FileServerService>,
@@ -68,8 +73,11 @@ pub struct FileServerService {
     /// Service type: `"tcp"` (default) or `"udp"`. `"http"` is not supported yet.
     #[serde(rename = "type")]
     pub kind: Option<String>,
-    /// `IP:PORT` where visitors connect. Required.
+    /// `IP:PORT` where visitors connect: a reverse service. Exactly one of `bind` and
+    /// `target`.
     pub bind: Option<String>,
+    /// `HOST:PORT` the server dials for each stream: a forward service (the client binds).
+    pub target: Option<String>,
     /// Token the client must prove. Default: `[server].default_token`.
     pub token: Option<String>,
     /// UDP only: drop a visitor's session after this long without a datagram in either
@@ -104,6 +112,12 @@ pub struct FileClient {
     pub handshake_timeout: Option<RawDuration>,
     /// As for the server. Default `false`.
     pub insecure: Option<bool>,
+    /// Reach the server through a proxy: `"socks5://user:pass@host:1080"`,
+    /// `"http://user:pass@host:3128"` (HTTP CONNECT) or `"env"` (`ALL_PROXY` /
+    /// `HTTPS_PROXY`). Default: direct.
+    pub proxy: Option<String>,
+    /// Try IPv6 addresses first when a name resolves to both. Default `false`.
+    pub prefer_ipv6: Option<bool>,
     /// `[client.services.NAME]` tables. Default: none.
     #[serde(default)]
     pub services: BTreeMap<String, FileClientService>,
@@ -116,8 +130,16 @@ pub struct FileClientService {
     /// Service type: `"tcp"` (default) or `"udp"`. `"http"` is not supported yet.
     #[serde(rename = "type")]
     pub kind: Option<String>,
-    /// `HOST:PORT` of the local service to forward to. Required.
+    /// `HOST:PORT` of the local service to forward to (a reverse service). With `bind`:
+    /// selects the server's forward service by its target.
     pub target: Option<String>,
+    /// `IP:PORT` to listen on locally: a forward service (the server dials its target).
+    pub bind: Option<String>,
+    /// `IP:PORT` for the server to bind: a client-declared service (port 0: any allowed
+    /// port). Default: the service is in the server's config.
+    pub remote_bind: Option<String>,
+    /// `"v1"` or `"v2"`: send a PROXY protocol header to the target. Default: none.
+    pub proxy_protocol: Option<String>,
     /// Token proving the client may serve this service. Default: `[client].default_token`.
     pub token: Option<String>,
     /// UDP only: close a flow's target socket after this long without a datagram in
@@ -238,6 +260,7 @@ mod tests {
             [
                 "type",
                 "bind",
+                "target",
                 "token",
                 "udp_idle_timeout",
                 "udp_max_sessions"
@@ -248,6 +271,9 @@ mod tests {
             [
                 "type",
                 "target",
+                "bind",
+                "remote_bind",
+                "proxy_protocol",
                 "token",
                 "udp_idle_timeout",
                 "udp_max_sessions"

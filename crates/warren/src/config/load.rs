@@ -816,7 +816,7 @@ token = "${WARREN_TEST_TOKEN}"
     #[test]
     fn unknown_keys_in_every_section() {
         let errors = errors(
-            "colour = 1\n[client]\nserver = \"a:1\"\npsk = \"${WARREN_TEST_PSK}\"\nheartbeat_interval = \"5s\"\nbogus = true\n[client.services.web]\ntarget = \"a:2\"\ntoken = \"${WARREN_TEST_TOKEN}\"\nbind = \"0.0.0.0:1\"\n",
+            "colour = 1\n[client]\nserver = \"a:1\"\npsk = \"${WARREN_TEST_PSK}\"\nheartbeat_interval = \"5s\"\nbogus = true\n[client.services.web]\ntarget = \"a:2\"\ntoken = \"${WARREN_TEST_TOKEN}\"\nallow_ports = \"1-2\"\n",
         );
         assert_eq!(
             keys_and_lines(&errors),
@@ -824,7 +824,7 @@ token = "${WARREN_TEST_TOKEN}"
                 ("colour".to_owned(), Some(1)),
                 ("client.heartbeat_interval".to_owned(), Some(5)),
                 ("client.bogus".to_owned(), Some(6)),
-                ("client.services.web.bind".to_owned(), Some(10)),
+                ("client.services.web.allow_ports".to_owned(), Some(10)),
             ]
         );
         let text = errors.to_string();
@@ -832,10 +832,7 @@ token = "${WARREN_TEST_TOKEN}"
             text.contains("`heartbeat_interval` belongs in [server]"),
             "{text}"
         );
-        assert!(
-            text.contains("`bind` belongs in [server] or [server.services.NAME]"),
-            "{text}"
-        );
+        assert!(text.contains("`allow_ports` belongs in [server]"), "{text}");
         assert!(
             text.contains("valid keys in [client]: server, psk"),
             "{text}"

@@ -8,7 +8,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::net::{Ipv6Addr, SocketAddr};
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::str::FromStr;
 use std::time::Duration;
 
@@ -16,7 +16,9 @@ use warren_proto::CipherSuite;
 
 use super::duration::format_duration;
 use super::error::{ConfigError, ConfigErrors, Report, join_index, join_key};
+use super::proxy::{PortRange, ProxySetting};
 use crate::crypto::secret::Secret;
+pub use warren_proto::proxy_header::Version as ProxyProtocol;
 
 /// Shortest PSK or token accepted without `insecure = true`.
 pub const MIN_SECRET_LEN: usize = 16;
@@ -304,8 +306,29 @@ pub struct ServerConfig {
     pub insecure: bool,
     /// Services by name.
     pub services: BTreeMap<String, ServerService>,
+    /// Forward services by name: the server dials their target for the client.
+    pub forwards: BTreeMap<String, ServerForward>,
+    /// Ports clients may bind with client-declared services; `None`: no declared services.
+    pub allow_ports: Option<PortRange>,
+    /// Addresses clients may bind declared services on. Empty: the server's own bind IP.
+    /// A client asking for an unspecified address (`0.0.0.0`, `::`) gets the first one.
+    pub allow_bind_addrs: Vec<IpAddr>,
     /// The admin API and `/metrics`; `None` (the default) serves neither.
     pub admin: Option<AdminConfig>,
+}
+
+/// A forward service on the server: a client binds a port on its side, and the server dials
+/// `target` for each connection. The server only ever dials targets named here.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerForward {
+    /// The service name (same as its key in [`ServerConfig::forwards`]).
+    pub name: String,
+    /// What it forwards (TCP only for now).
+    pub kind: ServiceKind,
+    /// What the server dials for each stream.
+    pub target: HostPort,
+    /// Token the client must prove.
+    pub token: Secret,
 }
 
 /// The `[admin]` section: where the admin API and `/metrics` listen, and their token.
@@ -380,6 +403,12 @@ pub struct ClientConfig {
     pub insecure: bool,
     /// Services by name.
     pub services: BTreeMap<String, ClientService>,
+    /// Forward services by name.
+    pub forwards: BTreeMap<String, ClientForward>,
+    /// Reach the server through this proxy (control and data channels).
+    pub proxy: Option<ProxySetting>,
+    /// When a host name resolves to both, try IPv6 addresses first (default: IPv4 first).
+    pub prefer_ipv6: bool,
     /// The admin API and `/metrics`; `None` (the default) serves neither.
     pub admin: Option<AdminConfig>,
 }
@@ -394,6 +423,28 @@ pub struct ClientService {
     /// The local service to connect to for each visitor.
     pub target: HostPort,
     /// Token proving the client may serve this service.
+    pub token: Secret,
+    /// A client-declared service: ask the server to bind this address (port 0: any free
+    /// port in its `allow_ports`). `None`: the service is in the server's config.
+    pub remote_bind: Option<SocketAddr>,
+    /// Write a PROXY protocol header to the target before the visitor's bytes.
+    pub proxy_protocol: Option<ProxyProtocol>,
+}
+
+/// A forward service on the client: it listens on `bind` and carries each connection to the
+/// server, which dials the target its own config names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClientForward {
+    /// The service name (same as its key in [`ClientConfig::forwards`]).
+    pub name: String,
+    /// What it forwards (TCP only for now).
+    pub kind: ServiceKind,
+    /// Where local connections come in.
+    pub bind: SocketAddr,
+    /// Select the server's forward service by its target instead of by name (the server
+    /// still only dials targets its config names).
+    pub target: Option<HostPort>,
+    /// Token proving the client may use the service.
     pub token: Secret,
 }
 
@@ -428,7 +479,19 @@ impl ServerConfig {
             handshake_timeout: DEFAULT_HANDSHAKE_TIMEOUT,
             insecure: false,
             services: BTreeMap::new(),
+            forwards: BTreeMap::new(),
+            allow_ports: None,
+            allow_bind_addrs: Vec::new(),
             admin: None,
+        }
+    }
+
+    /// Addresses declared services may bind: `allow_bind_addrs`, or the server's bind IP.
+    pub fn declared_bind_addrs(&self) -> Vec<IpAddr> {
+        if self.allow_bind_addrs.is_empty() {
+            vec![self.bind.ip()]
+        } else {
+            self.allow_bind_addrs.clone()
         }
     }
 
@@ -497,6 +560,29 @@ impl ServerConfig {
             }
             binds.push((service.bind, Some(service.kind), bind_key));
         }
+        for (name, forward) in &self.forwards {
+            let key = service_key(side, name);
+            check_service(&mut errors, side, name, &forward.name, &forward.token, self);
+            check_tcp_only(&mut errors, &key, forward.kind, "forward services");
+        }
+        if !self.allow_bind_addrs.is_empty() && self.allow_ports.is_none() {
+            errors.push(
+                ConfigError::new(
+                    "server.allow_bind_addrs",
+                    "allow_bind_addrs has no effect without allow_ports",
+                )
+                .with_hint("add allow_ports = \"20000-29999\" to let clients declare services"),
+            );
+        }
+        if self.allow_ports.is_some() && !self.insecure && self.default_token.is_none() {
+            errors.push(
+                ConfigError::new(
+                    "server.allow_ports",
+                    "client-declared services are authenticated by default_token, and it is not set",
+                )
+                .with_hint("add default_token = \"${WARREN_TOKEN}\" to [server]"),
+            );
+        }
         errors
     }
 }
@@ -518,6 +604,9 @@ impl ClientConfig {
             insecure: false,
             services: BTreeMap::new(),
             admin: None,
+            forwards: BTreeMap::new(),
+            proxy: None,
+            prefer_ipv6: false,
         }
     }
 
@@ -593,8 +682,48 @@ impl ClientConfig {
             if service.target.port == 0 {
                 errors.push(port_zero(&join_key(&service_key(side, name), "target")));
             }
+            let key = service_key(side, name);
+            if service.remote_bind.is_some() {
+                check_tcp_only(&mut errors, &key, service.kind, "client-declared services");
+            }
+            if service.proxy_protocol.is_some() {
+                check_tcp_only(&mut errors, &key, service.kind, "proxy_protocol");
+            }
+        }
+        let mut binds: Vec<(SocketAddr, String)> = Vec::new();
+        for (name, forward) in &self.forwards {
+            let key = service_key(side, name);
+            check_service(&mut errors, side, name, &forward.name, &forward.token, self);
+            check_tcp_only(&mut errors, &key, forward.kind, "forward services");
+            let bind_key = join_key(&key, "bind");
+            if let Some((_, other)) = binds
+                .iter()
+                .find(|(addr, _)| forward.bind.port() != 0 && binds_conflict(*addr, forward.bind))
+            {
+                errors.push(
+                    ConfigError::new(
+                        &bind_key,
+                        format!("{} is already used by {other}", forward.bind),
+                    )
+                    .with_hint("give every forward service its own port"),
+                );
+            }
+            binds.push((forward.bind, bind_key));
         }
         errors
+    }
+}
+
+/// Refuses UDP for a feature that only carries TCP so far.
+fn check_tcp_only(errors: &mut Vec<ConfigError>, key: &str, kind: ServiceKind, what: &str) {
+    if kind != ServiceKind::Tcp {
+        errors.push(
+            ConfigError::new(
+                join_key(key, "type"),
+                format!("{what} carry TCP only so far, not {kind}"),
+            )
+            .with_hint("use type = \"tcp\", or a reverse service from the server's config for UDP"),
+        );
     }
 }
 

@@ -12,6 +12,7 @@
 //! [`BoundServer`] (sockets bound, ready to [`BoundServer::run`]).
 
 mod admin;
+mod forward;
 mod session;
 mod udp;
 
@@ -27,12 +28,14 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{debug, info, warn};
 use warren_proto::handshake::{self as proto_handshake, DataHello, HandshakeError, SessionId};
-use warren_proto::message::{ControlMessage, StreamOpen, Verdict};
+use warren_proto::message::{ControlMessage, StreamOpen};
 use warren_proto::{CipherSuite, message};
 
 use crate::Side;
+use crate::config::proxy::PortRange;
 use crate::config::{
-    ConfigErrors, ServerConfig, ServerService, ServiceKind, Transport, UdpSettings,
+    ConfigErrors, HostPort, ServerConfig, ServerForward, ServerService, ServiceKind, Transport,
+    UdpSettings,
 };
 use crate::crypto::keys::{self, SessionKeys};
 use crate::crypto::record::RecordKind;
@@ -97,6 +100,7 @@ pub struct Server {
 pub struct ServerBuilder {
     config: ServerConfig,
     services: Vec<(String, ServiceKind, SocketAddr, Option<Secret>)>,
+    forwards: Vec<(String, HostPort, Option<Secret>)>,
 }
 
 impl ServerBuilder {
@@ -165,6 +169,26 @@ impl ServerBuilder {
         self
     }
 
+    /// A forward TCP service using the default token: clients bind a port on their side,
+    /// the server dials `target` for each connection.
+    pub fn forward_service(mut self, name: impl Into<String>, target: HostPort) -> Self {
+        self.forwards.push((name.into(), target, None));
+        self
+    }
+
+    /// Lets clients declare their own services on ports in `ports` (see
+    /// [`ServerConfig::allow_ports`]).
+    pub fn allow_ports(mut self, ports: PortRange) -> Self {
+        self.config.allow_ports = Some(ports);
+        self
+    }
+
+    /// IPs declared services may bind on (default: the server's bind IP).
+    pub fn allow_bind_addrs(mut self, addrs: Vec<std::net::IpAddr>) -> Self {
+        self.config.allow_bind_addrs = addrs;
+        self
+    }
+
     /// A reverse UDP service using the default token and default settings.
     pub fn udp_service(self, name: impl Into<String>, bind: SocketAddr) -> Self {
         self.udp_service_with(name, bind, UdpSettings::DEFAULT)
@@ -217,6 +241,20 @@ impl ServerBuilder {
                 },
             );
         }
+        for (name, target, token) in self.forwards {
+            let token = token
+                .or_else(|| self.config.default_token.clone())
+                .unwrap_or_default();
+            self.config.forwards.insert(
+                name.clone(),
+                ServerForward {
+                    name,
+                    kind: ServiceKind::Tcp,
+                    target,
+                    token,
+                },
+            );
+        }
         Server::from_config(self.config)
     }
 }
@@ -227,6 +265,7 @@ impl Server {
         ServerBuilder {
             config: ServerConfig::new(SocketAddr::from(([0, 0, 0, 0], 7000)), Secret::default()),
             services: Vec::new(),
+            forwards: Vec::new(),
         }
     }
 
@@ -413,7 +452,7 @@ impl BoundServer {
             shared
                 .tasks
                 .clone()
-                .spawn(serve_visitors(shared, slot, service_listener));
+                .spawn(serve_visitors(shared, slot, service_listener, None));
         }
         for service in udp_services {
             let shared = Arc::clone(&shared);
@@ -525,6 +564,13 @@ enum Authenticated {
         channel: Box<Channel>,
     },
     Data,
+    /// A forward stream: dial `target` and relay.
+    Forward {
+        session: Arc<ServerSession>,
+        channel: Box<Channel>,
+        service: String,
+        target: HostPort,
+    },
 }
 
 async fn handle_connection(
@@ -563,6 +609,12 @@ async fn handle_connection(
         Authenticated::Control { session, channel } => {
             run_session(&shared, session, *channel).await
         }
+        Authenticated::Forward {
+            session,
+            channel,
+            service,
+            target,
+        } => forward::serve_forward(&shared, session, *channel, service, target).await,
     }
 }
 
@@ -639,6 +691,7 @@ async fn authenticate(
 ) -> Result<Authenticated, Rejected> {
     match preamble::server_read_preamble(&mut stream).await? {
         Incoming::Data(hello) => accept_data_channel(shared, stream, &hello).await,
+        Incoming::DataOpen(hello) => forward::accept_open_channel(shared, stream, &hello).await,
         Incoming::Control(message1) => {
             accept_control_channel(shared, stream, peer, &message1).await
         }
@@ -691,56 +744,52 @@ async fn accept_control_channel(
         Err(SessionEnd::Protocol(what)) => return Err(Rejected::Protocol(what)),
         Err(end) => return Err(Rejected::Protocol(end.to_string())),
     };
-    let verdicts: Vec<Verdict> = claims
-        .iter()
-        .map(|claim| {
-            let accepted = shared.services.get(&claim.name).is_some_and(|slot| {
-                keys::verify_token_proof(
-                    &slot.token,
-                    keys.handshake_hash(),
-                    &claim.name,
-                    &claim.proof,
-                )
-            });
-            if accepted {
-                Verdict::Accepted
-            } else {
-                Verdict::Refused
-            }
-        })
-        .collect();
-    let refused: Vec<String> = claims
-        .iter()
-        .zip(&verdicts)
-        .filter(|(_, v)| **v == Verdict::Refused)
-        .map(|(c, _)| c.name.clone())
-        .collect();
-    let accepted: Vec<String> = claims
-        .iter()
-        .zip(&verdicts)
-        .filter(|(_, v)| **v == Verdict::Accepted)
-        .map(|(c, _)| c.name.clone())
-        .collect();
-    if !refused.is_empty() {
-        Rejected::Tokens(refused).log(peer);
+    let judgement = forward::judge(shared, &keys, &claims, peer).await;
+    if !judgement.refused.is_empty() {
+        Rejected::Tokens(judgement.refused.clone()).log(peer);
     }
     // A hello with no claims is a probe (`warren ping`, `warren doctor`): a session that
     // serves nothing but answers pings. Claims that were all refused end the session.
-    if accepted.is_empty() && !claims.is_empty() {
-        let reply = ControlMessage::HelloReply { verdicts };
+    if judgement.accepted().is_empty() && !claims.is_empty() {
+        let reply = ControlMessage::HelloReply {
+            verdicts: judgement.verdicts,
+        };
         let _ = control::send_control(&mut channel, &reply).await;
         return Err(Rejected::Tokens(Vec::new()));
     }
+    // Reverse and declared services: what visitors of a bound port reach. Forward services
+    // are kept apart, so a client's forward name never takes over a reverse service's slot.
+    let mut bound_services = judgement.reverse.clone();
+    bound_services.extend(judgement.declared.iter().map(|(name, _)| name.clone()));
     let session = Arc::new(ServerSession::new(
         keys,
         peer,
-        accepted,
+        bound_services,
+        judgement.forwards.clone(),
         shared.cancel.child_token(),
     ));
     // Serve the services before saying so: a visitor arriving the moment the client hears
     // "accepted" must find the session, not a closed door.
     register(shared, &session)?;
-    let reply = ControlMessage::HelloReply { verdicts };
+    for (name, listener) in judgement.declared {
+        let slot = Arc::new(ServiceSlot {
+            meter: shared.telemetry.metrics.service(&name),
+            name,
+            kind: ServiceKind::Tcp,
+            token: Secret::default(),
+            session: Mutex::new(Some(Arc::clone(&session))),
+        });
+        // Ends (and unbinds the port) when the session ends.
+        shared.tasks.spawn(serve_visitors(
+            Arc::clone(shared),
+            slot,
+            listener,
+            Some(session.cancel.clone()),
+        ));
+    }
+    let reply = ControlMessage::HelloReply {
+        verdicts: judgement.verdicts,
+    };
     if let Err(e) = control::send_control(&mut channel, &reply).await {
         unregister(shared, &session);
         return Err(Rejected::Protocol(e.to_string()));
@@ -832,10 +881,18 @@ async fn run_session(shared: &Arc<Shared>, session: Arc<ServerSession>, channel:
     }
 }
 
-async fn serve_visitors(shared: Arc<Shared>, slot: Arc<ServiceSlot>, listener: TcpListener) {
+/// Accepts visitors of one service until the server stops (or `until`, for a declared
+/// service: its session's token).
+async fn serve_visitors(
+    shared: Arc<Shared>,
+    slot: Arc<ServiceSlot>,
+    listener: TcpListener,
+    until: Option<CancellationToken>,
+) {
+    let until = until.unwrap_or_else(|| shared.cancel.clone());
     loop {
         let accepted = tokio::select! {
-            () = shared.cancel.cancelled() => return,
+            () = until.cancelled() => return,
             accepted = listener.accept() => accepted,
         };
         match accepted {
@@ -872,7 +929,10 @@ async fn serve_visitor(
     let started = tokio::time::Instant::now();
     let opened = tokio::select! {
         () = cancel.cancelled() => return,
-        opened = tokio::time::timeout(STREAM_OPEN_TIMEOUT, open_stream(&session, &slot.name)) => opened,
+        opened = tokio::time::timeout(
+            STREAM_OPEN_TIMEOUT,
+            open_stream(&session, &slot.name, Some(peer), visitor.local_addr().ok()),
+        ) => opened,
     };
     let mut channel = match opened {
         Ok(Ok(channel)) => channel,
@@ -911,6 +971,8 @@ async fn serve_visitor(
 async fn open_stream(
     session: &ServerSession,
     service: &str,
+    visitor: Option<SocketAddr>,
+    local: Option<SocketAddr>,
 ) -> Result<Channel, crate::transport::records::RecordIoError> {
     let mut channel = session
         .take_channel()
@@ -918,6 +980,8 @@ async fn open_stream(
         .map_err(|e| std::io::Error::other(e.to_string()))?;
     let open = message::encode(&StreamOpen {
         service: service.to_owned(),
+        visitor,
+        local,
     });
     channel.writer.send(RecordKind::Control, &open).await?;
     Ok(channel)

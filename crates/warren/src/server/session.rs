@@ -5,6 +5,7 @@
 //! handshake. When the pool is empty the server asks the client for more over the control
 //! channel (`NeedChannels`) and waits; the client replaces every channel it sees used.
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Mutex;
 
@@ -14,6 +15,7 @@ use tracing::debug;
 use warren_proto::handshake::SessionId;
 use warren_proto::message::ControlMessage;
 
+use crate::config::HostPort;
 use crate::crypto::keys::SessionKeys;
 use crate::session::CONTROL_QUEUE;
 use crate::transport::Channel;
@@ -35,6 +37,9 @@ pub struct ServerSession {
     pub(super) peer: SocketAddr,
     /// Services this session was accepted for.
     pub(super) services: Vec<String>,
+    /// Forward services this session may open streams for: the client's name -> the
+    /// target from the server's config.
+    pub(super) forwards: HashMap<String, HostPort>,
     pub(super) cancel: CancellationToken,
     /// When the session was established (for the admin API).
     pub(super) since: std::time::SystemTime,
@@ -50,6 +55,7 @@ impl ServerSession {
         keys: SessionKeys,
         peer: SocketAddr,
         services: Vec<String>,
+        forwards: HashMap<String, HostPort>,
         cancel: CancellationToken,
     ) -> Self {
         let (control, control_rx) = mpsc::channel(CONTROL_QUEUE);
@@ -58,6 +64,7 @@ impl ServerSession {
             keys,
             peer,
             services,
+            forwards,
             cancel,
             since: std::time::SystemTime::now(),
             control,

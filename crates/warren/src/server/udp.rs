@@ -201,7 +201,7 @@ fn open_link(
         let cancel = session.cancel.clone();
         let opened = tokio::select! {
             () = cancel.cancelled() => return,
-            opened = tokio::time::timeout(STREAM_OPEN_TIMEOUT, open_stream(&session, &slot.name)) => opened,
+            opened = tokio::time::timeout(STREAM_OPEN_TIMEOUT, open_stream(&session, &slot.name, None, None)) => opened,
         };
         let channel = match opened {
             Ok(Ok(channel)) => channel,

@@ -13,6 +13,7 @@
 
 pub mod buffers;
 pub mod preamble;
+pub mod proxy;
 pub mod records;
 #[cfg(target_os = "linux")]
 pub mod splice;

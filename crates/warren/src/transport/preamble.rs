@@ -66,8 +66,21 @@ pub async fn client_handshake(
 /// [`PreambleError::ChannelRefused`] when the server closed without answering,
 /// [`HandshakeError::Unauthenticated`] when its answer did not verify.
 pub async fn client_data_channel(
+    stream: TcpStream,
+    keys: &SessionKeys,
+) -> Result<Channel, PreambleError> {
+    client_data_channel_of_kind(stream, keys, handshake::KIND_DATA).await
+}
+
+/// Client: opens a data channel with preamble kind `kind` (`KIND_DATA` for the pool,
+/// `KIND_DATA_OPEN` for a stream the client opens).
+///
+/// # Errors
+/// As [`client_data_channel`].
+pub async fn client_data_channel_of_kind(
     mut stream: TcpStream,
     keys: &SessionKeys,
+    kind: u8,
 ) -> Result<Channel, PreambleError> {
     let mut client_nonce = [0u8; NONCE_LEN];
     rand::rng().fill_bytes(&mut client_nonce);
@@ -76,7 +89,7 @@ pub async fn client_data_channel(
         client_nonce,
         mac: keys.data_hello_mac(&client_nonce),
     };
-    stream.write_all(&hello.to_frame()).await?;
+    stream.write_all(&hello.to_frame_of_kind(kind)).await?;
     let reply = match read_frame(&mut stream).await {
         Err(PreambleError::Io(e)) if e.kind() == io::ErrorKind::UnexpectedEof => {
             return Err(PreambleError::ChannelRefused);
@@ -97,6 +110,8 @@ pub enum Incoming {
     Control(Vec<u8>),
     /// A data channel hello (not yet authenticated).
     Data(DataHello),
+    /// A data channel that opens a stream (forward service) at once (not yet authenticated).
+    DataOpen(DataHello),
 }
 
 /// Server: reads the preamble of a new connection.
@@ -108,6 +123,7 @@ pub async fn server_read_preamble(stream: &mut TcpStream) -> Result<Incoming, Pr
     Ok(match handshake::parse_preamble(&body)? {
         Preamble::Control(message1) => Incoming::Control(message1.to_vec()),
         Preamble::Data(hello) => Incoming::Data(hello),
+        Preamble::DataOpen(hello) => Incoming::DataOpen(hello),
     })
 }
 

@@ -10,17 +10,47 @@ use tokio::net::{TcpStream, lookup_host};
 
 use crate::config::HostPort;
 
+/// Which address family to try first when a name resolves to both.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Family {
+    /// The resolver's order.
+    #[default]
+    Any,
+    /// IPv4 addresses first.
+    PreferIpv4,
+    /// IPv6 addresses first (`prefer_ipv6 = true`).
+    PreferIpv6,
+}
+
 /// Resolves `target` and connects to the first address that answers, within `deadline`.
 ///
 /// # Errors
 /// Resolution failures, refused connections, and [`io::ErrorKind::TimedOut`] on expiry;
 /// the message names the target.
 pub async fn connect(target: &HostPort, deadline: Duration) -> io::Result<TcpStream> {
+    connect_preferring(target, deadline, Family::Any).await
+}
+
+/// As [`connect`], trying the addresses of `family` first.
+///
+/// # Errors
+/// As [`connect`].
+pub async fn connect_preferring(
+    target: &HostPort,
+    deadline: Duration,
+    family: Family,
+) -> io::Result<TcpStream> {
     let attempt = async {
-        let addrs: Vec<SocketAddr> = lookup_host((target.host.as_str(), target.port))
+        let mut addrs: Vec<SocketAddr> = lookup_host((target.host.as_str(), target.port))
             .await
             .map_err(|e| io::Error::new(e.kind(), format!("cannot resolve {target}: {e}")))?
             .collect();
+        match family {
+            Family::Any => {}
+            // Stable sorts: the resolver's order is kept within each family.
+            Family::PreferIpv4 => addrs.sort_by_key(|a| a.is_ipv6()),
+            Family::PreferIpv6 => addrs.sort_by_key(|a| a.is_ipv4()),
+        }
         let mut last = io::Error::new(
             io::ErrorKind::NotFound,
             format!("{target} resolved to no address"),

@@ -1,0 +1,202 @@
+//! The client's half of forward services, and how it dials the server.
+//!
+//! A forward service listens on the client's `bind` from the moment the client starts (so a
+//! busy port is reported at once and the port stays the same across reconnects). For each
+//! local connection the client opens a *new* data channel with the `KIND_DATA_OPEN`
+//! preamble, sends `StreamOpen { service }` on it and relays; the server dials the target
+//! its config names. While no session is up, local connections are reset at once.
+//!
+//! [`dial_server`] is the one place that opens a TCP connection to the server: directly
+//! (IPv6 first with `prefer_ipv6`) or through the configured proxy.
+
+use std::io;
+use std::net::SocketAddr;
+use std::sync::{Arc, PoisonError};
+use std::time::Duration;
+
+use tokio::net::{TcpListener, TcpStream};
+use tracing::{debug, warn};
+use warren_proto::handshake::KIND_DATA_OPEN;
+use warren_proto::message::{self, StreamOpen};
+
+use super::{ClientError, ClientSession, Shared};
+use crate::config::proxy::ProxyUrl;
+use crate::config::{ClientConfig, HostPort};
+use crate::crypto::record::RecordKind;
+use crate::relay;
+use crate::transport::tcp::{self, Family};
+use crate::transport::{Channel, preamble, proxy};
+
+/// Pause after a failed `accept()` before trying again.
+const ACCEPT_ERROR_BACKOFF: Duration = Duration::from_millis(100);
+
+/// The address family order the config asks for.
+pub(super) fn family(config: &ClientConfig) -> Family {
+    if config.prefer_ipv6 {
+        Family::PreferIpv6
+    } else {
+        Family::Any
+    }
+}
+
+/// Opens a TCP connection to the server: through `proxy` when set, else to `resolved`
+/// (the address the control channel reached) or, without it, by resolving the name.
+///
+/// # Errors
+/// Connection and proxy failures, with a message naming what failed.
+pub(super) async fn dial_server(
+    config: &ClientConfig,
+    proxy: Option<&ProxyUrl>,
+    resolved: Option<SocketAddr>,
+    deadline: Duration,
+) -> io::Result<TcpStream> {
+    let family = family(config);
+    match (proxy, resolved) {
+        (Some(proxy), _) => Ok(proxy::connect(proxy, &config.server, deadline, family).await?),
+        (None, Some(addr)) => {
+            let stream = tokio::time::timeout(deadline, TcpStream::connect(addr))
+                .await
+                .unwrap_or_else(|_| {
+                    Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        format!("connecting to {addr} timed out"),
+                    ))
+                })?;
+            tcp::tune(&stream);
+            Ok(stream)
+        }
+        (None, None) => tcp::connect_preferring(&config.server, deadline, family).await,
+    }
+}
+
+/// Binds every forward service's local port.
+///
+/// # Errors
+/// [`ClientError::Bind`] naming the service whose port could not be bound.
+pub(super) async fn bind_forwards(
+    config: &ClientConfig,
+) -> Result<Vec<(String, TcpListener)>, ClientError> {
+    let mut listeners = Vec::new();
+    for forward in config.forwards.values() {
+        let listener =
+            TcpListener::bind(forward.bind)
+                .await
+                .map_err(|source| ClientError::Bind {
+                    service: forward.name.clone(),
+                    addr: forward.bind,
+                    source,
+                })?;
+        listeners.push((forward.name.clone(), listener));
+    }
+    Ok(listeners)
+}
+
+/// Accepts local connections of one forward service until the client stops.
+pub(super) async fn serve_listener(shared: Arc<Shared>, name: String, listener: TcpListener) {
+    loop {
+        let accepted = tokio::select! {
+            () = shared.cancel.cancelled() => return,
+            accepted = listener.accept() => accepted,
+        };
+        match accepted {
+            Ok((local, peer)) => {
+                tcp::tune(&local);
+                let session = shared
+                    .current
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .clone()
+                    .filter(|s| s.forwards.contains(&name));
+                let Some(session) = session else {
+                    debug!(event = "visitor_rejected", service = %name, %peer, "no session serves this forward service; closing");
+                    tcp::reset(local);
+                    continue;
+                };
+                let shared_for_task = Arc::clone(&shared);
+                let name = name.clone();
+                shared.tasks.spawn(async move {
+                    serve_local(&shared_for_task, &session, local, peer, name).await;
+                });
+            }
+            Err(error) => {
+                warn!(event = "accept_failed", service = %name, %error, "accept failed on a forward port; retrying");
+                tokio::time::sleep(ACCEPT_ERROR_BACKOFF).await;
+            }
+        }
+    }
+}
+
+async fn serve_local(
+    shared: &Arc<Shared>,
+    session: &Arc<ClientSession>,
+    local: TcpStream,
+    peer: SocketAddr,
+    service: String,
+) {
+    let opened = tokio::select! {
+        () = session.cancel.cancelled() => { tcp::reset(local); return; }
+        opened = open_stream(shared, session, &service, peer, local.local_addr().ok()) => opened,
+    };
+    let mut channel = match opened {
+        Ok(channel) => channel,
+        Err(error) => {
+            warn!(event = "stream_open_failed", %service, %peer, %error, "could not open a forward stream to the server");
+            tcp::reset(local);
+            return;
+        }
+    };
+    debug!(event = "forward_opened", %service, %peer, "local connection forwarded");
+    match relay::pump(local, &mut channel, &shared.cancel).await {
+        Ok(moved) => {
+            debug!(event = "stream_closed", %service, up = moved.to_tunnel, down = moved.to_local, "forward stream done")
+        }
+        Err(error) => debug!(event = "stream_aborted", %service, %error, "forward stream aborted"),
+    }
+}
+
+async fn open_stream(
+    shared: &Shared,
+    session: &ClientSession,
+    service: &str,
+    visitor: SocketAddr,
+    local: Option<SocketAddr>,
+) -> Result<Channel, String> {
+    let deadline = session.handshake_timeout;
+    let attempt = async {
+        let stream = dial_server(
+            &shared.config,
+            session.proxy.as_ref(),
+            Some(session.server_addr),
+            deadline,
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+        let mut channel =
+            preamble::client_data_channel_of_kind(stream, &session.keys, KIND_DATA_OPEN)
+                .await
+                .map_err(|e| e.to_string())?;
+        let open = message::encode(&StreamOpen {
+            service: service.to_owned(),
+            visitor: Some(visitor),
+            local,
+        });
+        channel
+            .writer
+            .send(RecordKind::Control, &open)
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(channel)
+    };
+    tokio::time::timeout(deadline, attempt)
+        .await
+        .unwrap_or_else(|_| Err("forward channel handshake timed out".into()))
+}
+
+/// The server as a `HostPort`, for messages.
+pub(super) fn describe(config: &ClientConfig, proxy: Option<&ProxyUrl>) -> String {
+    let server: &HostPort = &config.server;
+    match proxy {
+        Some(proxy) => format!("{server} via {proxy}"),
+        None => server.to_string(),
+    }
+}

@@ -1,0 +1,313 @@
+//! The server's half of forward services and client-declared services.
+//!
+//! * **Judging a hello** ([`judge`]): each claim says how the client sees the service
+//!   (`ClaimKind`). Reverse claims name a service of the server's config that it binds;
+//!   forward claims name (or select by target) a forward service, whose target the server
+//!   dials; declared claims ask the server to bind a port inside `allow_ports`. A wrong token
+//!   gets the generic `Refused`; a right token for something the server cannot do gets
+//!   `Denied` with a reason the client logs (wrong direction, port outside the range, port
+//!   in use).
+//! * **Forward streams** ([`accept_open_channel`], [`serve_forward`]): the client opens a
+//!   data channel with the `KIND_DATA_OPEN` preamble and sends `StreamOpen` at once; the
+//!   channel never joins the idle pool. The server dials the target its config names for
+//!   that service (never one the client names) and relays.
+
+use std::collections::HashMap;
+use std::io;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::time::Duration;
+
+use rand::RngCore;
+use tokio::net::{TcpListener, TcpStream};
+use tracing::{debug, warn};
+use warren_proto::handshake::DataHello;
+use warren_proto::message::{self, ClaimKind, ServiceClaim, Verdict};
+
+use super::session::ServerSession;
+use super::{Authenticated, Rejected, Shared};
+use crate::config::{HostPort, ServerConfig};
+use crate::crypto::keys::{self, SessionKeys};
+use crate::crypto::record::RecordKind;
+use crate::crypto::secret::Secret;
+use crate::relay;
+use crate::transport::records::Record;
+use crate::transport::{Channel, preamble, tcp};
+
+/// How long dialing a forward service's target may take.
+const TARGET_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// Most ports tried when a client asks for any free port in `allow_ports`.
+const MAX_PORT_ATTEMPTS: usize = 512;
+
+/// What the server decided about one hello.
+pub(super) struct Judgement {
+    /// One per claim, in order.
+    pub verdicts: Vec<Verdict>,
+    /// Reverse services of the config this session now serves.
+    pub reverse: Vec<String>,
+    /// Forward services: the client's name for it -> the target the server dials.
+    pub forwards: HashMap<String, HostPort>,
+    /// Declared services: name and the listener bound for it.
+    pub declared: Vec<(String, TcpListener)>,
+    /// Claims refused for a wrong token or an unknown name (for the log).
+    pub refused: Vec<String>,
+}
+
+impl Judgement {
+    /// Names of every accepted claim.
+    pub fn accepted(&self) -> Vec<String> {
+        let mut names = self.reverse.clone();
+        names.extend(self.forwards.keys().cloned());
+        names.extend(self.declared.iter().map(|(name, _)| name.clone()));
+        names
+    }
+}
+
+/// Decides every claim of a hello; binds the ports of accepted declared services.
+pub(super) async fn judge(
+    shared: &Shared,
+    keys: &SessionKeys,
+    claims: &[ServiceClaim],
+    peer: SocketAddr,
+) -> Judgement {
+    let mut judgement = Judgement {
+        verdicts: Vec::with_capacity(claims.len()),
+        reverse: Vec::new(),
+        forwards: HashMap::new(),
+        declared: Vec::new(),
+        refused: Vec::new(),
+    };
+    let config = &shared.config;
+    let proves = |token: &Secret, claim: &ServiceClaim| {
+        keys::verify_token_proof(token, keys.handshake_hash(), &claim.name, &claim.proof)
+    };
+    for claim in claims {
+        let verdict = match &claim.kind {
+            ClaimKind::Reverse => {
+                if let Some(slot) = shared
+                    .services
+                    .get(&claim.name)
+                    .filter(|slot| proves(&slot.token, claim))
+                {
+                    judgement.reverse.push(slot.name.clone());
+                    Verdict::Accepted { bound: None }
+                } else if config
+                    .forwards
+                    .get(&claim.name)
+                    .is_some_and(|f| proves(&f.token, claim))
+                {
+                    denied(format!(
+                        "`{}` is a forward service on the server (the server dials its target); give the client's service `bind` instead of `target`",
+                        claim.name
+                    ))
+                } else {
+                    Verdict::Refused
+                }
+            }
+            ClaimKind::Forward { target } => {
+                let found = match target {
+                    Some(wanted) => {
+                        let wanted = wanted.parse::<HostPort>().ok();
+                        config
+                            .forwards
+                            .values()
+                            .find(|f| Some(&f.target) == wanted.as_ref() && proves(&f.token, claim))
+                    }
+                    None => config
+                        .forwards
+                        .get(&claim.name)
+                        .filter(|f| proves(&f.token, claim)),
+                };
+                if let Some(forward) = found {
+                    judgement
+                        .forwards
+                        .insert(claim.name.clone(), forward.target.clone());
+                    Verdict::Accepted { bound: None }
+                } else if target.is_none()
+                    && config
+                        .services
+                        .get(&claim.name)
+                        .is_some_and(|s| proves(&s.token, claim))
+                {
+                    denied(format!(
+                        "`{}` is a reverse service on the server (the server binds its port); give the client's service `target` instead of `bind`",
+                        claim.name
+                    ))
+                } else {
+                    Verdict::Refused
+                }
+            }
+            ClaimKind::Declared { remote_bind } => {
+                let token_ok = config
+                    .default_token
+                    .as_ref()
+                    .is_some_and(|token| proves(token, claim));
+                if !token_ok {
+                    Verdict::Refused
+                } else {
+                    match bind_declared(config, &claim.name, *remote_bind).await {
+                        Ok(listener) => {
+                            let bound = listener.local_addr().ok();
+                            debug!(event = "declared_bound", %peer, service = %claim.name, bound = ?bound, "bound a client-declared service");
+                            judgement.declared.push((claim.name.clone(), listener));
+                            Verdict::Accepted { bound }
+                        }
+                        Err(reason) => {
+                            warn!(event = "declared_denied", %peer, service = %claim.name, %reason, "refused a client-declared service");
+                            denied(reason)
+                        }
+                    }
+                }
+            }
+        };
+        if verdict == Verdict::Refused {
+            judgement.refused.push(claim.name.clone());
+        }
+        judgement.verdicts.push(verdict);
+    }
+    judgement
+}
+
+fn denied(reason: String) -> Verdict {
+    let mut reason = reason;
+    reason.truncate(message::MAX_REASON_LEN);
+    Verdict::Denied { reason }
+}
+
+/// Binds a declared service's port inside the server's `allow_ports` / `allow_bind_addrs`.
+async fn bind_declared(
+    config: &ServerConfig,
+    name: &str,
+    wanted: SocketAddr,
+) -> Result<TcpListener, String> {
+    let Some(range) = config.allow_ports else {
+        return Err(
+            "this server does not accept client-declared services (its config sets no allow_ports)"
+                .to_owned(),
+        );
+    };
+    if config.services.contains_key(name) || config.forwards.contains_key(name) {
+        return Err(format!(
+            "the name `{name}` belongs to a service in the server's config; choose another name"
+        ));
+    }
+    let allowed = config.declared_bind_addrs();
+    let ip = if allowed.contains(&wanted.ip()) {
+        wanted.ip()
+    } else if wanted.ip().is_unspecified() {
+        allowed[0]
+    } else {
+        let list: Vec<String> = allowed.iter().map(IpAddr::to_string).collect();
+        return Err(format!(
+            "address {} is not in the server's allow_bind_addrs ({})",
+            wanted.ip(),
+            list.join(", ")
+        ));
+    };
+    if wanted.port() != 0 {
+        if !range.contains(wanted.port()) {
+            return Err(format!(
+                "port {} is outside the server's allow_ports {range}",
+                wanted.port()
+            ));
+        }
+        return TcpListener::bind(SocketAddr::new(ip, wanted.port()))
+            .await
+            .map_err(|e| match e.kind() {
+                io::ErrorKind::AddrInUse => {
+                    format!("port {} is in use on the server", wanted.port())
+                }
+                _ => format!("cannot bind {}: {e}", SocketAddr::new(ip, wanted.port())),
+            });
+    }
+    // Any free port: start at a random place in the range so clients spread out.
+    let len = usize::from(range.end - range.start) + 1;
+    let offset = (rand::rng().next_u32() as usize) % len;
+    for i in 0..len.min(MAX_PORT_ATTEMPTS) {
+        // Invariant: (offset + i) % len < len <= 65535 - start + 1, so the sum fits a u16.
+        let port = range.start + u16::try_from((offset + i) % len).unwrap_or(0);
+        if let Ok(listener) = TcpListener::bind(SocketAddr::new(ip, port)).await {
+            return Ok(listener);
+        }
+    }
+    Err(format!(
+        "no free port in the server's allow_ports {range} (tried {})",
+        len.min(MAX_PORT_ATTEMPTS)
+    ))
+}
+
+/// Authenticates a `KIND_DATA_OPEN` channel and reads its `StreamOpen` (all under the
+/// connection's handshake deadline).
+pub(super) async fn accept_open_channel(
+    shared: &Arc<Shared>,
+    stream: TcpStream,
+    hello: &DataHello,
+) -> Result<Authenticated, Rejected> {
+    let Some(session) = shared.session(&hello.session_id) else {
+        return Err(Rejected::Silent("data channel for an unknown session"));
+    };
+    if !session
+        .keys
+        .verify_data_hello(&hello.client_nonce, &hello.mac)
+    {
+        return Err(Rejected::Silent("data channel MAC did not verify"));
+    }
+    let mut channel = preamble::server_accept_data_channel(stream, &session.keys, hello).await?;
+    let open = match channel.reader.read().await {
+        Ok(Some(Record::Control(bytes))) => message::decode_stream_open(bytes)
+            .map_err(|e| Rejected::Protocol(format!("bad stream open: {e}")))?,
+        Ok(_) => {
+            return Err(Rejected::Protocol(
+                "forward channel did not start with a stream open".into(),
+            ));
+        }
+        Err(e) => return Err(Rejected::Protocol(e.to_string())),
+    };
+    let Some(target) = session.forwards.get(&open.service).cloned() else {
+        let _ = channel
+            .writer
+            .send(RecordKind::Close, b"not a forward service of this session")
+            .await;
+        return Err(Rejected::Protocol(format!(
+            "stream open for `{}`, which is not a forward service of this session",
+            open.service
+        )));
+    };
+    Ok(Authenticated::Forward {
+        session,
+        channel: Box::new(channel),
+        service: open.service,
+        target,
+    })
+}
+
+/// Dials a forward service's target and relays.
+pub(super) async fn serve_forward(
+    shared: &Arc<Shared>,
+    session: Arc<ServerSession>,
+    mut channel: Channel,
+    service: String,
+    target: HostPort,
+) {
+    let stream = match tcp::connect(&target, TARGET_CONNECT_TIMEOUT).await {
+        Ok(stream) => stream,
+        Err(error) => {
+            warn!(event = "target_unreachable", %service, %target, %error, "cannot reach the forward service's target");
+            let reason = format!("target unreachable: {error}");
+            let _ = channel
+                .writer
+                .send(RecordKind::Close, reason.as_bytes())
+                .await;
+            return;
+        }
+    };
+    debug!(event = "forward_opened", %service, %target, peer = %session.peer, "forward stream opened");
+    match relay::pump(stream, &mut channel, &shared.cancel).await {
+        Ok(moved) => {
+            debug!(event = "stream_closed", %service, up = moved.to_tunnel, down = moved.to_local, "forward stream done")
+        }
+        Err(error) => {
+            debug!(event = "stream_aborted", %service, %error, "forward stream aborted")
+        }
+    }
+}

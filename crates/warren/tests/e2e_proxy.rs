@@ -1,0 +1,480 @@
+//! End-to-end tests for issue 5 with the real `warren` binary and real tools on loopback:
+//! SOCKS5 (microsocks) and HTTP CONNECT (tinyproxy) proxies with and without auth, a
+//! PROXY protocol consumer (HAProxy), and the `warren expose` / `warren forward`
+//! one-liners. Bytes are checked by BLAKE3 hash in both directions.
+//!
+//! A missing tool skips its test with a note, unless `WARREN_E2E_REQUIRE_TOOLS=1` (as
+//! `scripts/test.sh` sets), which makes it fail. Run against the release binary:
+//! `cargo test --release -p warren --test e2e_proxy`.
+
+mod e2e_support;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use e2e_support::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+const PROXY_USER: &str = "warren";
+const PROXY_PASSWORD: &str = "s3cret-proxy-pass";
+
+fn have_tool(tool: &str, package: &str, test: &str) -> bool {
+    let found = std::process::Command::new("sh")
+        .args(["-c", &format!("command -v {tool}")])
+        .stdout(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !found {
+        if std::env::var("WARREN_E2E_REQUIRE_TOOLS").as_deref() == Ok("1") {
+            panic!(
+                "{tool} is not on PATH but WARREN_E2E_REQUIRE_TOOLS=1: apt-get install {package}"
+            );
+        }
+        eprintln!("SKIPPED {test}: {tool} is not on PATH (apt-get install {package})");
+    }
+    found
+}
+
+/// Waits until something listens on `port`.
+async fn wait_listening(port: u16, what: &str) {
+    for _ in 0..100 {
+        if TcpStream::connect(loopback(port)).await.is_ok() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("{what} did not start listening on {port}");
+}
+
+/// A server with one reverse service `web`, returns (server proc, server port, web port).
+async fn server_with_web(dir: &TestDir, extra: &str) -> (Proc, u16, u16) {
+    let ports = Ports::pick();
+    let config = dir.write(
+        "server.toml",
+        &format!(
+            r#"[server]
+bind = "127.0.0.1:{server}"
+psk = "${{WARREN_PSK}}"
+default_token = "{TOKEN}"
+heartbeat_interval = "1s"
+{extra}
+[server.services.web]
+bind = "127.0.0.1:{web}"
+"#,
+            server = ports.server,
+            web = ports.web,
+        ),
+    );
+    let server = start_server(dir, &config);
+    wait_listening(ports.server, "warren server").await;
+    (server, ports.server, ports.web)
+}
+
+fn client_config(
+    dir: &TestDir,
+    server_port: u16,
+    target: SocketAddr,
+    extra: &str,
+) -> std::path::PathBuf {
+    dir.write(
+        "client.toml",
+        &format!(
+            r#"[client]
+server = "127.0.0.1:{server_port}"
+psk = "${{WARREN_PSK}}"
+default_token = "{TOKEN}"
+reconnect_initial_delay = "100ms"
+reconnect_max_delay = "500ms"
+{extra}
+[client.services.web]
+target = "{target}"
+"#
+        ),
+    )
+}
+
+/// Hash-checked bytes both ways through `service` to a hashing target, retried while the
+/// tunnel comes up.
+async fn check_hashes(
+    service: SocketAddr,
+    served: &mut tokio::sync::mpsc::Receiver<Served>,
+    client: &mut Proc,
+) {
+    let payload = random_bytes(3 * 1024 * 1024 + 11);
+    for _ in 0..100 {
+        match round_trip(service, &payload).await {
+            Ok(reply) if !reply.is_empty() => {
+                let got = served.recv().await.expect("target saw the stream");
+                assert_eq!(got.received, blake3::hash(&payload), "visitor -> target");
+                assert_eq!(got.sent, blake3::hash(&reply), "target -> visitor");
+                return;
+            }
+            _ => {
+                assert!(client.is_running(), "client exited: {}", client.stderr());
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+    panic!("no working tunnel\nclient stderr:\n{}", client.stderr());
+}
+
+fn microsocks(dir: &TestDir, auth: bool) -> (Proc, u16) {
+    let port = free_port();
+    let port_text = port.to_string();
+    let mut args = vec!["-i", "127.0.0.1", "-p", &port_text];
+    if auth {
+        args.extend(["-u", PROXY_USER, "-P", PROXY_PASSWORD]);
+    }
+    (
+        Proc::spawn(dir, "microsocks", "microsocks", &args, &[]),
+        port,
+    )
+}
+
+fn tinyproxy(dir: &TestDir, auth: bool, connect_port: u16) -> (Proc, u16) {
+    let port = free_port();
+    let auth_line = if auth {
+        format!("BasicAuth {PROXY_USER} {PROXY_PASSWORD}\n")
+    } else {
+        String::new()
+    };
+    let config = dir.write(
+        "tinyproxy.conf",
+        &format!(
+            "Port {port}\nListen 127.0.0.1\nTimeout 60\nMaxClients 100\nAllow 127.0.0.1\nConnectPort {connect_port}\nLogLevel Info\n{auth_line}"
+        ),
+    );
+    let config = config.to_str().expect("utf-8").to_owned();
+    (
+        Proc::spawn(dir, "tinyproxy", "tinyproxy", &["-d", "-c", &config], &[]),
+        port,
+    )
+}
+
+async fn through_proxy(proxy_url: &str, dir: &TestDir, server_port: u16, web: u16) {
+    let (target, mut served) = hashing_target(1024 * 1024 + 3).await;
+    let config = client_config(
+        dir,
+        server_port,
+        target,
+        &format!("proxy = \"{proxy_url}\"\n"),
+    );
+    let mut client = start_client(dir, &config, PSK);
+    check_hashes(loopback(web), &mut served, &mut client).await;
+    // Data channels go through the proxy too: several streams at once.
+    for _ in 0..3 {
+        check_hashes(loopback(web), &mut served, &mut client).await;
+    }
+    assert!(
+        !client.stderr().contains(PROXY_PASSWORD),
+        "the proxy password leaked into the log"
+    );
+    client.terminate();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn socks5_proxy_with_and_without_auth_and_a_wrong_password() {
+    if !have_tool("microsocks", "microsocks", "socks5_proxy") {
+        return;
+    }
+    let dir = TestDir::new("socks5");
+    let (mut server, server_port, web) = server_with_web(&dir, "").await;
+    // Without auth.
+    let (mut open_proxy, port) = microsocks(&dir, false);
+    wait_listening(port, "microsocks").await;
+    through_proxy(
+        &format!("socks5://127.0.0.1:{port}"),
+        &dir,
+        server_port,
+        web,
+    )
+    .await;
+    open_proxy.kill();
+    // With auth.
+    let (mut auth_proxy, port) = microsocks(&dir, true);
+    wait_listening(port, "microsocks").await;
+    through_proxy(
+        &format!("socks5://{PROXY_USER}:{PROXY_PASSWORD}@127.0.0.1:{port}"),
+        &dir,
+        server_port,
+        web,
+    )
+    .await;
+    // Wrong password: a clear error, via -x on the command line.
+    let config = client_config(&dir, server_port, loopback(9), "");
+    let proxy = format!("socks5://{PROXY_USER}:wrong@127.0.0.1:{port}");
+    let mut client = Proc::warren(
+        &dir,
+        "client-wrong",
+        &["client", config.to_str().unwrap(), "-x", &proxy],
+        &[("WARREN_PSK", PSK)],
+    );
+    assert!(
+        client
+            .stderr_contains_within(
+                "refused authentication (check the user and password in `proxy`)",
+                Duration::from_secs(10)
+            )
+            .await,
+        "{}",
+        client.stderr()
+    );
+    client.kill();
+    auth_proxy.kill();
+    server.terminate();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_connect_proxy_with_and_without_auth_and_a_wrong_password() {
+    if !have_tool("tinyproxy", "tinyproxy", "http_connect_proxy") {
+        return;
+    }
+    let dir = TestDir::new("tinyproxy");
+    let (mut server, server_port, web) = server_with_web(&dir, "").await;
+    let (mut open_proxy, port) = tinyproxy(&dir, false, server_port);
+    wait_listening(port, "tinyproxy").await;
+    through_proxy(&format!("http://127.0.0.1:{port}"), &dir, server_port, web).await;
+    open_proxy.kill();
+
+    let auth_dir = TestDir::new("tinyproxy-auth");
+    let (mut auth_proxy, port) = tinyproxy(&auth_dir, true, server_port);
+    wait_listening(port, "tinyproxy").await;
+    through_proxy(
+        &format!("http://{PROXY_USER}:{PROXY_PASSWORD}@127.0.0.1:{port}"),
+        &auth_dir,
+        server_port,
+        web,
+    )
+    .await;
+    let config = client_config(
+        &auth_dir,
+        server_port,
+        loopback(9),
+        &format!("proxy = \"http://{PROXY_USER}:wrong@127.0.0.1:{port}\"\n"),
+    );
+    let mut client = start_client(&auth_dir, &config, PSK);
+    assert!(
+        client
+            .stderr_contains_within("refused authentication", Duration::from_secs(10))
+            .await,
+        "{}",
+        client.stderr()
+    );
+    client.kill();
+    auth_proxy.kill();
+    server.terminate();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreachable_proxy_is_a_clear_error() {
+    let dir = TestDir::new("no-proxy");
+    let port = free_port();
+    let config = client_config(
+        &dir,
+        free_port(),
+        loopback(9),
+        &format!("proxy = \"socks5://127.0.0.1:{port}\"\n"),
+    );
+    let mut client = start_client(&dir, &config, PSK);
+    let expected = format!("cannot reach proxy 127.0.0.1:{port}: Connection refused");
+    assert!(
+        client
+            .stderr_contains_within(&expected, Duration::from_secs(10))
+            .await,
+        "{}",
+        client.stderr()
+    );
+    client.kill();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn haproxy_sees_the_visitor_address_through_proxy_protocol() {
+    if !have_tool("haproxy", "haproxy", "haproxy_proxy_protocol") {
+        return;
+    }
+    let dir = TestDir::new("haproxy");
+    for version in ["v1", "v2"] {
+        let haproxy_port = free_port();
+        let config = dir.write(
+            &format!("haproxy-{version}.cfg"),
+            &format!(
+                r#"defaults
+    mode http
+    timeout connect 5s
+    timeout client 10s
+    timeout server 10s
+frontend fe
+    bind 127.0.0.1:{haproxy_port} accept-proxy
+    http-request return status 200 content-type text/plain lf-string "visitor=%[src]:%[src_port]"
+"#
+            ),
+        );
+        let mut haproxy = Proc::spawn(
+            &dir,
+            "haproxy",
+            "haproxy",
+            &["-db", "-f", config.to_str().unwrap()],
+            &[],
+        );
+        wait_listening(haproxy_port, "haproxy").await;
+        let (mut server, server_port, web) = server_with_web(&dir, "").await;
+        let client_cfg = dir.write(
+            "client-pp.toml",
+            &format!(
+                r#"[client]
+server = "127.0.0.1:{server_port}"
+psk = "${{WARREN_PSK}}"
+default_token = "{TOKEN}"
+[client.services.web]
+target = "127.0.0.1:{haproxy_port}"
+proxy_protocol = "{version}"
+"#
+            ),
+        );
+        let mut client = start_client(&dir, &client_cfg, PSK);
+        let mut seen = None;
+        for _ in 0..100 {
+            let socket = tokio::net::TcpSocket::new_v4().unwrap();
+            socket.bind("127.0.0.2:0".parse().unwrap()).unwrap();
+            let Ok(mut visitor) = socket.connect(loopback(web)).await else {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            };
+            let me = visitor.local_addr().unwrap();
+            let _ = visitor
+                .write_all(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                .await;
+            let mut response = Vec::new();
+            let _ = visitor.read_to_end(&mut response).await;
+            let text = String::from_utf8_lossy(&response).to_string();
+            if text.contains("visitor=") {
+                seen = Some((me, text));
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let (me, text) =
+            seen.unwrap_or_else(|| panic!("no answer from haproxy\n{}", client.stderr()));
+        assert!(
+            text.contains(&format!("visitor=127.0.0.2:{}", me.port())),
+            "{version}: haproxy saw the wrong address: {text}"
+        );
+        client.terminate();
+        server.terminate();
+        haproxy.kill();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expose_one_liner_prints_its_public_address_and_carries_bytes() {
+    let dir = TestDir::new("expose");
+    let (mut server, server_port, _web) =
+        server_with_web(&dir, "allow_ports = \"20000-29999\"\n").await;
+    let (target, mut served) = hashing_target(1024 * 1024).await;
+    let local = target.port().to_string();
+    let to = format!("127.0.0.1:{server_port}");
+    let mut expose = Proc::warren(
+        &dir,
+        "expose",
+        &["expose", &local, "--to", &to],
+        &[("WARREN_PSK", PSK), ("WARREN_TOKEN", TOKEN)],
+    );
+    let out = expose
+        .wait_stdout("Exposed ", Duration::from_secs(10))
+        .await;
+    let line = out.lines().find(|l| l.starts_with("Exposed ")).unwrap();
+    assert!(
+        line.starts_with(&format!("Exposed 127.0.0.1:{local} at 127.0.0.1:")),
+        "{line}"
+    );
+    let public: SocketAddr = line.rsplit(' ').next().unwrap().parse().unwrap();
+    assert!((20000..=29999).contains(&public.port()));
+    check_hashes(public, &mut served, &mut expose).await;
+    let logs = expose.stderr();
+    assert!(
+        !logs.contains(PSK) && !logs.contains(TOKEN),
+        "a secret leaked into the log"
+    );
+    // A port outside the range: a clear refusal, and the command fails.
+    let mut refused = Proc::warren(
+        &dir,
+        "expose-refused",
+        &["expose", &local, "--to", &to, "--remote-port", "80"],
+        &[("WARREN_PSK", PSK), ("WARREN_TOKEN", TOKEN)],
+    );
+    assert_eq!(refused.expect_exit(Duration::from_secs(10)).await, 1);
+    assert!(
+        refused
+            .stderr()
+            .contains("port 80 is outside the server's allow_ports 20000-29999"),
+        "{}",
+        refused.stderr()
+    );
+    expose.terminate();
+    server.terminate();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forward_one_liner_reaches_a_target_the_server_names() {
+    let dir = TestDir::new("forward");
+    let (target, mut served) = hashing_target(777_777).await;
+    let server_port = free_port();
+    let config = dir.write(
+        "server.toml",
+        &format!(
+            r#"[server]
+bind = "127.0.0.1:{server_port}"
+psk = "${{WARREN_PSK}}"
+default_token = "{TOKEN}"
+[server.services.db]
+target = "{target}"
+"#
+        ),
+    );
+    let mut server = start_server(&dir, &config);
+    wait_listening(server_port, "warren server").await;
+    let local_port = free_port();
+    let psk_file = dir.write("psk", &format!("{PSK}\n"));
+    let mut forward = Proc::warren(
+        &dir,
+        "forward",
+        &[
+            "forward",
+            "-l",
+            &local_port.to_string(),
+            "-r",
+            &format!("127.0.0.1:{server_port}"),
+            "-t",
+            &target.to_string(),
+            "--psk-file",
+            psk_file.to_str().unwrap(),
+        ],
+        &[("WARREN_TOKEN", TOKEN)],
+    );
+    check_hashes(loopback(local_port), &mut served, &mut forward).await;
+    check_hashes(loopback(local_port), &mut served, &mut forward).await;
+    // A target the server does not name is refused.
+    let mut other = Proc::warren(
+        &dir,
+        "forward-other",
+        &[
+            "forward",
+            "-l",
+            &free_port().to_string(),
+            "-r",
+            &format!("127.0.0.1:{server_port}"),
+            "-t",
+            "127.0.0.1:22",
+        ],
+        &[("WARREN_PSK", PSK), ("WARREN_TOKEN", TOKEN)],
+    );
+    assert_eq!(other.expect_exit(Duration::from_secs(10)).await, 1);
+    assert!(
+        other.stderr().contains("refused every service"),
+        "{}",
+        other.stderr()
+    );
+    forward.terminate();
+    server.terminate();
+}
