@@ -404,3 +404,48 @@ async fn plaintext_zero_copy_path_keeps_bytes_exact_with_half_close_and_reuse() 
         assert_eq!(hash(&reply), hash(&sent), "stream {i}: target -> visitor");
     }
 }
+
+#[tokio::test]
+async fn server_speaks_first_protocols_work() {
+    // SMTP/SSH style: the target talks before the visitor sends a byte. The stream must
+    // open without waiting for visitor data (the server stages its StreamOpen to share a
+    // segment with the visitor's first bytes, and must not hold it back forever).
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let target = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                stream
+                    .write_all(b"220 warren test ready\r\n")
+                    .await
+                    .unwrap();
+                let (mut r, mut w) = stream.split();
+                let _ = tokio::io::copy(&mut r, &mut w).await;
+                let _ = w.shutdown().await;
+            });
+        }
+    });
+    let plaintext = Setup {
+        transport: Transport::Tcp,
+        insecure: true,
+        ..Setup::default()
+    };
+    for setup in [Setup::default(), plaintext] {
+        let (server, _client) = tunnel(&setup, target).await;
+        for _ in 0..3 {
+            let mut visitor = TcpStream::connect(server.service).await.unwrap();
+            let mut greeting = [0u8; 23];
+            tokio::time::timeout(Duration::from_secs(5), visitor.read_exact(&mut greeting))
+                .await
+                .expect("the greeting arrives without the visitor speaking first")
+                .unwrap();
+            assert_eq!(&greeting, b"220 warren test ready\r\n");
+            let payload = random_bytes(100_000);
+            visitor.write_all(&payload).await.unwrap();
+            visitor.shutdown().await.unwrap();
+            let mut echoed = Vec::new();
+            visitor.read_to_end(&mut echoed).await.unwrap();
+            assert_eq!(hash(&echoed), hash(&payload));
+        }
+    }
+}

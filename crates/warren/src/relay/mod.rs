@@ -251,7 +251,6 @@ mod spliced {
     ) -> Result<(), RelayError> {
         let src: &TcpStream = local.as_ref();
         loop {
-            src.readable().await.map_err(RelayError::Local)?;
             // Held only while bytes move, like the record buffers.
             let pipe = Pipe::take().map_err(RelayError::Local)?;
             match splice::try_fill(&pipe, src, MAX_PAYLOAD) {
@@ -265,7 +264,12 @@ mod spliced {
                     pipe.give();
                     tally.add(n);
                 }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => pipe.give(),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    pipe.give();
+                    // Nothing to send with: staged records go out alone before we wait.
+                    writer.flush_staged().await?;
+                    src.readable().await.map_err(RelayError::Local)?;
+                }
                 Err(e) => return Err(RelayError::Local(e)),
             }
         }

@@ -983,6 +983,7 @@ async fn open_stream(
         visitor,
         local,
     });
-    channel.writer.send(RecordKind::Control, &open).await?;
+    // Staged: it leaves with the visitor's first bytes if they are already there.
+    channel.writer.stage(RecordKind::Control, &open)?;
     Ok(channel)
 }

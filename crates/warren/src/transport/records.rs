@@ -18,7 +18,9 @@ use tokio::net::TcpStream;
 use tokio::net::tcp::{OwnedReadHalf, ReadHalf};
 
 use super::buffers;
-use crate::crypto::record::{HEADER_LEN, MAX_PAYLOAD, Opener, RecordError, RecordKind, Sealer};
+use crate::crypto::record::{
+    HEADER_LEN, MAX_PAYLOAD, MAX_TAG_LEN, Opener, RecordError, RecordKind, Sealer,
+};
 
 /// A socket that can wait for data without being read, then be read without blocking:
 /// what lets channels hold no buffer while idle.
@@ -288,6 +290,8 @@ pub struct RecordWriter<W> {
     sealer: Sealer,
     /// No capacity while idle; one record's worth while sending.
     buf: Vec<u8>,
+    /// Sealed records waiting to go out with the next write ([`RecordWriter::stage`]).
+    staged: Vec<u8>,
 }
 
 impl<W: AsyncWrite + Unpin> RecordWriter<W> {
@@ -297,6 +301,7 @@ impl<W: AsyncWrite + Unpin> RecordWriter<W> {
             io,
             sealer,
             buf: Vec::new(),
+            staged: Vec::new(),
         }
     }
 
@@ -356,7 +361,11 @@ impl<W: AsyncWrite + Unpin> RecordWriter<W> {
                     result.map_err(SendFromError::Sink)?;
                     return Ok(n);
                 }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => self.release(),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    self.release();
+                    // Nothing to send with: staged records go out alone before we wait.
+                    self.flush_staged().await.map_err(SendFromError::Sink)?;
+                }
                 Err(e) => return Err(SendFromError::Source(e)),
             }
         }
@@ -368,7 +377,41 @@ impl<W: AsyncWrite + Unpin> RecordWriter<W> {
         buf: &mut Vec<u8>,
     ) -> Result<(), RecordIoError> {
         self.sealer.seal(kind, buf)?;
-        self.io.write_all(buf).await?;
+        if self.staged.is_empty() {
+            self.io.write_all(buf).await?;
+        } else {
+            // One write for the staged records and this one: one segment, one wake-up.
+            self.staged.extend_from_slice(buf);
+            self.io.write_all(&self.staged).await?;
+            self.staged = Vec::new();
+        }
+        Ok(())
+    }
+
+    /// Seals a small record now but sends it with the next write, so it shares a segment
+    /// (and the peer's wake-up) with what follows: a stream's `StreamOpen` and the visitor's
+    /// first bytes. Whatever is staged goes out at the latest when the writer would wait.
+    ///
+    /// # Errors
+    /// [`RecordError`] for an oversized payload.
+    pub fn stage(&mut self, kind: RecordKind, payload: &[u8]) -> Result<(), RecordIoError> {
+        let mut record = Vec::with_capacity(HEADER_LEN + payload.len() + MAX_TAG_LEN);
+        record.resize(HEADER_LEN, 0);
+        record.extend_from_slice(payload);
+        self.sealer.seal(kind, &mut record)?;
+        self.staged.extend_from_slice(&record);
+        Ok(())
+    }
+
+    /// Sends whatever [`RecordWriter::stage`] left waiting.
+    ///
+    /// # Errors
+    /// Socket errors.
+    pub async fn flush_staged(&mut self) -> Result<(), RecordIoError> {
+        if !self.staged.is_empty() {
+            self.io.write_all(&self.staged).await?;
+            self.staged = Vec::new();
+        }
         Ok(())
     }
 
@@ -377,6 +420,7 @@ impl<W: AsyncWrite + Unpin> RecordWriter<W> {
     /// # Errors
     /// Socket errors.
     pub async fn shutdown(&mut self) -> Result<(), RecordIoError> {
+        self.flush_staged().await?;
         self.io.shutdown().await?;
         Ok(())
     }
@@ -411,6 +455,7 @@ impl RecordWriter<tokio::net::tcp::OwnedWriteHalf> {
         pipe: &super::splice::Pipe,
         len: usize,
     ) -> Result<(), RecordIoError> {
+        self.flush_staged().await?;
         let header = self.sealer.plain_data_header(len)?;
         let socket: &TcpStream = self.io.as_ref();
         super::splice::send_header(socket, &header).await?;
