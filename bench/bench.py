@@ -331,10 +331,15 @@ class Warren(Tunnel):
         s = f'[server]\nbind = "{LOOPBACK}:{server_port}"\n{common}'
         for svc, port in visitors.items():
             s += f'\n[server.services.{svc}]\nbind = "{LOOPBACK}:{port}"\n'
+        if "iperf" in visitors:
+            # UDP rides beside iperf3's TCP control connection on the same port number.
+            s += f'\n[server.services.iperf-udp]\ntype = "udp"\nbind = "{LOOPBACK}:{visitors["iperf"]}"\n'
         c = (f'[client]\nserver = "{LOOPBACK}:{server_port}"\n{common}'
              'reconnect_initial_delay = "100ms"\n')
         for svc, port in targets.items():
             c += f'\n[client.services.{svc}]\ntarget = "{LOOPBACK}:{port}"\n'
+        if "iperf" in targets:
+            c += f'\n[client.services.iperf-udp]\ntype = "udp"\ntarget = "{LOOPBACK}:{targets["iperf"]}"\n'
         (self.dir / "server.toml").write_text(s)
         (self.dir / "client.toml").write_text(c)
         self.server = PROCS.start([self.warren, "--log-level", "warn", "server",
@@ -534,6 +539,26 @@ def fig_iperf(t: Tunnel, port: int, seconds: int, extra: list[str]) -> dict:
     raise BenchError(f"iperf3 {' '.join(extra) or '-P1'} failed: {last}")
 
 
+def fig_udp(port: int, seconds: int) -> dict:
+    """iperf3 -u -b 0 (as fast as the sender can go): receiver Gbit/s and loss."""
+    argv = ["iperf3", "-c", LOOPBACK, "-p", str(port), "-u", "-b", "0", "-l", "1400",
+            "-t", str(seconds), "-J"]
+    last = ""
+    for _ in range(3):
+        p = subprocess.run(argv, capture_output=True, text=True, timeout=seconds + 60)
+        last = p.stdout[-800:] + p.stderr[-400:]
+        try:
+            end = json.loads(p.stdout).get("end", {})
+        except ValueError:
+            end = {}
+        recv = end.get("sum_received") or end.get("sum") or {}
+        if p.returncode == 0 and recv.get("bytes", 0) > 0:
+            return {"udp_gbps": recv["bits_per_second"] / 1e9,
+                    "udp_loss_pct": end.get("sum", recv).get("lost_percent", 0.0)}
+        time.sleep(1)
+    raise BenchError(f"iperf3 -u failed: {last}")
+
+
 def measure_config(name: str, svc: LocalServices, args, workdir: Path, warren: str) -> dict:
     t = make_tunnel(name, workdir, args.bench_home, warren)
     res: dict = {"errors": []}
@@ -560,6 +585,8 @@ def measure_config(name: str, svc: LocalServices, args, workdir: Path, warren: s
             if key in args.iperf_modes:
                 step(f"iperf3 {key}", lambda extra=extra, key=key: {
                     f"{key}_{k}": v for k, v in fig_iperf(t, visitors["iperf"], args.iperf_time, extra).items()})
+        if "udp" in args.iperf_modes and name.startswith(("raw", "warren")):
+            step("iperf3 udp", lambda: fig_udp(visitors["iperf"], args.iperf_time))
         if not t.alive():
             res["errors"].append("a tunnel process exited during the run")
     except (BenchError, OSError, subprocess.SubprocessError) as e:
@@ -738,6 +765,13 @@ def render(doc: dict, heading: str = "#") -> str:
         row += [fmt(per_run_ratio(doc, c, k, "raw")) for k in ("p1_gbps", "p4_gbps", "r_gbps")]
         row += [fmt(per_run_ratio(doc, c, k, "rathole-tcp")) for k in ("rtt_p50_us", "conn_per_s")]
         lines.append(f"| {LABELS.get(c, c)} | " + " | ".join(row) + " |")
+    udp = [c for c in cfgs if med(doc, c, "udp_gbps") is not None]
+    if udp:
+        lines += ["", f"{heading}# UDP (iperf3 `-u -b 0 -l 1400`, receiver)", "",
+                  "| config | Gbit/s | loss % |", "|---|---|---|"]
+        for c in udp:
+            lines.append(f"| {LABELS.get(c, c)} | {fmt(med(doc, c, 'udp_gbps'))} "
+                         f"| {fmt(med(doc, c, 'udp_loss_pct'), '{:.1f}')} |")
     tg = targets(doc)
     if tg:
         lines += ["", f"{heading}# Targets from the issue", "",
@@ -883,7 +917,7 @@ def main() -> int:
     r.add_argument("--only", type=lambda s: [x for x in s.split(",") if x], default=None,
                    help="comma-separated configs: " + ",".join(ALL_CONFIGS))
     r.add_argument("--iperf-time", type=int, default=5)
-    r.add_argument("--iperf-modes", type=lambda s: s.split(","), default=["p1", "p4", "r"])
+    r.add_argument("--iperf-modes", type=lambda s: s.split(","), default=["p1", "p4", "r", "udp"])
     r.add_argument("--sockperf-time", type=int, default=4)
     r.add_argument("--idle-conns", type=int, default=1000)
     r.add_argument("--connects", type=int, default=2000)
