@@ -10,6 +10,7 @@
 //! Main types: [`Server`] (validated config, built with [`Server::builder`]),
 //! [`BoundServer`] (sockets bound, ready to [`BoundServer::run`]).
 
+pub mod pending;
 mod session;
 
 use std::collections::HashMap;
@@ -19,7 +20,6 @@ use std::time::Duration;
 
 use rand::RngCore;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{debug, info, warn};
@@ -36,13 +36,14 @@ use crate::relay;
 use crate::session::{self as control, Liveness, SessionEnd, short_id};
 use crate::transport::preamble::{self, Incoming, PreambleError};
 use crate::transport::{Channel, tcp};
+use pending::{PendingGuard, PendingLimiter};
 use session::ServerSession;
 
-/// Connections that have not authenticated yet, across all peers. Past this, new
-/// connections are closed at once. (The hardening issue refines this to drop the oldest.)
-const MAX_PENDING_HANDSHAKES: usize = 4096;
 /// Live sessions at once.
 const MAX_SESSIONS: usize = 1024;
+/// Visitor streams open at once on one service (so per session serving it). Past this, new
+/// visitors are reset at once: established streams are never dropped for newcomers.
+const MAX_STREAMS_PER_SERVICE: usize = 4096;
 /// How long a visitor may wait for a data channel before it is reset.
 const STREAM_OPEN_TIMEOUT: Duration = Duration::from_secs(10);
 /// Pause after a failed `accept()` (e.g. EMFILE) before trying again.
@@ -229,7 +230,10 @@ impl Server {
             config: self.config,
             sessions: Mutex::new(HashMap::new()),
             services,
-            pending: Arc::new(Semaphore::new(MAX_PENDING_HANDSHAKES)),
+            pending: PendingLimiter::new(
+                pending::MAX_PENDING_HANDSHAKES,
+                pending::MAX_PENDING_PER_IP,
+            ),
             cancel: CancellationToken::new(),
             tasks: TaskTracker::new(),
         });
@@ -324,7 +328,8 @@ struct Shared {
     ciphers: Vec<CipherSuite>,
     sessions: Mutex<HashMap<SessionId, Arc<ServerSession>>>,
     services: HashMap<String, Arc<ServiceSlot>>,
-    pending: Arc<Semaphore>,
+    /// Unauthenticated connections; full means the oldest is dropped (see [`pending`]).
+    pending: Arc<PendingLimiter>,
     cancel: CancellationToken,
     tasks: TaskTracker,
 }
@@ -364,10 +369,10 @@ async fn accept_loop(shared: &Arc<Shared>, listener: TcpListener) {
         };
         match accepted {
             Ok((stream, peer)) => {
-                let Ok(permit) = Arc::clone(&shared.pending).try_acquire_owned() else {
-                    debug!(event = "pending_full", %peer, "too many unauthenticated connections; closing");
-                    continue;
-                };
+                let (permit, evicted) = shared.pending.admit(peer.ip());
+                if evicted > 0 {
+                    debug!(event = "pending_full", %peer, "too many unauthenticated connections; closed the oldest");
+                }
                 tcp::tune(&stream);
                 shared
                     .tasks
@@ -395,13 +400,17 @@ async fn handle_connection(
     shared: Arc<Shared>,
     stream: TcpStream,
     peer: SocketAddr,
-    permit: OwnedSemaphorePermit,
+    permit: PendingGuard,
 ) {
     let deadline = shared.config.handshake_timeout;
     // The connection moves into the deadline: on expiry it is dropped, i.e. closed.
     let outcome = tokio::select! {
         outcome = tokio::time::timeout(deadline, authenticate(&shared, stream, peer)) => outcome,
         () = shared.cancel.cancelled() => return,
+        () = permit.evicted().cancelled() => {
+            debug!(event = "pending_evicted", %peer, "closed a pending connection to make room for a newer one");
+            return;
+        }
     };
     drop(permit);
     let authenticated = match outcome {
@@ -659,6 +668,7 @@ async fn run_session(shared: &Arc<Shared>, session: Arc<ServerSession>, channel:
 }
 
 async fn serve_visitors(shared: Arc<Shared>, slot: Arc<ServiceSlot>, listener: TcpListener) {
+    let streams = Arc::new(tokio::sync::Semaphore::new(MAX_STREAMS_PER_SERVICE));
     loop {
         let accepted = tokio::select! {
             () = shared.cancel.cancelled() => return,
@@ -666,12 +676,18 @@ async fn serve_visitors(shared: Arc<Shared>, slot: Arc<ServiceSlot>, listener: T
         };
         match accepted {
             Ok((visitor, peer)) => {
+                let Ok(permit) = Arc::clone(&streams).try_acquire_owned() else {
+                    debug!(event = "visitor_rejected", service = %slot.name, %peer, "too many streams on this service; resetting the visitor");
+                    tcp::reset(visitor);
+                    continue;
+                };
                 tcp::tune(&visitor);
                 let slot = Arc::clone(&slot);
                 let cancel = shared.cancel.clone();
-                shared
-                    .tasks
-                    .spawn(async move { serve_visitor(slot, visitor, peer, cancel).await });
+                shared.tasks.spawn(async move {
+                    serve_visitor(slot, visitor, peer, cancel).await;
+                    drop(permit);
+                });
             }
             Err(error) => {
                 warn!(event = "accept_failed", service = %slot.name, %error, "accept failed on a service port; retrying");
