@@ -25,7 +25,7 @@ const PROBE_PORT: u16 = 8081;
 
 /// Whether the namespace tests can run here; if not, why.
 fn unavailable() -> Option<String> {
-    // SAFETY-free check of the effective uid through `id -u`.
+    // The effective uid, through `id -u` (no unsafe `geteuid`).
     let uid = Command::new("id").arg("-u").output().ok()?;
     if String::from_utf8_lossy(&uid.stdout).trim() != "0" {
         return Some("not root".into());
@@ -112,6 +112,21 @@ impl Netns {
         let mut args = vec!["iptables"];
         args.extend(rule.split_whitespace());
         self.exec(&args);
+    }
+
+    /// Packets dropped so far by the namespace's `statistic` (random loss) rules.
+    fn dropped_packets(&self) -> u64 {
+        let out = Command::new("ip")
+            .args([
+                "netns", "exec", &self.name, "iptables", "-L", "-v", "-n", "-x",
+            ])
+            .output()
+            .expect("iptables -L");
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter(|line| line.contains("statistic") && line.contains("DROP"))
+            .filter_map(|line| line.split_whitespace().next()?.parse::<u64>().ok())
+            .sum()
     }
 
     fn addr(&self, port: u16) -> SocketAddr {
@@ -237,7 +252,7 @@ async fn three_percent_packet_loss_keeps_every_byte_exact() {
         return;
     }
     let dir = TestDir::new("netns-loss");
-    let (target, mut served) = hashing_target(2 * MIB).await;
+    let (target, mut served) = hashing_target(4 * MIB).await;
     let tunnel = NsTunnel::start(&dir, target).await;
     tunnel
         .ns
@@ -247,9 +262,14 @@ async fn three_percent_packet_loss_keeps_every_byte_exact() {
         .iptables("-A OUTPUT -m statistic --mode random --probability 0.03 -j DROP");
     let start = Instant::now();
     let (up, down) =
-        hashed_transfers(tunnel.ns.addr(WEB_PORT), &mut served, 2, 2 * MIB, 2 * MIB).await;
+        hashed_transfers(tunnel.ns.addr(WEB_PORT), &mut served, 2, 4 * MIB, 4 * MIB).await;
+    let dropped = tunnel.ns.dropped_packets();
     eprintln!(
-        "netns: 3% loss each way: {up} bytes up, {down} down, exact, in {:?}",
+        "netns: 3% loss each way ({dropped} packets dropped): {up} bytes up, {down} down, exact, in {:?}",
         start.elapsed()
+    );
+    assert!(
+        dropped > 10,
+        "the loss rules dropped only {dropped} packets: not a lossy path"
     );
 }
