@@ -10,7 +10,8 @@
 //!
 //! Two limits apply, each evicting its own oldest: [`MAX_PENDING_HANDSHAKES`] across all
 //! peers and [`MAX_PENDING_PER_IP`] per source address, so one noisy address mostly evicts
-//! its own connections and not those of other peers.
+//! its own connections and not those of other peers. An IPv6 source counts by its /64
+//! prefix (one subscriber usually holds a whole /64), an IPv4-mapped one as its IPv4.
 //!
 //! Main types: [`PendingLimiter`] (the table, shared by the accept loop) and
 //! [`PendingGuard`] (one admitted connection: dropping it, on authentication or failure,
@@ -113,6 +114,7 @@ impl PendingLimiter {
     /// same address when that address is at its cap, then the oldest overall when the
     /// table is full. Returns the guard and how many connections were evicted (0 or 1).
     pub fn admit(self: &Arc<Self>, ip: IpAddr) -> (PendingGuard, usize) {
+        let ip = source_key(ip);
         let mut table = self.lock();
         let mut evicted = 0;
         let oldest_of_ip = table
@@ -170,6 +172,17 @@ impl PendingLimiter {
     }
 }
 
+/// The per-address key of a source: IPv4 as is (IPv4-mapped IPv6 too), IPv6 by its /64.
+fn source_key(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V4(_) => ip,
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => IpAddr::V6((u128::from(v6) & !((1u128 << 64) - 1)).into()),
+        },
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -215,6 +228,23 @@ mod tests {
         );
         assert!(!a2.evicted().is_cancelled() && !a3.evicted().is_cancelled());
         assert_eq!(limiter.len(), 3);
+        assert_eq!(limiter.addresses(), 2);
+    }
+
+    #[test]
+    fn ipv6_sources_count_by_their_64_prefix() {
+        let limiter = PendingLimiter::new(100, 2);
+        let v6 = |last: u16| IpAddr::from([0x2001, 0xdb8, 0, 1, 0, 0, 0, last]);
+        let (a, _) = limiter.admit(v6(1));
+        let (_b, _) = limiter.admit(v6(2));
+        let (_c, evicted) = limiter.admit(v6(3));
+        assert_eq!(evicted, 1, "three addresses of one /64 share its cap");
+        assert!(a.evicted().is_cancelled());
+        let (other, evicted) = limiter.admit(IpAddr::from([0x2001, 0xdb8, 0, 2, 0, 0, 0, 1]));
+        assert_eq!(evicted, 0);
+        assert!(!other.evicted().is_cancelled());
+        let mapped: IpAddr = "::ffff:127.0.0.1".parse().expect("ip");
+        assert_eq!(source_key(mapped), ip(1));
         assert_eq!(limiter.addresses(), 2);
     }
 
