@@ -317,6 +317,28 @@ async fn after_the_handshake_bad_records_replays_and_wrong_tokens_get_no_session
         let (got, closed) = drain(&mut client.stream, five).await;
         assert!(got.is_empty() && closed, "{name}: answered or kept open");
     }
+    // A genuine hello record cut at every offset (then a FIN): no reply, closed.
+    let mut cuts = tokio::task::JoinSet::new();
+    let hello_len = RawClient::handshake(addr, PSK)
+        .await
+        .hello(&[("web", TOKEN)])
+        .len();
+    for cut in 0..hello_len {
+        cuts.spawn(async move {
+            let mut client = RawClient::handshake(addr, PSK).await;
+            let hello = client.hello(&[("web", TOKEN)]);
+            client.send_raw(&hello[..cut]).await.expect("send");
+            client.stream.shutdown().await.expect("fin");
+            let (got, closed) = drain(&mut client.stream, Duration::from_secs(5)).await;
+            assert!(
+                got.is_empty() && closed,
+                "hello cut at {cut}: answered or kept open"
+            );
+        });
+    }
+    while let Some(done) = cuts.join_next().await {
+        done.expect("truncated hello");
+    }
     let mut big = RawClient::handshake(addr, PSK).await;
     let oversized = big.seal(RecordKind::Control, &random(20 * 1024));
     big.send_raw(&oversized).await.expect("send");
