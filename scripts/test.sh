@@ -22,7 +22,7 @@ as_root() {
     fi
 }
 
-banner "1/5 tools"
+banner "1/9 tools"
 missing_packages=()
 command -v iperf3 >/dev/null 2>&1 || missing_packages+=(iperf3)
 command -v dnsmasq >/dev/null 2>&1 || missing_packages+=(dnsmasq-base)
@@ -31,13 +31,20 @@ command -v sockperf >/dev/null 2>&1 || missing_packages+=(sockperf)
 command -v microsocks >/dev/null 2>&1 || missing_packages+=(microsocks)
 command -v tinyproxy >/dev/null 2>&1 || missing_packages+=(tinyproxy)
 command -v haproxy >/dev/null 2>&1 || missing_packages+=(haproxy)
+command -v iptables >/dev/null 2>&1 || missing_packages+=(iptables)
+command -v ip >/dev/null 2>&1 || missing_packages+=(iproute2)
+command -v prlimit >/dev/null 2>&1 || missing_packages+=(util-linux)
+command -v tshark >/dev/null 2>&1 || missing_packages+=(tshark)
 if [ "${#missing_packages[@]}" -gt 0 ]; then
     echo "installing: ${missing_packages[*]}"
+    # tshark asks whether non-root users may capture; answer no without a prompt.
+    echo 'wireshark-common wireshark-common/install-setuid boolean false' |
+        as_root debconf-set-selections 2>/dev/null || true
     as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq
     as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
         "${missing_packages[@]}"
 else
-    echo "have: iperf3 dnsmasq dig sockperf microsocks tinyproxy haproxy"
+    echo "have: iperf3 dnsmasq dig sockperf microsocks tinyproxy haproxy iptables ip prlimit tshark"
 fi
 for component in rustfmt clippy; do
     if ! cargo "${component/rustfmt/fmt}" --version >/dev/null 2>&1; then
@@ -45,23 +52,73 @@ for component in rustfmt clippy; do
         rustup component add "$component"
     fi
 done
+if ! cargo fuzz --version >/dev/null 2>&1; then
+    echo "installing cargo-fuzz"
+    cargo install cargo-fuzz --locked
+fi
+if ! cargo deny --version >/dev/null 2>&1; then
+    echo "installing cargo-deny"
+    cargo install cargo-deny --locked
+fi
+if ! rustup toolchain list | grep -q '^nightly'; then
+    echo "installing the nightly toolchain (for cargo fuzz)"
+    rustup toolchain install nightly --profile minimal
+fi
 cargo --version
 
-banner "2/5 cargo fmt --all -- --check"
+banner "2/9 cargo fmt --all -- --check"
 cargo fmt --all -- --check
 
-banner "3/5 cargo clippy --all-targets --locked -- -D warnings"
+banner "3/9 cargo clippy --all-targets --locked -- -D warnings"
 cargo clippy --all-targets --locked -- -D warnings
 
-banner "4/5 cargo test --locked (debug: unit, integration, doc tests)"
+banner "4/9 cargo test --locked (debug: unit, integration, doc tests)"
 cargo test --locked
 
-banner "5/5 release build and end-to-end tests (real binary with iperf3, dnsmasq, dig, microsocks, tinyproxy, haproxy)"
+banner "5/9 release build and end-to-end tests (real binary with iperf3, dnsmasq, dig, microsocks, tinyproxy, haproxy)"
 cargo build --release --locked
 WARREN_E2E_REQUIRE_TOOLS=1 cargo test --release --locked -p warren --test e2e --test e2e_dns --test e2e_ops --test e2e_proxy
 
-banner "benchmark smoke (bench/run.sh --smoke: the harness still measures a working tunnel)"
+banner "5b/9 benchmark smoke (bench/run.sh --smoke: the harness still measures a working tunnel)"
 bash bench/run.sh --smoke
+
+banner "6/9 hostile peers and resource exhaustion (release; prints the measurements)"
+cargo test --release --locked -p warren --test hostile -- --nocapture --test-threads=1
+
+banner "7/9 faults: chaos relay, network namespaces (root, ip, iptables), security"
+WARREN_NETNS_TESTS=1 cargo test --release --locked -p warren --test faults --test netns -- --nocapture
+WARREN_E2E_REQUIRE_TOOLS=1 cargo test --release --locked -p warren --test security -- --nocapture
+
+banner "8/9 cargo deny (licenses, bans, sources; advisories when the database is reachable)"
+if cargo deny --locked check advisories licenses bans sources 2>/tmp/warren-deny.log; then
+    echo "cargo deny: all checks passed"
+elif grep -qiE 'advisory-db|failed to fetch|could not resolve|github' /tmp/warren-deny.log; then
+    echo "the advisory database is unreachable from here; checking licenses, bans and sources only"
+    cargo deny --locked check licenses bans sources
+else
+    cat /tmp/warren-deny.log
+    exit 1
+fi
+
+banner "9/9 fuzz smoke (nightly, ${WARREN_FUZZ_SECONDS:-10}s per target; corpus in fuzz/corpus)"
+(cd fuzz && cargo +nightly fuzz build)
+fuzz_scratch="$(mktemp -d)"
+trap 'rm -rf "$fuzz_scratch"' EXIT
+for target in $(cd fuzz && cargo +nightly fuzz list); do
+    echo "fuzz: $target"
+    # Run on a scratch copy of the kept corpus, so CI never grows the repository.
+    mkdir -p "$fuzz_scratch/$target"
+    if [ -d "fuzz/corpus/$target" ]; then
+        cp -r "fuzz/corpus/$target/." "$fuzz_scratch/$target/"
+    fi
+    if ! (cd fuzz && cargo +nightly fuzz run "$target" "$fuzz_scratch/$target" -- \
+        -max_total_time="${WARREN_FUZZ_SECONDS:-10}" -max_len=4096 >"$fuzz_scratch/$target.log" 2>&1); then
+        tail -n 40 "$fuzz_scratch/$target.log"
+        echo "fuzz target $target failed (crash input in fuzz/artifacts/$target/)"
+        exit 1
+    fi
+    grep -E '^Done|stat::number_of_executed_units' "$fuzz_scratch/$target.log" | tail -n 1
+done
 
 echo
 echo "test.sh: all checks passed"

@@ -13,6 +13,7 @@
 
 mod admin;
 mod forward;
+pub mod pending;
 mod session;
 mod udp;
 
@@ -23,7 +24,6 @@ use std::time::Duration;
 
 use rand::RngCore;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{debug, info, warn};
@@ -46,13 +46,14 @@ use crate::relay::udp::{UdpStats, UdpStatsSnapshot};
 use crate::session::{self as control, Liveness, SessionEnd, short_id};
 use crate::transport::preamble::{self, Incoming, PreambleError};
 use crate::transport::{Channel, tcp};
+use pending::{PendingGuard, PendingLimiter};
 use session::ServerSession;
 
-/// Connections that have not authenticated yet, across all peers. Past this, new
-/// connections are closed at once. (The hardening issue refines this to drop the oldest.)
-const MAX_PENDING_HANDSHAKES: usize = 4096;
 /// Live sessions at once.
 const MAX_SESSIONS: usize = 1024;
+/// Visitor streams open at once on one service (so per session serving it). Past this, new
+/// visitors are reset at once: established streams are never dropped for newcomers.
+const MAX_STREAMS_PER_SERVICE: usize = 4096;
 /// How long a visitor may wait for a data channel before it is reset.
 const STREAM_OPEN_TIMEOUT: Duration = Duration::from_secs(10);
 /// Pause after a failed `accept()` (e.g. EMFILE) before trying again.
@@ -338,7 +339,10 @@ impl Server {
             sessions: Mutex::new(HashMap::new()),
             services,
             udp_stats,
-            pending: Arc::new(Semaphore::new(MAX_PENDING_HANDSHAKES)),
+            pending: PendingLimiter::new(
+                pending::MAX_PENDING_HANDSHAKES,
+                pending::MAX_PENDING_PER_IP,
+            ),
             cancel: CancellationToken::new(),
             tasks: TaskTracker::new(),
             telemetry,
@@ -494,7 +498,8 @@ struct Shared {
     services: HashMap<String, Arc<ServiceSlot>>,
     /// Counters of each UDP service, by name.
     udp_stats: HashMap<String, Arc<UdpStats>>,
-    pending: Arc<Semaphore>,
+    /// Unauthenticated connections; full means the oldest is dropped (see [`pending`]).
+    pending: Arc<PendingLimiter>,
     cancel: CancellationToken,
     tasks: TaskTracker,
     /// Metrics and live connections (read by the admin API).
@@ -539,10 +544,10 @@ async fn accept_loop(shared: &Arc<Shared>, listener: TcpListener) {
         };
         match accepted {
             Ok((stream, peer)) => {
-                let Ok(permit) = Arc::clone(&shared.pending).try_acquire_owned() else {
-                    debug!(event = "pending_full", %peer, "too many unauthenticated connections; closing");
-                    continue;
-                };
+                let (permit, evicted) = shared.pending.admit(peer.ip());
+                if evicted > 0 {
+                    debug!(event = "pending_full", %peer, "too many unauthenticated connections; closed the oldest");
+                }
                 tcp::tune(&stream);
                 shared
                     .tasks
@@ -577,13 +582,17 @@ async fn handle_connection(
     shared: Arc<Shared>,
     stream: TcpStream,
     peer: SocketAddr,
-    permit: OwnedSemaphorePermit,
+    permit: PendingGuard,
 ) {
     let deadline = shared.config.handshake_timeout;
     // The connection moves into the deadline: on expiry it is dropped, i.e. closed.
     let outcome = tokio::select! {
         outcome = tokio::time::timeout(deadline, authenticate(&shared, stream, peer)) => outcome,
         () = shared.cancel.cancelled() => return,
+        () = permit.evicted().cancelled() => {
+            debug!(event = "pending_evicted", %peer, "closed a pending connection to make room for a newer one");
+            return;
+        }
     };
     drop(permit);
     let authenticated = match outcome {
@@ -890,6 +899,7 @@ async fn serve_visitors(
     until: Option<CancellationToken>,
 ) {
     let until = until.unwrap_or_else(|| shared.cancel.clone());
+    let streams = Arc::new(tokio::sync::Semaphore::new(MAX_STREAMS_PER_SERVICE));
     loop {
         let accepted = tokio::select! {
             () = until.cancelled() => return,
@@ -897,12 +907,18 @@ async fn serve_visitors(
         };
         match accepted {
             Ok((visitor, peer)) => {
+                let Ok(permit) = Arc::clone(&streams).try_acquire_owned() else {
+                    debug!(event = "visitor_rejected", service = %slot.name, %peer, "too many streams on this service; resetting the visitor");
+                    tcp::reset(visitor);
+                    continue;
+                };
                 tcp::tune(&visitor);
                 let slot = Arc::clone(&slot);
                 let cancel = shared.cancel.clone();
                 let telemetry = Arc::clone(&shared.telemetry);
                 shared.tasks.spawn(async move {
-                    serve_visitor(slot, visitor, peer, cancel, telemetry).await
+                    serve_visitor(slot, visitor, peer, cancel, telemetry).await;
+                    drop(permit);
                 });
             }
             Err(error) => {

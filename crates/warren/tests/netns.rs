@@ -1,0 +1,275 @@
+//! Network faults at the IP layer (hardening issue 7, suite 4): the server runs inside a
+//! network namespace joined to this one by a veth pair; iptables rules inside the namespace
+//! cut the path (DROP, then restore) or lose 3 % of packets at random.
+//!
+//! Needs root, `ip` and `iptables`. Without them each test prints `SKIPPED …` and passes,
+//! unless `WARREN_NETNS_TESTS=1` (set by `scripts/test.sh`), which makes it fail instead.
+//! Every namespace (and with it the veth pair and its rules) is deleted on drop.
+
+mod e2e_support;
+mod harden;
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::process::Command;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use e2e_support::*;
+use harden::time_until_echo;
+use tokio::time::Instant;
+
+const MIB: usize = 1024 * 1024;
+const SERVER_PORT: u16 = 7000;
+const WEB_PORT: u16 = 8080;
+const PROBE_PORT: u16 = 8081;
+
+/// Whether the namespace tests can run here; if not, why.
+fn unavailable() -> Option<String> {
+    // The effective uid, through `id -u` (no unsafe `geteuid`).
+    let uid = Command::new("id").arg("-u").output().ok()?;
+    if String::from_utf8_lossy(&uid.stdout).trim() != "0" {
+        return Some("not root".into());
+    }
+    for tool in ["ip", "iptables"] {
+        let found = Command::new("sh")
+            .args(["-c", &format!("command -v {tool}")])
+            .output()
+            .is_ok_and(|o| o.status.success());
+        if !found {
+            return Some(format!(
+                "`{tool}` not on PATH (apt-get install iproute2 iptables)"
+            ));
+        }
+    }
+    None
+}
+
+/// Skips (returns `true`) when unavailable, unless `WARREN_NETNS_TESTS=1`.
+fn skip(test: &str) -> bool {
+    match unavailable() {
+        None => false,
+        Some(why) if std::env::var("WARREN_NETNS_TESTS").as_deref() == Ok("1") => {
+            panic!("{test}: WARREN_NETNS_TESTS=1 but {why}")
+        }
+        Some(why) => {
+            eprintln!("SKIPPED {test}: {why} (set WARREN_NETNS_TESTS=1 to make this a failure)");
+            true
+        }
+    }
+}
+
+fn run(args: &[&str]) {
+    let out = Command::new(args[0])
+        .args(&args[1..])
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {args:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A namespace holding `inner` (10.231.N.2), linked to this namespace's `outer`
+/// (10.231.N.1) by a veth pair. Deleted (with the pair and its rules) on drop.
+struct Netns {
+    name: String,
+    inner: Ipv4Addr,
+}
+
+impl Netns {
+    fn new() -> Netns {
+        static NEXT: AtomicU32 = AtomicU32::new(0);
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let tag = (std::process::id() % 1000) * 10 + n;
+        let subnet = (std::process::id() % 200 + n * 7) % 250 + 1;
+        let name = format!("warren-t{tag}");
+        let (host_if, ns_if) = (format!("wt{tag}h"), format!("wt{tag}n"));
+        let outer = format!("10.231.{subnet}.1");
+        let inner = Ipv4Addr::new(10, 231, subnet as u8, 2);
+        let _ = Command::new("ip").args(["netns", "del", &name]).output();
+        run(&["ip", "netns", "add", &name]);
+        let ns = Netns { name, inner };
+        run(&[
+            "ip", "link", "add", &host_if, "type", "veth", "peer", "name", &ns_if,
+        ]);
+        run(&["ip", "link", "set", &ns_if, "netns", &ns.name]);
+        run(&["ip", "addr", "add", &format!("{outer}/24"), "dev", &host_if]);
+        run(&["ip", "link", "set", &host_if, "up"]);
+        ns.exec(&["ip", "addr", "add", &format!("{inner}/24"), "dev", &ns_if]);
+        ns.exec(&["ip", "link", "set", &ns_if, "up"]);
+        ns.exec(&["ip", "link", "set", "lo", "up"]);
+        ns
+    }
+
+    fn exec(&self, args: &[&str]) {
+        let mut full = vec!["ip", "netns", "exec", &self.name];
+        full.extend_from_slice(args);
+        run(&full);
+    }
+
+    fn iptables(&self, rule: &str) {
+        let mut args = vec!["iptables"];
+        args.extend(rule.split_whitespace());
+        self.exec(&args);
+    }
+
+    /// Packets dropped so far by the namespace's `statistic` (random loss) rules.
+    fn dropped_packets(&self) -> u64 {
+        let out = Command::new("ip")
+            .args([
+                "netns", "exec", &self.name, "iptables", "-L", "-v", "-n", "-x",
+            ])
+            .output()
+            .expect("iptables -L");
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter(|line| line.contains("statistic") && line.contains("DROP"))
+            .filter_map(|line| line.split_whitespace().next()?.parse::<u64>().ok())
+            .sum()
+    }
+
+    fn addr(&self, port: u16) -> SocketAddr {
+        SocketAddr::new(IpAddr::V4(self.inner), port)
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        // Deleting the namespace removes its end of the veth pair, which removes both.
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.name])
+            .output();
+    }
+}
+
+/// Server in the namespace, client here; `web` forwards to `target`.
+struct NsTunnel {
+    ns: Netns,
+    server: Proc,
+    client: Proc,
+}
+
+impl NsTunnel {
+    async fn start(dir: &TestDir, target: SocketAddr) -> NsTunnel {
+        let ns = Netns::new();
+        let setup = Setup::default();
+        let ports = Ports {
+            server: SERVER_PORT,
+            web: WEB_PORT,
+            probe: PROBE_PORT,
+        };
+        let inner = ns.inner.to_string();
+        let server_config = dir.write(
+            "server.toml",
+            &server_toml(&setup, ports).replace("127.0.0.1", &inner),
+        );
+        let probe = echo_target().await;
+        let client_config = dir.write(
+            "client.toml",
+            &client_toml(&setup, ports, target, probe).replace(
+                &format!("127.0.0.1:{SERVER_PORT}"),
+                &format!("{inner}:{SERVER_PORT}"),
+            ),
+        );
+        let server = Proc::spawn(
+            dir,
+            "server",
+            "ip",
+            &[
+                "netns",
+                "exec",
+                &ns.name,
+                WARREN,
+                "server",
+                server_config.to_str().expect("utf-8"),
+            ],
+            &[("WARREN_PSK", PSK)],
+        );
+        let client = start_client(dir, &client_config, PSK);
+        let tunnel = NsTunnel { ns, server, client };
+        tunnel.ready(Duration::from_secs(10)).await;
+        tunnel
+    }
+
+    async fn ready(&self, within: Duration) -> Duration {
+        time_until_echo(self.ns.addr(PROBE_PORT), within)
+            .await
+            .unwrap_or_else(|| {
+                panic!(
+                    "tunnel not working within {within:?}\n{}\n{}",
+                    self.server.logs(),
+                    self.client.logs()
+                )
+            })
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cut_network_heals_by_itself_within_the_backoff_bounds() {
+    if skip("a_cut_network_heals_by_itself_within_the_backoff_bounds") {
+        return;
+    }
+    let dir = TestDir::new("netns-cut");
+    let (target, mut served) = hashing_target(100_000).await;
+    let tunnel = NsTunnel::start(&dir, target).await;
+    hashed_transfers(tunnel.ns.addr(WEB_PORT), &mut served, 2, 100_000, 100_000).await;
+
+    // Cut client <-> server (the visitor path to the service ports stays open).
+    tunnel
+        .ns
+        .iptables(&format!("-I INPUT -p tcp --dport {SERVER_PORT} -j DROP"));
+    tunnel
+        .ns
+        .iptables(&format!("-I OUTPUT -p tcp --sport {SERVER_PORT} -j DROP"));
+    // Longer than the client's heartbeat_timeout (3 s): both sides give the session up.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert!(
+        time_until_echo(tunnel.ns.addr(PROBE_PORT), Duration::from_millis(500))
+            .await
+            .is_none(),
+        "the tunnel worked through a cut network"
+    );
+    tunnel
+        .ns
+        .iptables(&format!("-D INPUT -p tcp --dport {SERVER_PORT} -j DROP"));
+    tunnel
+        .ns
+        .iptables(&format!("-D OUTPUT -p tcp --sport {SERVER_PORT} -j DROP"));
+    let restored = Instant::now();
+    tunnel.ready(Duration::from_secs(10)).await;
+    let back = restored.elapsed();
+    eprintln!("netns: tunnel back {back:?} after the network was restored");
+    // reconnect_max_delay is 500 ms; add a handshake timeout's worth of slack for an
+    // attempt that was mid-flight (SYN dropped) when the path came back.
+    assert!(back < Duration::from_secs(7), "took {back:?} to heal");
+    hashed_transfers(tunnel.ns.addr(WEB_PORT), &mut served, 2, 100_000, 100_000).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_percent_packet_loss_keeps_every_byte_exact() {
+    if skip("three_percent_packet_loss_keeps_every_byte_exact") {
+        return;
+    }
+    let dir = TestDir::new("netns-loss");
+    let (target, mut served) = hashing_target(4 * MIB).await;
+    let tunnel = NsTunnel::start(&dir, target).await;
+    tunnel
+        .ns
+        .iptables("-A INPUT -m statistic --mode random --probability 0.03 -j DROP");
+    tunnel
+        .ns
+        .iptables("-A OUTPUT -m statistic --mode random --probability 0.03 -j DROP");
+    let start = Instant::now();
+    let (up, down) =
+        hashed_transfers(tunnel.ns.addr(WEB_PORT), &mut served, 2, 4 * MIB, 4 * MIB).await;
+    let dropped = tunnel.ns.dropped_packets();
+    eprintln!(
+        "netns: 3% loss each way ({dropped} packets dropped): {up} bytes up, {down} down, exact, in {:?}",
+        start.elapsed()
+    );
+    assert!(
+        dropped > 10,
+        "the loss rules dropped only {dropped} packets: not a lossy path"
+    );
+}
