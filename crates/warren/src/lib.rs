@@ -39,6 +39,7 @@
 //! * [`metrics`], [`admin`]: Prometheus metrics, live connections and the admin HTTP API.
 
 pub mod admin;
+mod builder;
 pub mod client;
 pub mod config;
 pub mod crypto;

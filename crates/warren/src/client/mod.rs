@@ -133,50 +133,11 @@ pub struct ClientBuilder {
 }
 
 impl ClientBuilder {
-    /// The pre-shared key (required, at least 16 characters).
-    pub fn psk(mut self, psk: impl Into<String>) -> Self {
-        self.config.psk = Secret::new(psk);
-        self
-    }
-
-    /// Token for services without their own.
-    pub fn default_token(mut self, token: impl Into<String>) -> Self {
-        self.config.default_token = Some(Secret::new(token));
-        self
-    }
-
-    /// `noise` (default) or plaintext `tcp` (needs [`ClientBuilder::insecure`]).
-    pub fn transport(mut self, transport: Transport) -> Self {
-        self.config.transport = transport;
-        self
-    }
-
-    /// Ciphers to offer, most preferred first.
-    pub fn ciphers(mut self, ciphers: Vec<CipherSuite>) -> Self {
-        self.config.ciphers = ciphers;
-        self
-    }
-
-    /// Allows weak secrets and the plaintext transport.
-    pub fn insecure(mut self, insecure: bool) -> Self {
-        self.config.insecure = insecure;
-        self
-    }
+    crate::builder::common_setters!();
 
     /// Silence from the server after which the session is declared dead.
     pub fn heartbeat_timeout(mut self, timeout: Duration) -> Self {
         self.config.heartbeat_timeout = timeout;
-        self
-    }
-
-    /// Reconnect backoff bounds.
-    /// Serves the admin API and `/metrics` on `bind`, requiring `token` as a bearer token
-    /// when given (a non-loopback `bind` needs one).
-    pub fn admin(mut self, bind: SocketAddr, token: Option<&str>) -> Self {
-        self.config.admin = Some(crate::config::AdminConfig {
-            bind,
-            token: token.map(Secret::new),
-        });
         self
     }
 

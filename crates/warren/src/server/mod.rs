@@ -105,61 +105,17 @@ pub struct ServerBuilder {
 }
 
 impl ServerBuilder {
+    crate::builder::common_setters!();
+
     /// The server port (control and data channels). Default `0.0.0.0:7000`.
     pub fn bind(mut self, addr: SocketAddr) -> Self {
         self.config.bind = addr;
         self
     }
 
-    /// The pre-shared key (required, at least 16 characters).
-    pub fn psk(mut self, psk: impl Into<String>) -> Self {
-        self.config.psk = Secret::new(psk);
-        self
-    }
-
-    /// Token for services without their own.
-    pub fn default_token(mut self, token: impl Into<String>) -> Self {
-        self.config.default_token = Some(Secret::new(token));
-        self
-    }
-
-    /// `noise` (default) or plaintext `tcp` (needs [`ServerBuilder::insecure`]).
-    pub fn transport(mut self, transport: Transport) -> Self {
-        self.config.transport = transport;
-        self
-    }
-
-    /// Allowed ciphers, in preference order.
-    pub fn ciphers(mut self, ciphers: Vec<CipherSuite>) -> Self {
-        self.config.ciphers = ciphers;
-        self
-    }
-
-    /// Allows weak secrets and the plaintext transport.
-    pub fn insecure(mut self, insecure: bool) -> Self {
-        self.config.insecure = insecure;
-        self
-    }
-
     /// How often the server pings each client.
     pub fn heartbeat_interval(mut self, interval: Duration) -> Self {
         self.config.heartbeat_interval = interval;
-        self
-    }
-
-    /// Deadline for handshake, hello and auth of a new connection.
-    pub fn handshake_timeout(mut self, timeout: Duration) -> Self {
-        self.config.handshake_timeout = timeout;
-        self
-    }
-
-    /// Serves the admin API and `/metrics` on `bind`, requiring `token` as a bearer token
-    /// when given (a non-loopback `bind` needs one).
-    pub fn admin(mut self, bind: SocketAddr, token: Option<&str>) -> Self {
-        self.config.admin = Some(crate::config::AdminConfig {
-            bind,
-            token: token.map(Secret::new),
-        });
         self
     }
 

@@ -1,0 +1,60 @@
+//! What the server and client builders share.
+//!
+//! Both sides of a session carry the same security settings (PSK, default token, transport,
+//! ciphers, `insecure`, the handshake deadline) and an optional admin API. The two builders
+//! wrap different config types, so the shared setters are generated once here rather than
+//! written twice.
+
+/// Expands to the setters of the settings both configs have, for a builder whose config
+/// lives in `self.config`.
+macro_rules! common_setters {
+    () => {
+        /// The pre-shared key (required, at least 16 characters).
+        pub fn psk(mut self, psk: impl Into<String>) -> Self {
+            self.config.psk = $crate::crypto::secret::Secret::new(psk);
+            self
+        }
+
+        /// Token for services without their own.
+        pub fn default_token(mut self, token: impl Into<String>) -> Self {
+            self.config.default_token = Some($crate::crypto::secret::Secret::new(token));
+            self
+        }
+
+        /// `noise` (default) or plaintext `tcp` (needs `insecure`).
+        pub fn transport(mut self, transport: $crate::config::Transport) -> Self {
+            self.config.transport = transport;
+            self
+        }
+
+        /// Record ciphers, most preferred first.
+        pub fn ciphers(mut self, ciphers: Vec<$crate::CipherSuite>) -> Self {
+            self.config.ciphers = ciphers;
+            self
+        }
+
+        /// Allows weak secrets and the plaintext transport.
+        pub fn insecure(mut self, insecure: bool) -> Self {
+            self.config.insecure = insecure;
+            self
+        }
+
+        /// One deadline for connect, handshake, hello and auth.
+        pub fn handshake_timeout(mut self, timeout: std::time::Duration) -> Self {
+            self.config.handshake_timeout = timeout;
+            self
+        }
+
+        /// Serves the admin API and `/metrics` on `bind`, requiring `token` as a bearer token
+        /// when given (a non-loopback `bind` needs one).
+        pub fn admin(mut self, bind: std::net::SocketAddr, token: Option<&str>) -> Self {
+            self.config.admin = Some($crate::config::AdminConfig {
+                bind,
+                token: token.map($crate::crypto::secret::Secret::new),
+            });
+            self
+        }
+    };
+}
+
+pub(crate) use common_setters;
