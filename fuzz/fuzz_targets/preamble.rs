@@ -19,6 +19,11 @@ fuzz_target!(|data: &[u8]| {
             let frame = hello.to_frame();
             assert_eq!(&frame[2..], body, "data hello round trip");
         }
+        Ok(Preamble::DataOpen(hello)) => {
+            assert_eq!(body[0], handshake::KIND_DATA_OPEN);
+            let frame = hello.to_frame();
+            assert_eq!(&frame[3..], &body[1..], "forward data hello round trip");
+        }
         Ok(Preamble::Control(message1)) => assert_eq!(message1, &body[1..]),
         Err(_) => {}
     }
