@@ -378,9 +378,9 @@ async fn aborted_streams_do_not_poison_the_pool() {
 }
 
 #[tokio::test]
-async fn plaintext_zero_copy_path_keeps_bytes_exact_with_half_close_and_reuse() {
-    // The plaintext transport splices payloads socket to socket (Linux): check exact bytes,
-    // half-close both ways, large and tiny streams, and channel reuse on that path.
+async fn plaintext_path_keeps_bytes_exact_with_half_close_and_reuse() {
+    // The plaintext transport: exact bytes, half-close both ways, large and tiny streams,
+    // and channel reuse on that path.
     let setup = Setup {
         transport: Transport::Tcp,
         insecure: true,

@@ -458,30 +458,6 @@ impl Sealer {
         self.dir.tag_len()
     }
 
-    /// The header of a plaintext (`none`) `Data` record of `payload_len` bytes, counting the
-    /// record: for the zero-copy path, which moves the payload from socket to socket without
-    /// it ever entering this process.
-    ///
-    /// # Errors
-    /// [`RecordError::Seal`] unless the suite is `none`; [`RecordError::TooLarge`] past
-    /// [`MAX_PAYLOAD`].
-    pub fn plain_data_header(
-        &mut self,
-        payload_len: usize,
-    ) -> Result<[u8; HEADER_LEN], RecordError> {
-        if !matches!(self.dir.cipher, Cipher::Plain) {
-            return Err(RecordError::Seal);
-        }
-        if payload_len > MAX_PAYLOAD {
-            return Err(RecordError::TooLarge {
-                len: payload_len,
-                max: MAX_PAYLOAD,
-            });
-        }
-        self.dir.advance();
-        Ok(encode_header(RecordKind::Data, payload_len))
-    }
-
     /// Seals one record in place. On entry `buf` is `[HEADER_LEN bytes of room][payload]`;
     /// on success it is the whole record, `header || ciphertext || tag`, ready to write.
     /// Nothing is allocated if `buf` has capacity for [`tag_len`](Self::tag_len) more bytes

@@ -96,12 +96,6 @@ pub async fn pump_metered(
         let up_tally = Tally::new(&mut moved.to_tunnel, meter, Towards::Tunnel);
         let down_tally = Tally::new(&mut moved.to_local, meter, Towards::Local);
         let both = async {
-            #[cfg(target_os = "linux")]
-            if writer.is_plaintext() {
-                let up = spliced::local_to_tunnel(&local_read, writer, up_tally);
-                let down = spliced::tunnel_to_local(reader, &mut local_write, down_tally);
-                return tokio::try_join!(up, down).map(|_| ());
-            }
             let up = local_to_tunnel(&mut local_read, writer, up_tally);
             let down = tunnel_to_local(reader, &mut local_write, down_tally);
             tokio::try_join!(up, down).map(|_| ())
@@ -228,83 +222,5 @@ async fn deliver(
         )),
         Some(Record::Control(_) | Record::Datagram(_)) => Err(RelayError::Protocol),
         None => Err(RelayError::TunnelCut),
-    }
-}
-
-/// The same two directions for plaintext channels, payloads moving with `splice`.
-#[cfg(target_os = "linux")]
-mod spliced {
-    use std::io;
-
-    use tokio::net::TcpStream;
-    use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf, ReadHalf, WriteHalf};
-
-    use super::{Flow, RelayError, Tally, deliver};
-    use crate::crypto::record::{MAX_PAYLOAD, RecordKind};
-    use crate::transport::records::{Next, RecordIoError, RecordReader, RecordWriter};
-    use crate::transport::splice::{self, Pipe};
-
-    pub(super) async fn local_to_tunnel(
-        local: &ReadHalf<'_>,
-        writer: &mut RecordWriter<OwnedWriteHalf>,
-        mut tally: Tally<'_>,
-    ) -> Result<(), RelayError> {
-        let src: &TcpStream = local.as_ref();
-        loop {
-            // Held only while bytes move, like the record buffers.
-            let pipe = Pipe::take().map_err(RelayError::Local)?;
-            match splice::try_fill(&pipe, src, MAX_PAYLOAD) {
-                Ok(0) => {
-                    pipe.give();
-                    writer.send(RecordKind::End, &[]).await?;
-                    return Ok(());
-                }
-                Ok(n) => {
-                    writer.send_spliced(&pipe, n).await?;
-                    pipe.give();
-                    tally.add(n);
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    pipe.give();
-                    // Nothing to send with: staged records go out alone before we wait.
-                    writer.flush_staged().await?;
-                    src.readable().await.map_err(RelayError::Local)?;
-                }
-                Err(e) => return Err(RelayError::Local(e)),
-            }
-        }
-    }
-
-    pub(super) async fn tunnel_to_local(
-        reader: &mut RecordReader<OwnedReadHalf>,
-        local: &mut WriteHalf<'_>,
-        mut tally: Tally<'_>,
-    ) -> Result<(), RelayError> {
-        loop {
-            match reader.read_or_payload().await? {
-                Next::Payload(len) => {
-                    let pipe = Pipe::take().map_err(RelayError::Local)?;
-                    splice::fill_exact(&pipe, reader.socket(), len)
-                        .await
-                        .map_err(|e| match e.kind() {
-                            io::ErrorKind::UnexpectedEof => {
-                                RelayError::Tunnel(RecordIoError::Truncated)
-                            }
-                            _ => RelayError::Tunnel(RecordIoError::Io(e)),
-                        })?;
-                    splice::drain(&pipe, local.as_ref(), len)
-                        .await
-                        .map_err(RelayError::Local)?;
-                    pipe.give();
-                    tally.add(len);
-                }
-                Next::Record(record) => {
-                    if deliver(record, local, &mut tally).await? == Flow::Ended {
-                        reader.shrink();
-                        return Ok(());
-                    }
-                }
-            }
-        }
     }
 }

@@ -15,8 +15,6 @@ pub mod buffers;
 pub mod preamble;
 pub mod proxy;
 pub mod records;
-#[cfg(target_os = "linux")]
-pub mod splice;
 pub mod tcp;
 
 use tokio::net::TcpStream;

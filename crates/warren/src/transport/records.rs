@@ -227,63 +227,6 @@ impl<R> Drop for RecordReader<R> {
     }
 }
 
-/// What [`RecordReader::read_or_payload`] found next.
-#[cfg(target_os = "linux")]
-#[derive(Debug)]
-pub enum Next<'a> {
-    /// An ordinary record (or `None`: clean EOF between records).
-    Record(Option<Record<'a>>),
-    /// The header of a plaintext `Data` record whose payload of this many bytes is still in
-    /// the socket, for the caller to splice.
-    Payload(usize),
-}
-
-#[cfg(target_os = "linux")]
-impl RecordReader<OwnedReadHalf> {
-    /// For plaintext (`none`) channels: like [`RecordReader::read`], but when nothing is
-    /// buffered and the next record is `Data`, reads only its header and leaves the payload
-    /// in the socket ([`Next::Payload`]) to be spliced. The opener does not count spliced
-    /// records; with no cipher there is no nonce to keep in step.
-    ///
-    /// Not cancel safe (a partly read header is lost): use it only where cancelling also
-    /// ends the channel.
-    ///
-    /// # Errors
-    /// As [`RecordReader::read`].
-    pub async fn read_or_payload(&mut self) -> Result<Next<'_>, RecordIoError> {
-        if self.start == self.end && self.opener.tag_len() == 0 {
-            let mut header = [0u8; HEADER_LEN];
-            let mut got = 0;
-            while got < HEADER_LEN {
-                match self.io.try_read(&mut header[got..]) {
-                    Ok(0) if got == 0 => return Ok(Next::Record(None)),
-                    Ok(0) => return Err(RecordIoError::Truncated),
-                    Ok(n) => got += n,
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => self.io.readable().await?,
-                    Err(e) => return Err(e.into()),
-                }
-            }
-            let (kind, body_len) = self.opener.parse_header(header)?;
-            if kind == RecordKind::Data && body_len > 0 {
-                return Ok(Next::Payload(body_len));
-            }
-            // Any other record goes the ordinary way: the header goes back in front of its body.
-            if self.buf.is_empty() {
-                self.buf = buffers::take_read();
-            }
-            self.buf[..HEADER_LEN].copy_from_slice(&header);
-            self.start = 0;
-            self.end = HEADER_LEN;
-        }
-        Ok(Next::Record(self.read().await?))
-    }
-
-    /// The socket, for splicing a payload out of it.
-    pub fn socket(&self) -> &TcpStream {
-        self.io.as_ref()
-    }
-}
-
 /// Seals and writes records to `W`.
 pub struct RecordWriter<W> {
     io: W,
@@ -435,32 +378,6 @@ impl<W> Drop for RecordWriter<W> {
         if self.buf.capacity() != 0 {
             buffers::give_write(std::mem::take(&mut self.buf));
         }
-    }
-}
-
-#[cfg(target_os = "linux")]
-impl RecordWriter<tokio::net::tcp::OwnedWriteHalf> {
-    /// Whether records go out unencrypted, so payloads may be spliced.
-    pub fn is_plaintext(&self) -> bool {
-        self.sealer.tag_len() == 0
-    }
-
-    /// For plaintext channels: sends the `len` bytes waiting in `pipe` as one `Data` record,
-    /// the payload going from pipe to socket inside the kernel.
-    ///
-    /// # Errors
-    /// [`RecordError::Seal`] on an encrypting channel; socket errors.
-    pub async fn send_spliced(
-        &mut self,
-        pipe: &super::splice::Pipe,
-        len: usize,
-    ) -> Result<(), RecordIoError> {
-        self.flush_staged().await?;
-        let header = self.sealer.plain_data_header(len)?;
-        let socket: &TcpStream = self.io.as_ref();
-        super::splice::send_header(socket, &header).await?;
-        super::splice::drain(pipe, socket, len).await?;
-        Ok(())
     }
 }
 
