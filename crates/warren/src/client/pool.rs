@@ -90,10 +90,15 @@ async fn run_channel(
             return;
         };
         channel = reusable;
-        match Arc::clone(&session.pool_slots).try_acquire_owned() {
-            Ok(permit) => slot = Some(permit),
-            Err(_) => return,
+        // Back to the pool only if it has room, and only once the server knows: it hands
+        // the channel out again only after this "idle again" notice.
+        let Ok(permit) = Arc::clone(&session.pool_slots).try_acquire_owned() else {
+            return;
+        };
+        if !relay::announce_idle(&mut channel.writer).await {
+            return;
         }
+        slot = Some(permit);
     }
 }
 

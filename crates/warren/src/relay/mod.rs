@@ -126,6 +126,26 @@ pub async fn pump_metered(
     }
 }
 
+/// How long the server waits for a client's "idle again" after a clean stream.
+const IDLE_NOTICE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Client side of channel reuse: after a clean stream, tells the server (an empty `Control`
+/// record) that this end is idle again too. `false` if the channel failed.
+pub async fn announce_idle(writer: &mut RecordWriter<tokio::net::tcp::OwnedWriteHalf>) -> bool {
+    writer.send(RecordKind::Control, &[]).await.is_ok()
+}
+
+/// Server side of channel reuse: after a clean stream, waits for the client's "idle again"
+/// (an empty `Control` record). A channel whose client end failed after the server's end
+/// finished (say, the target reset while the last bytes were written) answers `Close` or
+/// nothing instead, and must not carry another visitor.
+pub async fn await_idle(reader: &mut RecordReader<tokio::net::tcp::OwnedReadHalf>) -> bool {
+    matches!(
+        tokio::time::timeout(IDLE_NOTICE_TIMEOUT, reader.read()).await,
+        Ok(Ok(Some(Record::Control([]))))
+    )
+}
+
 /// Which way a direction's bytes go.
 #[derive(Debug, Clone, Copy)]
 enum Towards {

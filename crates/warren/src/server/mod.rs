@@ -927,9 +927,11 @@ async fn serve_visitor(
     match relay::pump_metered(visitor, &mut channel, &cancel, Some(&meter)).await {
         Ok(moved) => {
             debug!(event = "stream_closed", service = %slot.name, %peer, up = moved.to_tunnel, down = moved.to_local, "visitor done");
-            // Both ends saw the stream end cleanly: the channel is idle again, and reusing
-            // it spares the client a connect and a channel handshake.
-            session.add_idle_channel(channel);
+            // Reusing the channel spares the client a connect and a channel handshake, but
+            // only the client knows its side ended cleanly too: wait for its word.
+            if relay::await_idle(&mut channel.reader).await {
+                session.add_idle_channel(channel);
+            }
         }
         Err(error) => {
             if !matches!(error, relay::RelayError::Cancelled) {
