@@ -1,10 +1,12 @@
 //! `warren doctor`: diagnose a setup in one command.
 //!
-//! Checks, in order: the config parses and validates; secret strength; clock sanity; for a
-//! server, that every port it binds is free; for a client, that the server's name resolves
-//! (IPv4 / IPv6), a full handshake and hello with the server (cipher chosen, each service's
-//! verdict) and that every TCP target accepts connections (with connect time); then this
-//! machine's AEAD seal speed for each cipher. Every check is one [`Check`] with a status
+//! Checks, in order: the config parses and validates; secret strength (PSK and every
+//! service's and forward's token); clock sanity; for a server, that every port it binds is
+//! free and every forward target accepts connections; for a client, that the server's name
+//! resolves (IPv4 / IPv6), that a configured proxy reaches the server, a full handshake and
+//! hello with the server (through the proxy, cipher chosen, each service's verdict), that
+//! every TCP target accepts connections (with connect time) and every forward port is free;
+//! then this machine's AEAD seal speed for each cipher. Every check is one [`Check`] with a status
 //! and, for a failure, a fix.
 
 use std::net::SocketAddr;
@@ -17,10 +19,14 @@ use warren_proto::CipherSuite;
 use warren_proto::message::Verdict;
 
 use crate::client::establish::{self, EstablishError};
+use crate::config::HostPort;
+use crate::config::proxy::ProxyUrl;
 use crate::config::{ClientConfig, Config, MIN_SECRET_LEN, ServerConfig, ServiceKind, Transport};
 use crate::crypto::record::{DirectionKeys, HEADER_LEN, MAX_PAYLOAD, RecordKind, Sealer};
 use crate::crypto::secret::Secret;
-use crate::transport::tcp;
+use crate::transport;
+use crate::transport::proxy::ProxyError;
+use crate::transport::tcp::{self, Family};
 
 /// No machine running this build can honestly be before this (2026-11-01 UTC).
 const EARLIEST_PLAUSIBLE_UNIX: u64 = 1_793_491_200;
@@ -190,7 +196,13 @@ async fn diagnose_server(report: &mut Report, config: &ServerConfig) {
         config
             .services
             .values()
-            .map(|s| (s.name.as_str(), &s.token)),
+            .map(|s| (s.name.as_str(), &s.token))
+            .chain(
+                config
+                    .forwards
+                    .values()
+                    .map(|f| (f.name.as_str(), &f.token)),
+            ),
     );
     clock(report).await;
     port_free(report, "server port", config.bind, false).await;
@@ -203,6 +215,14 @@ async fn diagnose_server(report: &mut Report, config: &ServerConfig) {
             udp,
         )
         .await;
+    }
+    // The server dials forward targets, so they must be reachable from here.
+    for forward in config.forwards.values() {
+        let fix = format!(
+            "start the service on {} or correct `target` in [server.forwards.{}]",
+            forward.target, forward.name
+        );
+        target(report, &forward.name, forward.kind, &forward.target, &fix).await;
     }
     if let Some(admin) = &config.admin {
         port_free(report, "admin port", admin.bind, false).await;
@@ -218,41 +238,150 @@ async fn diagnose_client(report: &mut Report, config: &ClientConfig) {
         config
             .services
             .values()
-            .map(|s| (s.name.as_str(), &s.token)),
+            .map(|s| (s.name.as_str(), &s.token))
+            .chain(
+                config
+                    .forwards
+                    .values()
+                    .map(|f| (f.name.as_str(), &f.token)),
+            ),
     );
     clock(report).await;
     resolve(report, "server address", &config.server.to_string()).await;
-    handshake(report, config).await;
+    let proxy = match proxy(report, config).await {
+        ProxyCheck::Direct => None,
+        ProxyCheck::Through(url) => Some(url),
+        // The handshake would fail for the same reason; the proxy line already says why.
+        ProxyCheck::Broken => return finish_client(report, config).await,
+    };
+    handshake(report, config, proxy.as_ref()).await;
+    finish_client(report, config).await;
+}
+
+/// The client's checks that need no server: local targets, forward ports, admin port.
+async fn finish_client(report: &mut Report, config: &ClientConfig) {
     for service in config.services.values() {
-        let check = format!("target {}", service.name);
-        if matches!(service.kind, ServiceKind::Udp(_)) {
-            resolve(report, &check, &service.target.to_string()).await;
-            continue;
-        }
-        let started = Instant::now();
-        match tcp::connect(&service.target, NETWORK_DEADLINE).await {
-            Ok(_) => report.push(
-                Status::Ok,
-                check,
-                format!(
-                    "{} accepts connections (connect {})",
-                    service.target,
-                    ms(started.elapsed())
-                ),
-            ),
-            Err(error) => report.push_fix(
-                Status::Fail,
-                check,
-                format!("{} is unreachable: {error}", service.target),
-                format!(
-                    "start the local service on {} or correct `target` in [client.services.{}]",
-                    service.target, service.name
-                ),
-            ),
-        }
+        let fix = format!(
+            "start the local service on {} or correct `target` in [client.services.{}]",
+            service.target, service.name
+        );
+        target(report, &service.name, service.kind, &service.target, &fix).await;
+    }
+    for forward in config.forwards.values() {
+        let udp = matches!(forward.kind, ServiceKind::Udp(_));
+        port_free(
+            report,
+            &format!("forward {} port", forward.name),
+            forward.bind,
+            udp,
+        )
+        .await;
     }
     if let Some(admin) = &config.admin {
         port_free(report, "admin port", admin.bind, false).await;
+    }
+}
+
+/// A TCP target must accept a connection (timed); a UDP target can only be resolved.
+async fn target(report: &mut Report, name: &str, kind: ServiceKind, target: &HostPort, fix: &str) {
+    let check = format!("target {name}");
+    if matches!(kind, ServiceKind::Udp(_)) {
+        resolve(report, &check, &target.to_string()).await;
+        return;
+    }
+    let started = Instant::now();
+    match tcp::connect(target, NETWORK_DEADLINE).await {
+        Ok(_) => report.push(
+            Status::Ok,
+            check,
+            format!(
+                "{target} accepts connections (connect {})",
+                ms(started.elapsed())
+            ),
+        ),
+        Err(error) => report.push_fix(
+            Status::Fail,
+            check,
+            format!("{target} is unreachable: {error}"),
+            fix,
+        ),
+    }
+}
+
+/// The address family order the client itself would use.
+fn family(config: &ClientConfig) -> Family {
+    if config.prefer_ipv6 {
+        Family::PreferIpv6
+    } else {
+        Family::Any
+    }
+}
+
+/// What the proxy check found.
+enum ProxyCheck {
+    /// No proxy configured (or `env` with no variable set): dial the server directly.
+    Direct,
+    /// The proxy works and reached the server.
+    Through(ProxyUrl),
+    /// The proxy is misconfigured, unreachable or refused.
+    Broken,
+}
+
+/// With a `proxy`, opens a tunnel through it to the server and reports how long it took.
+async fn proxy(report: &mut Report, config: &ClientConfig) -> ProxyCheck {
+    let Some(setting) = &config.proxy else {
+        return ProxyCheck::Direct;
+    };
+    let url = match setting.resolve(&|name| std::env::var(name).ok()) {
+        Ok(Some(url)) => url,
+        Ok(None) => {
+            report.push_fix(
+                Status::Warn,
+                "proxy",
+                "proxy = \"env\" but none of ALL_PROXY, HTTPS_PROXY (or lower case) is set: dialing directly",
+                "set ALL_PROXY (e.g. socks5://host:1080) or remove `proxy`",
+            );
+            return ProxyCheck::Direct;
+        }
+        Err(error) => {
+            report.push_fix(
+                Status::Fail,
+                "proxy",
+                error,
+                "set the variable to a socks5:// or http:// URL",
+            );
+            return ProxyCheck::Broken;
+        }
+    };
+    let started = Instant::now();
+    match transport::proxy::connect(&url, &config.server, NETWORK_DEADLINE, family(config)).await {
+        Ok(_) => {
+            report.push(
+                Status::Ok,
+                "proxy",
+                format!(
+                    "{url} reached {} (tunnel open in {})",
+                    config.server,
+                    ms(started.elapsed())
+                ),
+            );
+            ProxyCheck::Through(url)
+        }
+        Err(error) => {
+            let fix = match &error {
+                ProxyError::Unreachable { .. } | ProxyError::Timeout { .. } => {
+                    "is the proxy running? check the host and port in `proxy`"
+                }
+                ProxyError::AuthFailed { .. } => {
+                    "correct the user name and password in `proxy` (percent-encode special characters)"
+                }
+                ProxyError::Refused { .. } => {
+                    "the proxy would not reach the server: check its ACL (e.g. allowed CONNECT ports) and `server`"
+                }
+            };
+            report.push_fix(Status::Fail, "proxy", error.to_string(), fix);
+            ProxyCheck::Broken
+        }
     }
 }
 
@@ -416,24 +545,40 @@ async fn resolve(report: &mut Report, what: &str, host_port: &str) {
     }
 }
 
-async fn handshake(report: &mut Report, config: &ClientConfig) {
+async fn handshake(report: &mut Report, config: &ClientConfig, proxy: Option<&ProxyUrl>) {
     let ciphers = match config.transport {
         Transport::Tcp => vec![CipherSuite::None],
         _ => config.ciphers.clone(),
     };
     let claims = crate::client::claims_of(config);
     let deadline = config.handshake_timeout.min(NETWORK_DEADLINE);
-    let dial = crate::transport::tcp::connect(&config.server, deadline);
-    let server = config.server.to_string();
+    let dial = async {
+        match proxy {
+            Some(url) => {
+                Ok(
+                    transport::proxy::connect(url, &config.server, deadline, family(config))
+                        .await?,
+                )
+            }
+            None => tcp::connect_preferring(&config.server, deadline, family(config)).await,
+        }
+    };
+    let server = match proxy {
+        Some(url) => format!("{} via {url}", config.server),
+        None => config.server.to_string(),
+    };
     match establish::establish(dial, &server, &config.psk, &ciphers, &claims, deadline).await {
         Ok(session) => {
             report.push(
                 Status::Ok,
                 "handshake",
                 format!(
-                    "{} ({}): cipher {}, connect {}, handshake {}, hello {}",
-                    config.server,
-                    session.server_addr,
+                    // Through a proxy the socket's peer is the proxy, so name the route instead.
+                    "{}: cipher {}, connect {}, handshake {}, hello {}",
+                    match proxy {
+                        Some(_) => server.clone(),
+                        None => format!("{} ({})", config.server, session.server_addr),
+                    },
                     session.keys.cipher(),
                     ms(session.connect_time),
                     ms(session.handshake_time),

@@ -478,3 +478,62 @@ target = "{target}"
     forward.terminate();
     server.terminate();
 }
+
+/// `warren doctor` with a client config that names a proxy: it probes the proxy, runs the
+/// handshake through it, and names a wrong password or a dead proxy with a fix.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn doctor_checks_the_proxy_and_shakes_hands_through_it() {
+    if !have_tool("microsocks", "microsocks", "doctor_checks_the_proxy") {
+        return;
+    }
+    let dir = TestDir::new("doctor-proxy");
+    let (mut server, server_port, _web) = server_with_web(&dir, "").await;
+    let (target, _served) = hashing_target(16).await;
+    let (mut socks, socks_port) = microsocks(&dir, true);
+    wait_listening(socks_port, "microsocks").await;
+    let doctor = |config: std::path::PathBuf| {
+        let dir = &dir;
+        async move {
+            Proc::warren_output(
+                dir,
+                "doctor",
+                &["doctor", config.to_str().unwrap()],
+                &[("WARREN_PSK", PSK)],
+            )
+            .await
+        }
+    };
+
+    let good =
+        format!("proxy = \"socks5://{PROXY_USER}:{PROXY_PASSWORD}@127.0.0.1:{socks_port}\"\n");
+    let (code, out, err) = doctor(client_config(&dir, server_port, target, &good)).await;
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert!(out.contains("[OK]   proxy"), "{out}");
+    assert!(
+        out.contains("[OK]   handshake") && out.contains("via socks5://"),
+        "{out}"
+    );
+    assert!(
+        !out.contains(PROXY_PASSWORD),
+        "the proxy password leaked: {out}"
+    );
+
+    let wrong =
+        format!("proxy = \"socks5://{PROXY_USER}:not-the-password@127.0.0.1:{socks_port}\"\n");
+    let (code, out, _) = doctor(client_config(&dir, server_port, target, &wrong)).await;
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("[FAIL] proxy"), "{out}");
+    assert!(
+        out.contains("password"),
+        "the fix names the credentials: {out}"
+    );
+
+    socks.terminate();
+    let (code, out, _) = doctor(client_config(&dir, server_port, target, &good)).await;
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains("[FAIL] proxy") && out.contains("proxy running"),
+        "{out}"
+    );
+    server.terminate();
+}
