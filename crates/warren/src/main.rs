@@ -310,8 +310,8 @@ async fn run(command: Command) -> Outcome {
             };
             let bound = match server.bind().await {
                 Ok(bound) => bound,
-                Err(e) => {
-                    error!("{e}");
+                Err(error) => {
+                    error!(event = "server_failed", %error, "the server could not start");
                     return Outcome::Failed;
                 }
             };
@@ -614,8 +614,8 @@ async fn run_client(config: warren::ClientConfig, exposing: Option<warren::HostP
     }
     match client.run(cancel).await {
         Ok(()) => Outcome::Clean,
-        Err(e) => {
-            error!("{e}");
+        Err(error) => {
+            error!(event = "client_failed", %error, "the client stopped");
             Outcome::Failed
         }
     }
@@ -647,8 +647,8 @@ fn wrong_kind(path: &Path, wanted: &str, found: &str) -> Outcome {
 async fn demo(port: u16) -> Outcome {
     let demo = match warren::demo::Demo::start(port).await {
         Ok(demo) => demo,
-        Err(e) => {
-            error!("demo failed to start: {e}");
+        Err(error) => {
+            error!(event = "demo_failed", %error, "the demo could not start");
             return Outcome::Failed;
         }
     };
