@@ -207,14 +207,8 @@ async fn diagnose_server(report: &mut Report, config: &ServerConfig) {
     clock(report).await;
     port_free(report, "server port", config.bind, false).await;
     for service in config.services.values() {
-        let udp = matches!(service.kind, ServiceKind::Udp(_));
-        port_free(
-            report,
-            &format!("service {} port", service.name),
-            service.bind,
-            udp,
-        )
-        .await;
+        let what = format!("service {} port", service.name);
+        service_port_free(report, &what, service.kind, service.bind).await;
     }
     // The server dials forward targets, so they must be reachable from here.
     for forward in config.forwards.values() {
@@ -268,18 +262,17 @@ async fn finish_client(report: &mut Report, config: &ClientConfig) {
         target(report, &service.name, service.kind, &service.target, &fix).await;
     }
     for forward in config.forwards.values() {
-        let udp = matches!(forward.kind, ServiceKind::Udp(_));
-        port_free(
-            report,
-            &format!("forward {} port", forward.name),
-            forward.bind,
-            udp,
-        )
-        .await;
+        let what = format!("forward {} port", forward.name);
+        service_port_free(report, &what, forward.kind, forward.bind).await;
     }
     if let Some(admin) = &config.admin {
         port_free(report, "admin port", admin.bind, false).await;
     }
+}
+
+/// [`port_free`] for a service's own port, bound as TCP or UDP by its kind.
+async fn service_port_free(report: &mut Report, what: &str, kind: ServiceKind, bind: SocketAddr) {
+    port_free(report, what, bind, matches!(kind, ServiceKind::Udp(_))).await;
 }
 
 /// A TCP target must accept a connection (timed); a UDP target can only be resolved.
