@@ -741,3 +741,82 @@ async fn issue5_declared_udp_port_taken_or_outside_the_range_is_refused_clearly(
     );
     stop.cancel();
 }
+
+/// A server with one UDP forward service `dns` to `target`, on `bind`.
+async fn udp_forward_server(
+    bind: SocketAddr,
+    target: SocketAddr,
+) -> (SocketAddr, CancellationToken, JoinHandle<()>) {
+    let bound = Server::builder()
+        .bind(bind)
+        .psk(PSK)
+        .default_token(TOKEN)
+        .heartbeat_interval(Duration::from_secs(1))
+        .udp_forward_service("dns", HostPort::from(target), UdpSettings::DEFAULT)
+        .build()
+        .expect("valid server")
+        .bind()
+        .await
+        .expect("server binds");
+    let addr = bound.local_addr();
+    let stop = bound.shutdown_token();
+    (addr, stop, tokio::spawn(bound.run()))
+}
+
+#[tokio::test]
+async fn issue5_udp_forward_comes_back_after_a_server_restart() {
+    let echo = echo_target().await;
+    let (server_addr, server_stop, server_task) =
+        udp_forward_server("127.0.0.1:0".parse().unwrap(), echo).await;
+    let client = Client::builder(HostPort::from(server_addr))
+        .psk(PSK)
+        .default_token(TOKEN)
+        .heartbeat_timeout(Duration::from_secs(3))
+        .reconnect_delays(Duration::from_millis(50), Duration::from_millis(400))
+        .udp_forward_service("dns", "127.0.0.1:0".parse().unwrap(), UdpSettings::DEFAULT)
+        .build()
+        .expect("valid client");
+    let mut status = client.status();
+    let client_stop = CancellationToken::new();
+    tokio::spawn(client.run(client_stop.clone()));
+    wait_sessions(&mut status, 1).await;
+    let local = status.borrow().forwards["dns"];
+    let socket = visitor(local).await;
+    assert_eq!(
+        ask(&socket, b"before", Duration::from_secs(2))
+            .await
+            .as_deref(),
+        Some(&b"before"[..])
+    );
+
+    server_stop.cancel();
+    server_task.await.unwrap();
+    tokio::time::timeout(Duration::from_secs(5), status.wait_for(|s| !s.connected))
+        .await
+        .unwrap()
+        .unwrap();
+    // While no session is up, datagrams are dropped (UDP allows it), never queued forever.
+    assert_eq!(
+        ask(&socket, b"lost", Duration::from_millis(300)).await,
+        None
+    );
+
+    let (_addr, stop_again, _task) = udp_forward_server(server_addr, echo).await;
+    wait_sessions(&mut status, 2).await;
+    assert_eq!(
+        status.borrow().forwards["dns"],
+        local,
+        "the client's port stays"
+    );
+    // The same visitor socket works again through a new channel of the new session.
+    let mut answered = None;
+    for _ in 0..20 {
+        answered = ask(&socket, b"after", Duration::from_millis(250)).await;
+        if answered.is_some() {
+            break;
+        }
+    }
+    assert_eq!(answered.as_deref(), Some(&b"after"[..]));
+    client_stop.cancel();
+    stop_again.cancel();
+}
