@@ -64,26 +64,13 @@ pub async fn serve(side: TargetSide<'_>, channel: Channel) {
         cancel,
     } = side;
     let (mut sender, mut receiver) = DatagramChannel::new(channel).split();
-    let resolved =
-        tokio::time::timeout(RESOLVE_TIMEOUT, tokio::net::lookup_host(target.to_string()))
-            .await
-            .unwrap_or_else(|_| {
-                Err(std::io::Error::new(
-                    std::io::ErrorKind::TimedOut,
-                    "resolving timed out",
-                ))
-            });
-    let target_name = target;
-    let target = match resolved {
-        Ok(mut addrs) => addrs.next(),
+    let target = match resolve(target).await {
+        Ok(addr) => addr,
         Err(error) => {
-            warn!(event = "target_unreachable", service = %name, target = %target_name, %error, "cannot resolve the UDP service's target");
-            None
+            warn!(event = "target_unreachable", service = %name, %target, %error, "cannot resolve the UDP service's target");
+            let _ = sender.close("target unresolvable").await;
+            return;
         }
-    };
-    let Some(target) = target else {
-        let _ = sender.close("target unresolvable").await;
-        return;
     };
     let cancel = cancel.child_token();
     let stats = Arc::new(UdpStats::default());
@@ -161,6 +148,17 @@ pub async fn serve(side: TargetSide<'_>, channel: Channel) {
     // Dropping the table's flows stops their reader tasks.
     cancel.cancel();
     debug!(event = "udp_channel_closed", service = %name, %reason, "datagram channel closed");
+}
+
+/// The first address `target` resolves to, within [`RESOLVE_TIMEOUT`].
+async fn resolve(target: &HostPort) -> std::io::Result<SocketAddr> {
+    let resolving = tokio::net::lookup_host(target.to_string());
+    let mut addrs = tokio::time::timeout(RESOLVE_TIMEOUT, resolving)
+        .await
+        .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "resolving timed out"))??;
+    addrs
+        .next()
+        .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::NotFound, "no address"))
 }
 
 /// Creates flow `flow`: a socket connected to `target` and its reader task.
