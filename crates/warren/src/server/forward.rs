@@ -22,12 +22,11 @@
 use std::collections::HashMap;
 use std::io;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rand::RngCore;
 use tokio::net::{TcpListener, TcpStream, UdpSocket};
-use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 use warren_proto::handshake::DataHello;
 use warren_proto::message::{self, ClaimKind, Protocol, ServiceClaim, StreamOpen, Verdict};
@@ -324,10 +323,10 @@ pub(super) fn serve_declared(
             meter: shared.telemetry.metrics.service(&name),
             name,
             kind,
-            token: crate::crypto::secret::Secret::default(),
-            session: std::sync::Mutex::new(Some(Arc::clone(session))),
+            token: Secret::default(),
+            session: Mutex::new(Some(Arc::clone(session))),
         });
-        let until: CancellationToken = session.cancel.clone();
+        let until = session.cancel.clone();
         match socket {
             DeclaredSocket::Tcp(listener) => {
                 shared.tasks.spawn(serve_visitors(
