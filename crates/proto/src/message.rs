@@ -73,6 +73,39 @@ pub enum ClaimKind {
         /// Where the client wants visitors to connect at the server.
         remote_bind: SocketAddr,
     },
+    /// As [`ClaimKind::Forward`], for a UDP forward service: the client binds a UDP port and
+    /// the server sends each flow's datagrams to the target. A separate variant (rather than
+    /// a field) so the encodings of the TCP claims stay what they were.
+    ForwardUdp {
+        /// The target the client asks for, if it selects by target.
+        target: Option<String>,
+    },
+    /// As [`ClaimKind::Declared`], for a UDP service: the server binds a UDP socket.
+    DeclaredUdp {
+        /// Where the client wants visitors to send datagrams at the server.
+        remote_bind: SocketAddr,
+    },
+}
+
+/// Which transport protocol a claimed service carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Protocol {
+    /// Streams.
+    Tcp,
+    /// Datagrams.
+    Udp,
+}
+
+impl ClaimKind {
+    /// The protocol the claim says the service carries; `None` for a reverse claim, whose
+    /// protocol is whatever the server's config says.
+    pub fn protocol(&self) -> Option<Protocol> {
+        match self {
+            ClaimKind::Reverse => None,
+            ClaimKind::Forward { .. } | ClaimKind::Declared { .. } => Some(Protocol::Tcp),
+            ClaimKind::ForwardUdp { .. } | ClaimKind::DeclaredUdp { .. } => Some(Protocol::Udp),
+        }
+    }
 }
 
 /// The server's answer for one claimed service.
@@ -204,6 +237,9 @@ pub fn decode_control(bytes: &[u8]) -> Result<ControlMessage, DecodeError> {
             check_len("service name", claim.name.len(), MAX_SERVICE_NAME_LEN)?;
             if let ClaimKind::Forward {
                 target: Some(target),
+            }
+            | ClaimKind::ForwardUdp {
+                target: Some(target),
             } = &claim.kind
             {
                 check_len("target", target.len(), MAX_TARGET_LEN)?;
@@ -265,6 +301,11 @@ mod tests {
             (any::<[u8; 4]>(), any::<u16>()).prop_map(|(ip, port)| ClaimKind::Declared {
                 remote_bind: SocketAddr::from((ip, port))
             }),
+            proptest::option::of("[a-z0-9.:-]{1,40}")
+                .prop_map(|target| ClaimKind::ForwardUdp { target }),
+            (any::<[u8; 16]>(), any::<u16>()).prop_map(|(ip, port)| ClaimKind::DeclaredUdp {
+                remote_bind: SocketAddr::from((ip, port))
+            }),
         ];
         let claim = ("[a-z0-9-]{1,64}", any::<[u8; 32]>(), kind)
             .prop_map(|(name, proof, kind)| ServiceClaim { name, proof, kind });
@@ -309,6 +350,24 @@ mod tests {
             let _ = decode_control(&bytes);
             let _ = decode_stream_open(&bytes);
         }
+    }
+
+    #[test]
+    fn claim_kind_indices_are_stable() {
+        // docs/protocol.md lists these indices; the UDP variants were appended so the
+        // encodings of the older claims did not change.
+        let addr = SocketAddr::from(([127, 0, 0, 1], 1));
+        let index = |kind: ClaimKind| encode(&kind)[0];
+        assert_eq!(index(ClaimKind::Reverse), 0);
+        assert_eq!(index(ClaimKind::Forward { target: None }), 1);
+        assert_eq!(index(ClaimKind::Declared { remote_bind: addr }), 2);
+        assert_eq!(index(ClaimKind::ForwardUdp { target: None }), 3);
+        assert_eq!(index(ClaimKind::DeclaredUdp { remote_bind: addr }), 4);
+        assert_eq!(
+            ClaimKind::DeclaredUdp { remote_bind: addr }.protocol(),
+            Some(Protocol::Udp)
+        );
+        assert_eq!(ClaimKind::Reverse.protocol(), None);
     }
 
     #[test]

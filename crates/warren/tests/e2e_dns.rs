@@ -160,8 +160,8 @@ fn start_dnsmasq(dnsmasq: &Path, dig_path: &Path, dir: &Path) -> (u16, Killed) {
     panic!("dnsmasq failed to start 5 times; log in {}", dir.display());
 }
 
-#[test]
-fn issue4_dig_through_the_tunnel_gets_dnsmasq_answers() {
+/// dnsmasq and dig, or `None` (with a skip note) when they are missing and not required.
+fn tools(what: &str) -> Option<(PathBuf, PathBuf)> {
     let (Some(dnsmasq), Some(dig_path)) = (tool("dnsmasq"), tool("dig")) else {
         let required = std::env::var("WARREN_E2E_REQUIRE_TOOLS").is_ok_and(|v| v == "1");
         assert!(
@@ -169,14 +169,29 @@ fn issue4_dig_through_the_tunnel_gets_dnsmasq_answers() {
             "dnsmasq and dig are required (apt-get install dnsmasq-base dnsutils)"
         );
         eprintln!(
-            "SKIP issue4 e2e DNS: dnsmasq or dig missing (apt-get install dnsmasq-base dnsutils)"
+            "SKIP {what} e2e DNS: dnsmasq or dig missing (apt-get install dnsmasq-base dnsutils)"
         );
+        return None;
+    };
+    Some((dnsmasq, dig_path))
+}
+
+/// Starts dnsmasq, then a warren server and client whose `[server]` / `[client]` sections
+/// are followed by the service tables `services(dns_port)` returns, and checks that dig on
+/// 127.0.0.1:`query_port` gets dnsmasq's answers, many at once.
+fn dig_through_the_tunnel(
+    what: &str,
+    query_port: u16,
+    services: impl FnOnce(u16) -> (String, String),
+) {
+    let Some((dnsmasq, dig_path)) = tools(what) else {
         return;
     };
     let dir = temp_dir();
     let (dns_port, _dnsmasq) = start_dnsmasq(&dnsmasq, &dig_path, &dir);
     let server_port = free_tcp_port();
-    let service_port = free_udp_port();
+    let (server_services, client_services) = services(dns_port);
+    let service_port = query_port;
 
     let _server = warren(
         &dir,
@@ -188,11 +203,7 @@ psk = "${{WARREN_PSK}}"
 default_token = "${{WARREN_TOKEN}}"
 heartbeat_interval = "1s"
 
-[server.services.dns]
-type = "udp"
-bind = "127.0.0.1:{service_port}"
-udp_idle_timeout = "10s"
-"#
+{server_services}"#
         ),
     );
     let _client = warren(
@@ -206,11 +217,7 @@ default_token = "${{WARREN_TOKEN}}"
 reconnect_initial_delay = "100ms"
 reconnect_max_delay = "500ms"
 
-[client.services.dns]
-type = "udp"
-target = "127.0.0.1:{dns_port}"
-udp_idle_timeout = "10s"
-"#
+{client_services}"#
         ),
     );
     // Until the client is connected queries go unanswered (UDP); poll, bounded.
@@ -262,4 +269,52 @@ udp_idle_timeout = "10s"
         Some("")
     );
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn issue4_dig_through_the_tunnel_gets_dnsmasq_answers() {
+    let service_port = free_udp_port();
+    dig_through_the_tunnel("issue4", service_port, |dns_port| {
+        (
+            format!(
+                r#"[server.services.dns]
+type = "udp"
+bind = "127.0.0.1:{service_port}"
+udp_idle_timeout = "10s"
+"#
+            ),
+            format!(
+                r#"[client.services.dns]
+type = "udp"
+target = "127.0.0.1:{dns_port}"
+udp_idle_timeout = "10s"
+"#
+            ),
+        )
+    });
+}
+
+/// Issue 5: the same through a UDP *forward* service: dig asks the client's port, the
+/// server sends to the DNS server its own config names.
+#[test]
+fn issue5_dig_through_a_udp_forward_service_gets_dnsmasq_answers() {
+    let local_port = free_udp_port();
+    dig_through_the_tunnel("issue5", local_port, |dns_port| {
+        (
+            format!(
+                r#"[server.services.dns]
+type = "udp"
+target = "127.0.0.1:{dns_port}"
+udp_idle_timeout = "10s"
+"#
+            ),
+            format!(
+                r#"[client.services.dns]
+type = "udp"
+bind = "127.0.0.1:{local_port}"
+udp_idle_timeout = "10s"
+"#
+            ),
+        )
+    });
 }

@@ -288,18 +288,14 @@ async fn unreachable_proxy_is_a_clear_error() {
     client.kill();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn haproxy_sees_the_visitor_address_through_proxy_protocol() {
-    if !have_tool("haproxy", "haproxy", "haproxy_proxy_protocol") {
-        return;
-    }
-    let dir = TestDir::new("haproxy");
-    for version in ["v1", "v2"] {
-        let haproxy_port = free_port();
-        let config = dir.write(
-            &format!("haproxy-{version}.cfg"),
-            &format!(
-                r#"defaults
+/// HAProxy on a free port, expecting a PROXY header (`accept-proxy`) and answering every
+/// request with the client address it saw: `visitor=IP:PORT`.
+async fn haproxy(dir: &TestDir, version: &str) -> (Proc, u16) {
+    let haproxy_port = free_port();
+    let config = dir.write(
+        &format!("haproxy-{version}.cfg"),
+        &format!(
+            r#"defaults
     mode http
     timeout connect 5s
     timeout client 10s
@@ -308,16 +304,59 @@ frontend fe
     bind 127.0.0.1:{haproxy_port} accept-proxy
     http-request return status 200 content-type text/plain lf-string "visitor=%[src]:%[src_port]"
 "#
-            ),
-        );
-        let mut haproxy = Proc::spawn(
-            &dir,
-            "haproxy",
-            "haproxy",
-            &["-db", "-f", config.to_str().unwrap()],
-            &[],
-        );
-        wait_listening(haproxy_port, "haproxy").await;
+        ),
+    );
+    let haproxy = Proc::spawn(
+        dir,
+        "haproxy",
+        "haproxy",
+        &["-db", "-f", config.to_str().unwrap()],
+        &[],
+    );
+    wait_listening(haproxy_port, "haproxy").await;
+    (haproxy, haproxy_port)
+}
+
+/// Visits `service` from 127.0.0.2 (an address nothing else uses) until HAProxy answers
+/// through the tunnel, then checks that it logged that visitor's address and port.
+async fn check_haproxy_saw_the_visitor(service: SocketAddr, version: &str, client: &mut Proc) {
+    let mut seen = None;
+    for _ in 0..100 {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.bind("127.0.0.2:0".parse().unwrap()).unwrap();
+        let Ok(mut visitor) = socket.connect(service).await else {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            continue;
+        };
+        let me = visitor.local_addr().unwrap();
+        let _ = visitor
+            .write_all(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .await;
+        let mut response = Vec::new();
+        let _ =
+            tokio::time::timeout(Duration::from_secs(10), visitor.read_to_end(&mut response)).await;
+        let text = String::from_utf8_lossy(&response).to_string();
+        if text.contains("visitor=") {
+            seen = Some((me, text));
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (me, text) = seen.unwrap_or_else(|| panic!("no answer from haproxy\n{}", client.stderr()));
+    assert!(
+        text.contains(&format!("visitor=127.0.0.2:{}", me.port())),
+        "{version}: haproxy saw the wrong address: {text}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn haproxy_sees_the_visitor_address_through_proxy_protocol() {
+    if !have_tool("haproxy", "haproxy", "haproxy_proxy_protocol") {
+        return;
+    }
+    let dir = TestDir::new("haproxy");
+    for version in ["v1", "v2"] {
+        let (mut haproxy, haproxy_port) = haproxy(&dir, version).await;
         let (mut server, server_port, web) = server_with_web(&dir, "").await;
         let client_cfg = dir.write(
             "client-pp.toml",
@@ -333,33 +372,54 @@ proxy_protocol = "{version}"
             ),
         );
         let mut client = start_client(&dir, &client_cfg, PSK);
-        let mut seen = None;
-        for _ in 0..100 {
-            let socket = tokio::net::TcpSocket::new_v4().unwrap();
-            socket.bind("127.0.0.2:0".parse().unwrap()).unwrap();
-            let Ok(mut visitor) = socket.connect(loopback(web)).await else {
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                continue;
-            };
-            let me = visitor.local_addr().unwrap();
-            let _ = visitor
-                .write_all(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-                .await;
-            let mut response = Vec::new();
-            let _ = visitor.read_to_end(&mut response).await;
-            let text = String::from_utf8_lossy(&response).to_string();
-            if text.contains("visitor=") {
-                seen = Some((me, text));
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        let (me, text) =
-            seen.unwrap_or_else(|| panic!("no answer from haproxy\n{}", client.stderr()));
-        assert!(
-            text.contains(&format!("visitor=127.0.0.2:{}", me.port())),
-            "{version}: haproxy saw the wrong address: {text}"
+        check_haproxy_saw_the_visitor(loopback(web), version, &mut client).await;
+        client.terminate();
+        server.terminate();
+        haproxy.kill();
+    }
+}
+
+/// Issue 5: on a *forward* service the server writes the header, with the address of the
+/// visitor that connected to the client's `bind`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn haproxy_sees_the_forward_visitor_address_through_proxy_protocol() {
+    if !have_tool("haproxy", "haproxy", "haproxy_forward_proxy_protocol") {
+        return;
+    }
+    let dir = TestDir::new("haproxy-forward");
+    for version in ["v1", "v2"] {
+        let (mut haproxy, haproxy_port) = haproxy(&dir, version).await;
+        let server_port = free_port();
+        let server_cfg = dir.write(
+            "server-fwd.toml",
+            &format!(
+                r#"[server]
+bind = "127.0.0.1:{server_port}"
+psk = "${{WARREN_PSK}}"
+default_token = "{TOKEN}"
+[server.services.web]
+target = "127.0.0.1:{haproxy_port}"
+proxy_protocol = "{version}"
+"#
+            ),
         );
+        let mut server = start_server(&dir, &server_cfg);
+        wait_listening(server_port, "warren server").await;
+        let local_port = free_port();
+        let client_cfg = dir.write(
+            "client-fwd.toml",
+            &format!(
+                r#"[client]
+server = "127.0.0.1:{server_port}"
+psk = "${{WARREN_PSK}}"
+default_token = "{TOKEN}"
+[client.services.web]
+bind = "127.0.0.1:{local_port}"
+"#
+            ),
+        );
+        let mut client = start_client(&dir, &client_cfg, PSK);
+        check_haproxy_saw_the_visitor(loopback(local_port), version, &mut client).await;
         client.terminate();
         server.terminate();
         haproxy.kill();

@@ -406,6 +406,43 @@ async fn proxy_protocol_headers_carry_the_visitor_address() {
     }
 }
 
+#[tokio::test]
+async fn issue5_forward_proxy_protocol_carries_the_visitor_at_the_client_bind() {
+    for version in [ProxyProtocol::V1, ProxyProtocol::V2] {
+        let (target, mut headers) = proxy_header_target().await;
+        let server = server("127.0.0.1:0", |b| {
+            b.forward_service("pp", HostPort::from(target))
+                .forward_proxy_protocol("pp", version)
+        })
+        .await;
+        let mut c = client(server.addr, |b| {
+            b.forward_service("pp", "127.0.0.1:0".parse().unwrap())
+        });
+        let local = c.connected().await.forwards["pp"];
+        for _ in 0..2 {
+            // The visitor comes from 127.0.0.2: the header must name it, not the tunnel.
+            let socket = tokio::net::TcpSocket::new_v4().unwrap();
+            socket.bind("127.0.0.2:0".parse().unwrap()).unwrap();
+            let mut visitor = socket.connect(local).await.unwrap();
+            let visitor_addr = visitor.local_addr().unwrap();
+            let payload = random_bytes(200_001);
+            visitor.write_all(&payload).await.unwrap();
+            visitor.shutdown().await.unwrap();
+            let mut reply = Vec::new();
+            visitor.read_to_end(&mut reply).await.unwrap();
+            assert_eq!(hash(&reply), hash(&payload), "bytes after the header");
+            let header = headers.recv().await.unwrap();
+            assert_eq!(
+                header,
+                warren_proto_header(version, visitor_addr, local),
+                "{version:?}"
+            );
+        }
+        c.stop.cancel();
+        server.stop.cancel();
+    }
+}
+
 fn warren_proto_header(version: ProxyProtocol, src: SocketAddr, dst: SocketAddr) -> Vec<u8> {
     match version {
         ProxyProtocol::V1 => format!(

@@ -482,3 +482,341 @@ async fn issue4_datagrams_are_not_held_up_by_a_bulk_tcp_transfer() {
     assert_eq!(tcp_results.recv().await.unwrap().0, expected);
     println!("slowest UDP round trip during a 64 MiB TCP transfer: {slowest:?}");
 }
+
+// ---- Issue 5: UDP forward services and client-declared UDP services ----
+
+/// A server and a client built by the closures, the client connected.
+async fn pair(
+    server: impl FnOnce(warren::ServerBuilder) -> warren::ServerBuilder,
+    client: impl FnOnce(warren::ClientBuilder) -> warren::ClientBuilder,
+) -> (ClientStatus, CancellationToken, CancellationToken) {
+    let bound = server(
+        Server::builder()
+            .bind("127.0.0.1:0".parse().unwrap())
+            .psk(PSK)
+            .default_token(TOKEN),
+    )
+    .build()
+    .expect("valid server")
+    .bind()
+    .await
+    .expect("server binds");
+    let server_addr = bound.local_addr();
+    let server_stop = bound.shutdown_token();
+    tokio::spawn(bound.run());
+    let built = client(
+        Client::builder(HostPort::from(server_addr))
+            .psk(PSK)
+            .default_token(TOKEN)
+            .reconnect_delays(Duration::from_millis(50), Duration::from_millis(400)),
+    )
+    .build()
+    .expect("valid client");
+    let mut status = built.status();
+    let client_stop = CancellationToken::new();
+    tokio::spawn(built.run(client_stop.clone()));
+    wait_sessions(&mut status, 1).await;
+    let status = status.borrow().clone();
+    (status, client_stop, server_stop)
+}
+
+/// `visitors` sockets each send `per_visitor` hash-tagged datagrams through `service` to a
+/// port-echo target; every reply must come back whole, to the visitor that sent it, and
+/// each visitor's flow must keep one source port at the target, distinct from the others'.
+async fn check_visitors(service: SocketAddr, visitors: usize, per_visitor: usize) {
+    let mut tasks = tokio::task::JoinSet::new();
+    for v in 0..visitors {
+        tasks.spawn(async move {
+            let socket = visitor(service).await;
+            let mut ports = HashSet::new();
+            for i in 0..per_visitor {
+                let payload = datagram(32 + (v * 997 + i * 131) % 3000);
+                let reply = ask(&socket, &payload, Duration::from_secs(2))
+                    .await
+                    .expect("a reply within 2s");
+                assert_eq!(
+                    blake3::hash(&reply[2..]),
+                    blake3::hash(&payload),
+                    "visitor {v} got its own datagram back, whole"
+                );
+                assert!(self_consistent(&reply[2..]));
+                ports.insert(u16::from_be_bytes([reply[0], reply[1]]));
+            }
+            assert_eq!(ports.len(), 1, "one flow socket per visitor: {ports:?}");
+            ports.into_iter().next().unwrap()
+        });
+    }
+    let mut flow_ports = HashSet::new();
+    while let Some(port) = tasks.join_next().await {
+        flow_ports.insert(port.expect("visitor task"));
+    }
+    assert_eq!(flow_ports.len(), visitors, "each visitor is its own flow");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn issue5_udp_forward_carries_several_visitors_to_the_right_one() {
+    let target = port_echo_target().await;
+    let (status, client_stop, server_stop) = pair(
+        |s| s.udp_forward_service("dns", HostPort::from(target), UdpSettings::DEFAULT),
+        |c| c.udp_forward_service("dns", "127.0.0.1:0".parse().unwrap(), UdpSettings::DEFAULT),
+    )
+    .await;
+    assert_eq!(status.services, ["dns"]);
+    let local = status.forwards["dns"];
+    check_visitors(local, 8, 25).await;
+    // The largest and the empty datagram pass whole, both ways.
+    let socket = visitor(local).await;
+    for len in [0usize, 65_507 - 2] {
+        let payload = datagram(len);
+        let reply = ask(&socket, &payload, Duration::from_secs(2))
+            .await
+            .expect("reply");
+        assert_eq!(blake3::hash(&reply[2..]), blake3::hash(&payload), "{len}");
+    }
+    client_stop.cancel();
+    server_stop.cancel();
+}
+
+#[tokio::test]
+async fn issue5_udp_forward_flows_expire_when_idle() {
+    let target = port_echo_target().await;
+    let (status, client_stop, server_stop) = pair(
+        |s| s.udp_forward_service("dns", HostPort::from(target), settings(400, 16)),
+        |c| c.udp_forward_service("dns", "127.0.0.1:0".parse().unwrap(), settings(400, 16)),
+    )
+    .await;
+    let socket = visitor(status.forwards["dns"]).await;
+    let first = flow_port(&socket, b"one").await;
+    assert_eq!(
+        flow_port(&socket, b"two").await,
+        first,
+        "same flow while active"
+    );
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let again = flow_port(&socket, b"three").await;
+    assert_ne!(again, first, "an expired flow comes back as a new one");
+    client_stop.cancel();
+    server_stop.cancel();
+}
+
+#[tokio::test]
+async fn issue5_forward_protocol_mismatch_is_denied_with_the_fix() {
+    let target = port_echo_target().await;
+    let bound = Server::builder()
+        .bind("127.0.0.1:0".parse().unwrap())
+        .psk(PSK)
+        .default_token(TOKEN)
+        .udp_forward_service("dns", HostPort::from(target), UdpSettings::DEFAULT)
+        .build()
+        .unwrap()
+        .bind()
+        .await
+        .unwrap();
+    let server_addr = bound.local_addr();
+    let stop = bound.shutdown_token();
+    tokio::spawn(bound.run());
+    let client = Client::builder(HostPort::from(server_addr))
+        .psk(PSK)
+        .default_token(TOKEN)
+        .forward_service("dns", "127.0.0.1:0".parse().unwrap())
+        .build()
+        .unwrap();
+    let result = tokio::time::timeout(
+        Duration::from_secs(10),
+        client.run(CancellationToken::new()),
+    )
+    .await
+    .expect("ends");
+    let Err(warren::ClientError::AllServicesRefused(reason)) = result else {
+        panic!("expected a refusal, got {result:?}");
+    };
+    assert!(
+        reason.contains("is a udp forward service on the server; set type = \"udp\""),
+        "{reason}"
+    );
+    stop.cancel();
+}
+
+fn allow_ports(s: warren::ServerBuilder) -> warren::ServerBuilder {
+    s.allow_ports("20000-29999".parse::<warren::PortRange>().unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn issue5_declared_udp_service_gets_a_port_in_range_and_works() {
+    let target = port_echo_target().await;
+    let (status, client_stop, server_stop) = pair(allow_ports, |c| {
+        c.declared_udp_service(
+            "dnsd",
+            HostPort::from(target),
+            "0.0.0.0:0".parse().unwrap(),
+            UdpSettings::DEFAULT,
+        )
+    })
+    .await;
+    let bound = status.bound["dnsd"];
+    assert!((20000..=29999).contains(&bound.port()), "{bound}");
+    assert_eq!(
+        bound.ip().to_string(),
+        "127.0.0.1",
+        "default: the server's IP"
+    );
+    check_visitors(bound, 4, 20).await;
+    // The port is released when the session ends.
+    client_stop.cancel();
+    let mut freed = false;
+    for _ in 0..50 {
+        if UdpSocket::bind(bound).await.is_ok() {
+            freed = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        freed,
+        "declared UDP port {bound} still bound after the session"
+    );
+    server_stop.cancel();
+}
+
+/// Runs a client declaring one UDP service on `remote_bind` until the server refuses it.
+async fn declared_udp_refusal(server_addr: SocketAddr, remote_bind: &str) -> String {
+    let client = Client::builder(HostPort::from(server_addr))
+        .psk(PSK)
+        .default_token(TOKEN)
+        .declared_udp_service(
+            "dnsd",
+            HostPort::from(SocketAddr::from(([127, 0, 0, 1], 9))),
+            remote_bind.parse().unwrap(),
+            UdpSettings::DEFAULT,
+        )
+        .build()
+        .unwrap();
+    let result = tokio::time::timeout(
+        Duration::from_secs(10),
+        client.run(CancellationToken::new()),
+    )
+    .await
+    .expect("ends");
+    match result {
+        Err(warren::ClientError::AllServicesRefused(reason)) => reason,
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn issue5_declared_udp_port_taken_or_outside_the_range_is_refused_clearly() {
+    let bound = allow_ports(
+        Server::builder()
+            .bind("127.0.0.1:0".parse().unwrap())
+            .psk(PSK)
+            .default_token(TOKEN),
+    )
+    .build()
+    .unwrap()
+    .bind()
+    .await
+    .unwrap();
+    let server_addr = bound.local_addr();
+    let stop = bound.shutdown_token();
+    tokio::spawn(bound.run());
+    // A UDP port in the range that something else holds.
+    let mut holder = None;
+    for _ in 0..200 {
+        let port = 20000 + rand::random::<u16>() % 10000;
+        if let Ok(socket) = UdpSocket::bind(("127.0.0.1", port)).await {
+            holder = Some((port, socket));
+            break;
+        }
+    }
+    let (port, _socket) = holder.expect("a free UDP port in the range");
+    let reason = declared_udp_refusal(server_addr, &format!("127.0.0.1:{port}")).await;
+    assert!(
+        reason.contains(&format!("UDP port {port} is in use on the server")),
+        "{reason}"
+    );
+    let reason = declared_udp_refusal(server_addr, "127.0.0.1:80").await;
+    assert!(
+        reason.contains("port 80 is outside the server's allow_ports 20000-29999"),
+        "{reason}"
+    );
+    stop.cancel();
+}
+
+/// A server with one UDP forward service `dns` to `target`, on `bind`.
+async fn udp_forward_server(
+    bind: SocketAddr,
+    target: SocketAddr,
+) -> (SocketAddr, CancellationToken, JoinHandle<()>) {
+    let bound = Server::builder()
+        .bind(bind)
+        .psk(PSK)
+        .default_token(TOKEN)
+        .heartbeat_interval(Duration::from_secs(1))
+        .udp_forward_service("dns", HostPort::from(target), UdpSettings::DEFAULT)
+        .build()
+        .expect("valid server")
+        .bind()
+        .await
+        .expect("server binds");
+    let addr = bound.local_addr();
+    let stop = bound.shutdown_token();
+    (addr, stop, tokio::spawn(bound.run()))
+}
+
+#[tokio::test]
+async fn issue5_udp_forward_comes_back_after_a_server_restart() {
+    let echo = echo_target().await;
+    let (server_addr, server_stop, server_task) =
+        udp_forward_server("127.0.0.1:0".parse().unwrap(), echo).await;
+    let client = Client::builder(HostPort::from(server_addr))
+        .psk(PSK)
+        .default_token(TOKEN)
+        .heartbeat_timeout(Duration::from_secs(3))
+        .reconnect_delays(Duration::from_millis(50), Duration::from_millis(400))
+        .udp_forward_service("dns", "127.0.0.1:0".parse().unwrap(), UdpSettings::DEFAULT)
+        .build()
+        .expect("valid client");
+    let mut status = client.status();
+    let client_stop = CancellationToken::new();
+    tokio::spawn(client.run(client_stop.clone()));
+    wait_sessions(&mut status, 1).await;
+    let local = status.borrow().forwards["dns"];
+    let socket = visitor(local).await;
+    assert_eq!(
+        ask(&socket, b"before", Duration::from_secs(2))
+            .await
+            .as_deref(),
+        Some(&b"before"[..])
+    );
+
+    server_stop.cancel();
+    server_task.await.unwrap();
+    tokio::time::timeout(Duration::from_secs(5), status.wait_for(|s| !s.connected))
+        .await
+        .unwrap()
+        .unwrap();
+    // While no session is up, datagrams are dropped (UDP allows it), never queued forever.
+    assert_eq!(
+        ask(&socket, b"lost", Duration::from_millis(300)).await,
+        None
+    );
+
+    let (_addr, stop_again, _task) = udp_forward_server(server_addr, echo).await;
+    wait_sessions(&mut status, 2).await;
+    assert_eq!(
+        status.borrow().forwards["dns"],
+        local,
+        "the client's port stays"
+    );
+    // The same visitor socket works again through a new channel of the new session.
+    let mut answered = None;
+    for _ in 0..20 {
+        answered = ask(&socket, b"after", Duration::from_millis(250)).await;
+        if answered.is_some() {
+            break;
+        }
+    }
+    assert_eq!(answered.as_deref(), Some(&b"after"[..]));
+    client_stop.cancel();
+    stop_again.cancel();
+}

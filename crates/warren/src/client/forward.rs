@@ -6,6 +6,12 @@
 //! preamble, sends `StreamOpen { service }` on it and relays; the server dials the target
 //! its config names. While no session is up, local connections are reset at once.
 //!
+//! A UDP forward service binds a UDP socket instead; each source address is a flow, and
+//! the flows' datagrams travel over one `KIND_DATA_OPEN` channel per session, opened at the
+//! first datagram (the visitor-facing machinery of a reverse UDP service on the server,
+//! [`crate::relay::udp::visitors`], with channels from here). While no session is up,
+//! datagrams are dropped and counted.
+//!
 //! [`dial_server`] is the one place that opens a TCP connection to the server: directly
 //! (IPv6 first with `prefer_ipv6`) or through the configured proxy.
 
@@ -14,16 +20,18 @@ use std::net::SocketAddr;
 use std::sync::{Arc, PoisonError};
 use std::time::Duration;
 
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::{TcpListener, TcpStream, UdpSocket};
+use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 use warren_proto::handshake::KIND_DATA_OPEN;
 use warren_proto::message::{self, StreamOpen};
 
 use super::{ClientError, ClientSession, Shared};
 use crate::config::proxy::ProxyUrl;
-use crate::config::{ClientConfig, HostPort};
+use crate::config::{ClientConfig, HostPort, ServiceKind, UdpSettings};
 use crate::crypto::record::RecordKind;
 use crate::relay;
+use crate::relay::udp::visitors::{self, ChannelSource, VisitorSide};
 use crate::transport::tcp::{self, Family};
 use crate::transport::{Channel, preamble, proxy};
 
@@ -69,30 +77,103 @@ pub(super) async fn dial_server(
     }
 }
 
+/// A forward service's local port.
+pub(super) enum ForwardSocket {
+    Tcp(TcpListener),
+    Udp(UdpSocket, UdpSettings),
+}
+
+impl ForwardSocket {
+    /// The address it listens on.
+    pub(super) fn local_addr(&self) -> io::Result<SocketAddr> {
+        match self {
+            ForwardSocket::Tcp(listener) => listener.local_addr(),
+            ForwardSocket::Udp(socket, _) => socket.local_addr(),
+        }
+    }
+}
+
 /// Binds every forward service's local port.
 ///
 /// # Errors
 /// [`ClientError::Bind`] naming the service whose port could not be bound.
 pub(super) async fn bind_forwards(
     config: &ClientConfig,
-) -> Result<Vec<(String, TcpListener)>, ClientError> {
+) -> Result<Vec<(String, ForwardSocket)>, ClientError> {
     let mut listeners = Vec::new();
     for forward in config.forwards.values() {
-        let listener =
-            TcpListener::bind(forward.bind)
+        let bound = match forward.kind {
+            ServiceKind::Tcp => TcpListener::bind(forward.bind)
                 .await
-                .map_err(|source| ClientError::Bind {
-                    service: forward.name.clone(),
-                    addr: forward.bind,
-                    source,
-                })?;
-        listeners.push((forward.name.clone(), listener));
+                .map(ForwardSocket::Tcp),
+            ServiceKind::Udp(settings) => relay::udp::bind_service_socket(forward.bind)
+                .map(|socket| ForwardSocket::Udp(socket, settings)),
+        };
+        let bound = bound.map_err(|source| ClientError::Bind {
+            service: forward.name.clone(),
+            addr: forward.bind,
+            source,
+        })?;
+        listeners.push((forward.name.clone(), bound));
     }
     Ok(listeners)
 }
 
-/// Accepts local connections of one forward service until the client stops.
-pub(super) async fn serve_listener(shared: Arc<Shared>, name: String, listener: TcpListener) {
+/// Serves one forward service's local port until the client stops.
+pub(super) async fn serve_listener(shared: Arc<Shared>, name: String, socket: ForwardSocket) {
+    match socket {
+        ForwardSocket::Tcp(listener) => serve_tcp(shared, name, listener).await,
+        ForwardSocket::Udp(socket, settings) => {
+            let until = shared.cancel.clone();
+            let tasks = shared.tasks.clone();
+            let side = VisitorSide {
+                name: name.clone(),
+                socket,
+                settings,
+                stats: Arc::default(),
+                source: Arc::new(ForwardSource { shared, name }),
+            };
+            visitors::serve(side, tasks, until).await;
+        }
+    }
+}
+
+/// Datagram channels of a UDP forward service: new `KIND_DATA_OPEN` channels of the
+/// session up right now, if it serves the service.
+struct ForwardSource {
+    shared: Arc<Shared>,
+    name: String,
+}
+
+impl ChannelSource for ForwardSource {
+    type Session = ClientSession;
+
+    fn current(&self) -> Option<Arc<ClientSession>> {
+        current_session(&self.shared, &self.name)
+    }
+
+    fn session_cancel(&self, session: &ClientSession) -> CancellationToken {
+        session.cancel.clone()
+    }
+
+    async fn open(&self, session: Arc<ClientSession>) -> Result<Channel, String> {
+        // No visitor address: one channel carries every flow.
+        open_stream(&self.shared, &session, &self.name, None, None).await
+    }
+}
+
+/// The session up right now, if the server accepted forward service `name` in it.
+fn current_session(shared: &Shared, name: &str) -> Option<Arc<ClientSession>> {
+    shared
+        .current
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .clone()
+        .filter(|s| s.forwards.contains(name))
+}
+
+/// Accepts local connections of one TCP forward service until the client stops.
+async fn serve_tcp(shared: Arc<Shared>, name: String, listener: TcpListener) {
     loop {
         let accepted = tokio::select! {
             () = shared.cancel.cancelled() => return,
@@ -101,12 +182,7 @@ pub(super) async fn serve_listener(shared: Arc<Shared>, name: String, listener: 
         match accepted {
             Ok((local, peer)) => {
                 tcp::tune(&local);
-                let session = shared
-                    .current
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .clone()
-                    .filter(|s| s.forwards.contains(&name));
+                let session = current_session(&shared, &name);
                 let Some(session) = session else {
                     debug!(event = "visitor_rejected", service = %name, %peer, "no session serves this forward service; closing");
                     tcp::reset(local);
@@ -135,7 +211,7 @@ async fn serve_local(
 ) {
     let opened = tokio::select! {
         () = session.cancel.cancelled() => { tcp::reset(local); return; }
-        opened = open_stream(shared, session, &service, peer, local.local_addr().ok()) => opened,
+        opened = open_stream(shared, session, &service, Some(peer), local.local_addr().ok()) => opened,
     };
     let mut channel = match opened {
         Ok(channel) => channel,
@@ -158,7 +234,7 @@ async fn open_stream(
     shared: &Shared,
     session: &ClientSession,
     service: &str,
-    visitor: SocketAddr,
+    visitor: Option<SocketAddr>,
     local: Option<SocketAddr>,
 ) -> Result<Channel, String> {
     let deadline = session.handshake_timeout;
@@ -177,7 +253,7 @@ async fn open_stream(
                 .map_err(|e| e.to_string())?;
         let open = message::encode(&StreamOpen {
             service: service.to_owned(),
-            visitor: Some(visitor),
+            visitor,
             local,
         });
         channel

@@ -14,7 +14,6 @@ mod admin;
 pub mod establish;
 mod forward;
 mod pool;
-mod udp;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::SocketAddr;
@@ -128,8 +127,8 @@ pub struct ClientBuilder {
     remote_binds: HashMap<String, SocketAddr>,
     /// PROXY protocol versions, by service name.
     proxy_protocols: HashMap<String, ProxyProtocol>,
-    /// Forward services: name, local bind, optional target selector.
-    forwards: Vec<(String, SocketAddr, Option<HostPort>)>,
+    /// Forward services: name, protocol, local bind, optional target selector.
+    forwards: Vec<(String, ServiceKind, SocketAddr, Option<HostPort>)>,
 }
 
 impl ClientBuilder {
@@ -180,7 +179,38 @@ impl ClientBuilder {
     /// [`ClientStatus::forwards`]) and the server dials the target of its forward service
     /// `name`.
     pub fn forward_service(mut self, name: impl Into<String>, bind: SocketAddr) -> Self {
-        self.forwards.push((name.into(), bind, None));
+        self.forwards
+            .push((name.into(), ServiceKind::Tcp, bind, None));
+        self
+    }
+
+    /// A forward UDP service: the client binds a UDP socket on `bind` (port 0: any free
+    /// port, see [`ClientStatus::forwards`]); each visitor address is a flow, and the
+    /// server sends its datagrams to the target of its forward service `name`.
+    pub fn udp_forward_service(
+        mut self,
+        name: impl Into<String>,
+        bind: SocketAddr,
+        settings: UdpSettings,
+    ) -> Self {
+        self.forwards
+            .push((name.into(), ServiceKind::Udp(settings), bind, None));
+        self
+    }
+
+    /// A client-declared UDP service: the server binds a UDP socket on `remote_bind`
+    /// (port 0: any port in its `allow_ports`) and datagrams there reach `target`.
+    pub fn declared_udp_service(
+        mut self,
+        name: impl Into<String>,
+        target: HostPort,
+        remote_bind: SocketAddr,
+        settings: UdpSettings,
+    ) -> Self {
+        let name = name.into();
+        self.remote_binds.insert(name.clone(), remote_bind);
+        self.services
+            .push((name, ServiceKind::Udp(settings), target, None));
         self
     }
 
@@ -191,7 +221,8 @@ impl ClientBuilder {
         bind: SocketAddr,
         target: HostPort,
     ) -> Self {
-        self.forwards.push((name.into(), bind, Some(target)));
+        self.forwards
+            .push((name.into(), ServiceKind::Tcp, bind, Some(target)));
         self
     }
 
@@ -262,13 +293,13 @@ impl ClientBuilder {
                 },
             );
         }
-        for (name, bind, target) in self.forwards {
+        for (name, kind, bind, target) in self.forwards {
             let token = self.config.default_token.clone().unwrap_or_default();
             self.config.forwards.insert(
                 name.clone(),
                 ClientForward {
                     name,
-                    kind: ServiceKind::Tcp,
+                    kind,
                     bind,
                     target,
                     token,
@@ -653,17 +684,22 @@ pub fn claims_of(config: &ClientConfig) -> Vec<Claim<'_>> {
     let reverse = config.services.values().map(|service| Claim {
         name: &service.name,
         token: &service.token,
-        kind: match service.remote_bind {
-            Some(remote_bind) => ClaimKind::Declared { remote_bind },
-            None => ClaimKind::Reverse,
+        kind: match (service.remote_bind, service.kind) {
+            (Some(remote_bind), ServiceKind::Tcp) => ClaimKind::Declared { remote_bind },
+            (Some(remote_bind), ServiceKind::Udp(_)) => ClaimKind::DeclaredUdp { remote_bind },
+            (None, _) => ClaimKind::Reverse,
         },
     });
-    let forward = config.forwards.values().map(|forward| Claim {
-        name: &forward.name,
-        token: &forward.token,
-        kind: ClaimKind::Forward {
-            target: forward.target.as_ref().map(HostPort::to_string),
-        },
+    let forward = config.forwards.values().map(|forward| {
+        let target = forward.target.as_ref().map(HostPort::to_string);
+        Claim {
+            name: &forward.name,
+            token: &forward.token,
+            kind: match forward.kind {
+                ServiceKind::Tcp => ClaimKind::Forward { target },
+                ServiceKind::Udp(_) => ClaimKind::ForwardUdp { target },
+            },
+        }
     });
     reverse.chain(forward).collect()
 }

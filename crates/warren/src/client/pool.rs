@@ -3,18 +3,16 @@
 //! Each pooled channel is one task: connect to the server, prove membership of the session,
 //! then wait (holding no buffers) for the server's `StreamOpen`. An opened channel dials the
 //! service's target and relays until the stream ends (or, for a UDP service, carries its
-//! datagrams: see [`super::udp`]); a stream that ended cleanly leaves its channel idle at
+//! datagrams: see [`crate::relay::udp::targets`]); a stream that ended cleanly leaves its channel idle at
 //! both ends, so it goes back to the pool instead of being closed. The pool is topped up to
 //! [`POOL_SIZE`] idle or opening channels as streams take them.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::io::AsyncWriteExt;
 use tokio::sync::OwnedSemaphorePermit;
 use tracing::{debug, warn};
 use warren_proto::message::{self, StreamOpen};
-use warren_proto::proxy_header;
 
 use super::{ClientSession, MAX_POOLED, POOL_SIZE, Shared};
 use crate::config::ServiceKind;
@@ -142,7 +140,14 @@ async fn serve_stream(
     };
     if let ServiceKind::Udp(settings) = config.kind {
         top_up(shared, session);
-        super::udp::serve_udp(shared, session, channel, config, settings).await;
+        let side = relay::udp::targets::TargetSide {
+            name: &config.name,
+            target: &config.target,
+            settings,
+            tasks: &shared.tasks,
+            cancel: session.cancel.clone(),
+        };
+        relay::udp::targets::serve(side, channel).await;
         return None;
     }
     let meter = shared.meters.get(&service);
@@ -168,17 +173,13 @@ async fn serve_stream(
             return None;
         }
     };
-    if let Some(version) = config.proxy_protocol {
-        let addresses = open.visitor.zip(open.local);
-        let header = proxy_header::encode(version, addresses);
-        if let Err(error) = target.write_all(&header).await {
-            warn!(event = "target_write_failed", %service, %error, "cannot send the PROXY header to the target");
-            let _ = channel
-                .writer
-                .send(RecordKind::Close, b"target closed")
-                .await;
-            return None;
-        }
+    if let Some(version) = config.proxy_protocol
+        && let Err(error) =
+            relay::write_proxy_header(&mut target, &mut channel, version, open.visitor, open.local)
+                .await
+    {
+        warn!(event = "target_write_failed", %service, %error, "cannot send the PROXY header to the target");
+        return None;
     }
     let listed = meter.map(|meter| {
         meter.connected_in(started.elapsed());

@@ -220,6 +220,7 @@ fn server_services(
             service.udp_max_sessions,
         );
         let bind_key = join_key(&key, "bind");
+        let proxy_protocol = proxy_protocol(report, &key, service.proxy_protocol.as_deref());
         if let (None, Some(text)) = (&service.bind, &service.target) {
             let target = host_port(report, &join_key(&key, "target"), text);
             let token = token(report, "server", &name, service.token, default_token);
@@ -234,9 +235,19 @@ fn server_services(
                     kind,
                     target,
                     token,
+                    proxy_protocol,
                 },
             );
             continue;
+        }
+        if service.proxy_protocol.is_some() {
+            report.fail(
+                ConfigError::new(
+                    join_key(&key, "proxy_protocol"),
+                    "`proxy_protocol` on the server is for forward services (with `target`); for a reverse service the client writes the header",
+                )
+                .with_hint("remove it here and set proxy_protocol on the client's service instead"),
+            );
         }
         if service.bind.is_some() && service.target.is_some() {
             report.fail(
@@ -365,22 +376,7 @@ fn client_services(
             service.udp_idle_timeout.as_ref(),
             service.udp_max_sessions,
         );
-        let proxy_protocol = service.proxy_protocol.as_deref().and_then(|text| {
-            match text.trim().to_ascii_lowercase().as_str() {
-                "v1" | "1" => Some(ProxyProtocol::V1),
-                "v2" | "2" => Some(ProxyProtocol::V2),
-                _ => {
-                    report.fail(
-                        ConfigError::new(
-                            join_key(&key, "proxy_protocol"),
-                            format!("unknown proxy_protocol {text:?}"),
-                        )
-                        .with_hint("write \"v1\" or \"v2\", or remove the key"),
-                    );
-                    None
-                }
-            }
-        });
+        let proxy_protocol = proxy_protocol(report, &key, service.proxy_protocol.as_deref());
         if let Some(text) = &service.bind {
             let bind = socket_addr(report, &join_key(&key, "bind"), text)
                 .unwrap_or(SocketAddr::from((Ipv4Addr::UNSPECIFIED, 0)));
@@ -459,6 +455,25 @@ fn client_services(
         );
     }
     (out, forwards)
+}
+
+/// Parses a service's `proxy_protocol` (`"v1"`, `"v2"`).
+fn proxy_protocol(report: &mut Report, key: &str, text: Option<&str>) -> Option<ProxyProtocol> {
+    let text = text?;
+    match text.trim().to_ascii_lowercase().as_str() {
+        "v1" | "1" => Some(ProxyProtocol::V1),
+        "v2" | "2" => Some(ProxyProtocol::V2),
+        _ => {
+            report.fail(
+                ConfigError::new(
+                    join_key(key, "proxy_protocol"),
+                    format!("unknown proxy_protocol {text:?}"),
+                )
+                .with_hint("write \"v1\" or \"v2\", or remove the key"),
+            );
+            None
+        }
+    }
 }
 
 /// Reports a required key that is absent (unless it failed earlier and was removed).

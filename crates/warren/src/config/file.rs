@@ -80,6 +80,9 @@ pub struct FileServerService {
     pub target: Option<String>,
     /// Token the client must prove. Default: `[server].default_token`.
     pub token: Option<String>,
+    /// Forward TCP services only: `"v1"` or `"v2"`, send a PROXY protocol header with the
+    /// visitor's address (at the client's `bind`) to the target. Default: none.
+    pub proxy_protocol: Option<String>,
     /// UDP only: drop a visitor's session after this long without a datagram in either
     /// direction. Default `"60s"`.
     pub udp_idle_timeout: Option<RawDuration>,
@@ -262,6 +265,7 @@ mod tests {
                 "bind",
                 "target",
                 "token",
+                "proxy_protocol",
                 "udp_idle_timeout",
                 "udp_max_sessions"
             ]

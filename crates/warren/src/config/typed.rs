@@ -323,12 +323,15 @@ pub struct ServerConfig {
 pub struct ServerForward {
     /// The service name (same as its key in [`ServerConfig::forwards`]).
     pub name: String,
-    /// What it forwards (TCP only for now).
+    /// What it forwards.
     pub kind: ServiceKind,
-    /// What the server dials for each stream.
+    /// What the server dials for each stream (or sends each UDP flow's datagrams to).
     pub target: HostPort,
     /// Token the client must prove.
     pub token: Secret,
+    /// TCP only: write a PROXY protocol header (the visitor's address at the client's
+    /// `bind`) to the target before the stream's bytes.
+    pub proxy_protocol: Option<ProxyProtocol>,
 }
 
 /// The `[admin]` section: where the admin API and `/metrics` listen, and their token.
@@ -437,9 +440,9 @@ pub struct ClientService {
 pub struct ClientForward {
     /// The service name (same as its key in [`ClientConfig::forwards`]).
     pub name: String,
-    /// What it forwards (TCP only for now).
+    /// What it forwards.
     pub kind: ServiceKind,
-    /// Where local connections come in.
+    /// Where local connections (or datagrams) come in.
     pub bind: SocketAddr,
     /// Select the server's forward service by its target instead of by name (the server
     /// still only dials targets its config names).
@@ -563,7 +566,8 @@ impl ServerConfig {
         for (name, forward) in &self.forwards {
             let key = service_key(side, name);
             check_service(&mut errors, side, name, &forward.name, &forward.token, self);
-            check_tcp_only(&mut errors, &key, forward.kind, "forward services");
+            check_udp(&mut errors, &key, forward.kind);
+            check_proxy_protocol(&mut errors, &key, forward.kind, forward.proxy_protocol);
         }
         if !self.allow_bind_addrs.is_empty() && self.allow_ports.is_none() {
             errors.push(
@@ -683,23 +687,20 @@ impl ClientConfig {
                 errors.push(port_zero(&join_key(&service_key(side, name), "target")));
             }
             let key = service_key(side, name);
-            if service.remote_bind.is_some() {
-                check_tcp_only(&mut errors, &key, service.kind, "client-declared services");
-            }
-            if service.proxy_protocol.is_some() {
-                check_tcp_only(&mut errors, &key, service.kind, "proxy_protocol");
-            }
+            check_proxy_protocol(&mut errors, &key, service.kind, service.proxy_protocol);
         }
-        let mut binds: Vec<(SocketAddr, String)> = Vec::new();
+        // A UDP and a TCP forward service may share a port number.
+        let mut binds: Vec<(SocketAddr, ServiceKind, String)> = Vec::new();
         for (name, forward) in &self.forwards {
             let key = service_key(side, name);
             check_service(&mut errors, side, name, &forward.name, &forward.token, self);
-            check_tcp_only(&mut errors, &key, forward.kind, "forward services");
+            check_udp(&mut errors, &key, forward.kind);
             let bind_key = join_key(&key, "bind");
-            if let Some((_, other)) = binds
-                .iter()
-                .find(|(addr, _)| forward.bind.port() != 0 && binds_conflict(*addr, forward.bind))
-            {
+            if let Some((_, _, other)) = binds.iter().find(|(addr, kind, _)| {
+                forward.bind.port() != 0
+                    && kind.shares_protocol(forward.kind)
+                    && binds_conflict(*addr, forward.bind)
+            }) {
                 errors.push(
                     ConfigError::new(
                         &bind_key,
@@ -708,21 +709,30 @@ impl ClientConfig {
                     .with_hint("give every forward service its own port"),
                 );
             }
-            binds.push((forward.bind, bind_key));
+            binds.push((forward.bind, forward.kind, bind_key));
         }
         errors
     }
 }
 
-/// Refuses UDP for a feature that only carries TCP so far.
-fn check_tcp_only(errors: &mut Vec<ConfigError>, key: &str, kind: ServiceKind, what: &str) {
-    if kind != ServiceKind::Tcp {
+/// Refuses `proxy_protocol` on a UDP service, reverse or forward alike: a PROXY header
+/// starts a TCP stream, and a per-datagram v2 header would break every UDP target that
+/// does not expect one (DNS, QUIC, WireGuard), so Warren does not send one.
+fn check_proxy_protocol(
+    errors: &mut Vec<ConfigError>,
+    key: &str,
+    kind: ServiceKind,
+    proxy_protocol: Option<ProxyProtocol>,
+) {
+    if proxy_protocol.is_some() && kind != ServiceKind::Tcp {
         errors.push(
             ConfigError::new(
-                join_key(key, "type"),
-                format!("{what} carry TCP only so far, not {kind}"),
+                join_key(key, "proxy_protocol"),
+                format!(
+                    "proxy_protocol works on TCP services only; this one is {kind} (a PROXY header starts a TCP stream, and UDP datagrams carry none)"
+                ),
             )
-            .with_hint("use type = \"tcp\", or a reverse service from the server's config for UDP"),
+            .with_hint("remove proxy_protocol from this service, or use type = \"tcp\""),
         );
     }
 }
@@ -1124,5 +1134,73 @@ mod tests {
         assert!("quic".parse::<Transport>().is_err());
         assert_eq!("tcp".parse(), Ok(ServiceKind::Tcp));
         assert_eq!(Transport::Tcp.to_string(), "tcp");
+    }
+
+    /// Issue 5: UDP forward and declared services are accepted; `proxy_protocol` is
+    /// refused on every UDP service (reverse or forward) with a message naming the fix, and
+    /// on a reverse service of the server, where it belongs on the client.
+    #[test]
+    fn issue5_udp_forward_and_declared_accepted_proxy_protocol_tcp_only() {
+        let psk =
+            "psk = \"a-long-enough-psk-0123\"\ndefault_token = \"a-long-enough-token-0123\"\n";
+        let server = format!(
+            "[server]\nbind = \"127.0.0.1:7000\"\n{psk}allow_ports = \"20000-20010\"\n\
+             [server.services.dns]\ntype = \"udp\"\ntarget = \"127.0.0.1:53\"\nudp_max_sessions = 10\n\
+             [server.services.web]\ntarget = \"127.0.0.1:80\"\nproxy_protocol = \"v2\"\n"
+        );
+        let config = ServerConfig::from_toml_str(&server, "server.toml").expect("valid");
+        assert_eq!(config.forwards["dns"].kind.name(), "udp");
+        assert_eq!(
+            config.forwards["web"].proxy_protocol,
+            Some(ProxyProtocol::V2)
+        );
+        let client = format!(
+            "[client]\nserver = \"127.0.0.1:7000\"\n{psk}\
+             [client.services.dns]\ntype = \"udp\"\nbind = \"127.0.0.1:5353\"\n\
+             [client.services.dns-tcp]\nbind = \"127.0.0.1:5353\"\n\
+             [client.services.game]\ntype = \"udp\"\ntarget = \"127.0.0.1:27015\"\nremote_bind = \"0.0.0.0:0\"\n"
+        );
+        ClientConfig::from_toml_str(&client, "client.toml")
+            .expect("UDP forward, TCP forward on the same port number, declared UDP");
+
+        let bad_server = format!(
+            "[server]\nbind = \"127.0.0.1:7000\"\n{psk}\
+             [server.services.dns]\ntype = \"udp\"\ntarget = \"127.0.0.1:53\"\nproxy_protocol = \"v2\"\n\
+             [server.services.web]\nbind = \"127.0.0.1:8080\"\nproxy_protocol = \"v1\"\n"
+        );
+        let errors = ServerConfig::from_toml_str(&bad_server, "server.toml").expect_err("invalid");
+        let found = |key: &str, text: &str| {
+            errors
+                .errors()
+                .iter()
+                .any(|e| e.key == key && e.message.contains(text))
+        };
+        assert!(
+            found("server.services.dns.proxy_protocol", "TCP services only"),
+            "{errors}"
+        );
+        assert!(
+            found("server.services.web.proxy_protocol", "forward services"),
+            "{errors}"
+        );
+        let bad_client = format!(
+            "[client]\nserver = \"127.0.0.1:7000\"\n{psk}\
+             [client.services.dns]\ntype = \"udp\"\ntarget = \"127.0.0.1:53\"\nproxy_protocol = \"v1\"\n"
+        );
+        let errors = ClientConfig::from_toml_str(&bad_client, "client.toml").expect_err("invalid");
+        let error = &errors.errors()[0];
+        assert_eq!(error.key, "client.services.dns.proxy_protocol");
+        assert!(
+            error.message.contains("this one is udp"),
+            "{}",
+            error.message
+        );
+        assert!(
+            error
+                .hint
+                .as_deref()
+                .is_some_and(|h| h.contains("remove proxy_protocol")),
+            "{error:?}"
+        );
     }
 }

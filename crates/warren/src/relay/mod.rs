@@ -14,11 +14,15 @@ pub mod udp;
 
 use std::io;
 
+use std::net::SocketAddr;
+
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tokio::net::tcp::{ReadHalf, WriteHalf};
 use tokio_util::sync::CancellationToken;
+use warren_proto::proxy_header;
 
+use crate::config::ProxyProtocol;
 use crate::crypto::record::RecordKind;
 use crate::metrics::Meter;
 use crate::transport::records::{Record, RecordIoError, RecordReader, RecordWriter, SendFromError};
@@ -55,6 +59,31 @@ pub struct Transferred {
     pub to_tunnel: u64,
     /// From the tunnel to the local connection.
     pub to_local: u64,
+}
+
+/// Writes a PROXY protocol header to a freshly dialed `target`, before any relayed byte:
+/// the stream came from `visitor` to `local` (an "unknown" header when either is missing).
+/// On failure the peer is told to abort the stream (`Close`). The header (at most 232
+/// bytes) fits the new socket's send buffer, so this never waits on the target.
+///
+/// # Errors
+/// The write error (the stream is then over).
+pub async fn write_proxy_header(
+    target: &mut TcpStream,
+    channel: &mut Channel,
+    version: ProxyProtocol,
+    visitor: Option<SocketAddr>,
+    local: Option<SocketAddr>,
+) -> io::Result<()> {
+    let header = proxy_header::encode(version, visitor.zip(local));
+    let written = target.write_all(&header).await;
+    if written.is_err() {
+        let _ = channel
+            .writer
+            .send(RecordKind::Close, b"target closed")
+            .await;
+    }
+    written
 }
 
 /// Relays `local` and `channel` until both directions have ended or one fails.

@@ -7,26 +7,33 @@
 //!   gets the generic `Refused`; a right token for something the server cannot do gets
 //!   `Denied` with a reason the client logs (wrong direction, port outside the range, port
 //!   in use).
+//!   A forward or declared claim also says TCP or UDP; a claim whose protocol differs from
+//!   the server's forward service is `Denied` with the fix. Declared UDP services get a UDP
+//!   socket in the range, served like a reverse UDP service (default UDP bounds) until the
+//!   session ends.
 //! * **Forward streams** ([`accept_open_channel`], [`serve_forward`]): the client opens a
 //!   data channel with the `KIND_DATA_OPEN` preamble and sends `StreamOpen` at once; the
 //!   channel never joins the idle pool. The server dials the target its config names for
-//!   that service (never one the client names) and relays.
+//!   that service (never one the client names), first writing a PROXY header built from the
+//!   `StreamOpen`'s visitor address when the service sets `proxy_protocol`, and relays. A
+//!   UDP forward service's channel is a datagram channel: the server keeps one socket per
+//!   flow towards the target ([`crate::relay::udp::targets`]).
 
 use std::collections::HashMap;
 use std::io;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rand::RngCore;
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::{TcpListener, TcpStream, UdpSocket};
 use tracing::{debug, warn};
 use warren_proto::handshake::DataHello;
-use warren_proto::message::{self, ClaimKind, ServiceClaim, Verdict};
+use warren_proto::message::{self, ClaimKind, Protocol, ServiceClaim, StreamOpen, Verdict};
 
 use super::session::ServerSession;
-use super::{Authenticated, Rejected, Shared};
-use crate::config::{HostPort, ServerConfig};
+use super::{Authenticated, Rejected, ServiceSlot, Shared, serve_visitors, udp};
+use crate::config::{HostPort, ServerConfig, ServerForward, ServiceKind, UdpSettings};
 use crate::crypto::keys::{self, SessionKeys};
 use crate::crypto::record::RecordKind;
 use crate::crypto::secret::Secret;
@@ -45,12 +52,43 @@ pub(super) struct Judgement {
     pub verdicts: Vec<Verdict>,
     /// Reverse services of the config this session now serves.
     pub reverse: Vec<String>,
-    /// Forward services: the client's name for it -> the target the server dials.
-    pub forwards: HashMap<String, HostPort>,
-    /// Declared services: name and the listener bound for it.
-    pub declared: Vec<(String, TcpListener)>,
+    /// Forward services: the client's name for it -> the server's forward service (whose
+    /// target the server dials).
+    pub forwards: HashMap<String, ServerForward>,
+    /// Declared services: name and the socket bound for it.
+    pub declared: Vec<(String, DeclaredSocket)>,
     /// Claims refused for a wrong token or an unknown name (for the log).
     pub refused: Vec<String>,
+}
+
+/// The port bound for a client-declared service.
+pub(super) enum DeclaredSocket {
+    Tcp(TcpListener),
+    Udp(UdpSocket),
+}
+
+impl DeclaredSocket {
+    fn local_addr(&self) -> io::Result<SocketAddr> {
+        match self {
+            DeclaredSocket::Tcp(listener) => listener.local_addr(),
+            DeclaredSocket::Udp(socket) => socket.local_addr(),
+        }
+    }
+}
+
+/// The protocol a service kind carries.
+fn protocol_of(kind: ServiceKind) -> Protocol {
+    match kind {
+        ServiceKind::Tcp => Protocol::Tcp,
+        ServiceKind::Udp(_) => Protocol::Udp,
+    }
+}
+
+fn protocol_name(protocol: Protocol) -> &'static str {
+    match protocol {
+        Protocol::Tcp => "tcp",
+        Protocol::Udp => "udp",
+    }
 }
 
 impl Judgement {
@@ -104,24 +142,40 @@ pub(super) async fn judge(
                     Verdict::Refused
                 }
             }
-            ClaimKind::Forward { target } => {
+            ClaimKind::Forward { target } | ClaimKind::ForwardUdp { target } => {
                 let found = match target {
                     Some(wanted) => {
                         let wanted = wanted.parse::<HostPort>().ok();
-                        config
+                        let matching: Vec<&ServerForward> = config
                             .forwards
                             .values()
-                            .find(|f| Some(&f.target) == wanted.as_ref() && proves(&f.token, claim))
+                            .filter(|f| {
+                                Some(&f.target) == wanted.as_ref() && proves(&f.token, claim)
+                            })
+                            .collect();
+                        // One target may be forwarded for TCP and for UDP (DNS): the
+                        // claim's protocol picks; another one only earns a clear denial.
+                        matching
+                            .iter()
+                            .find(|f| Some(protocol_of(f.kind)) == claim.kind.protocol())
+                            .or(matching.first())
+                            .copied()
                     }
                     None => config
                         .forwards
                         .get(&claim.name)
                         .filter(|f| proves(&f.token, claim)),
                 };
-                if let Some(forward) = found {
+                let wanted = claim.kind.protocol();
+                if let Some(forward) = found.filter(|f| Some(protocol_of(f.kind)) != wanted) {
+                    denied(format!(
+                        "`{}` is a {} forward service on the server; set type = \"{}\" on the client's service",
+                        claim.name, forward.kind, forward.kind
+                    ))
+                } else if let Some(forward) = found {
                     judgement
                         .forwards
-                        .insert(claim.name.clone(), forward.target.clone());
+                        .insert(claim.name.clone(), forward.clone());
                     Verdict::Accepted { bound: None }
                 } else if target.is_none()
                     && config
@@ -137,7 +191,8 @@ pub(super) async fn judge(
                     Verdict::Refused
                 }
             }
-            ClaimKind::Declared { remote_bind } => {
+            ClaimKind::Declared { remote_bind } | ClaimKind::DeclaredUdp { remote_bind } => {
+                let protocol = claim.kind.protocol().unwrap_or(Protocol::Tcp);
                 let token_ok = config
                     .default_token
                     .as_ref()
@@ -145,11 +200,11 @@ pub(super) async fn judge(
                 if !token_ok {
                     Verdict::Refused
                 } else {
-                    match bind_declared(config, &claim.name, *remote_bind).await {
-                        Ok(listener) => {
-                            let bound = listener.local_addr().ok();
-                            debug!(event = "declared_bound", %peer, service = %claim.name, bound = ?bound, "bound a client-declared service");
-                            judgement.declared.push((claim.name.clone(), listener));
+                    match bind_declared(config, &claim.name, *remote_bind, protocol).await {
+                        Ok(socket) => {
+                            let bound = socket.local_addr().ok();
+                            debug!(event = "declared_bound", %peer, service = %claim.name, protocol = protocol_name(protocol), bound = ?bound, "bound a client-declared service");
+                            judgement.declared.push((claim.name.clone(), socket));
                             Verdict::Accepted { bound }
                         }
                         Err(reason) => {
@@ -174,12 +229,21 @@ fn denied(reason: String) -> Verdict {
     Verdict::Denied { reason }
 }
 
+/// Binds one declared port of `protocol`.
+async fn bind_one(addr: SocketAddr, protocol: Protocol) -> io::Result<DeclaredSocket> {
+    match protocol {
+        Protocol::Tcp => TcpListener::bind(addr).await.map(DeclaredSocket::Tcp),
+        Protocol::Udp => crate::relay::udp::bind_service_socket(addr).map(DeclaredSocket::Udp),
+    }
+}
+
 /// Binds a declared service's port inside the server's `allow_ports` / `allow_bind_addrs`.
 async fn bind_declared(
     config: &ServerConfig,
     name: &str,
     wanted: SocketAddr,
-) -> Result<TcpListener, String> {
+    protocol: Protocol,
+) -> Result<DeclaredSocket, String> {
     let Some(range) = config.allow_ports else {
         return Err(
             "this server does not accept client-declared services (its config sets no allow_ports)"
@@ -211,11 +275,16 @@ async fn bind_declared(
                 wanted.port()
             ));
         }
-        return TcpListener::bind(SocketAddr::new(ip, wanted.port()))
+        return bind_one(SocketAddr::new(ip, wanted.port()), protocol)
             .await
             .map_err(|e| match e.kind() {
                 io::ErrorKind::AddrInUse => {
-                    format!("port {} is in use on the server", wanted.port())
+                    let udp = if protocol == Protocol::Udp {
+                        "UDP "
+                    } else {
+                        ""
+                    };
+                    format!("{udp}port {} is in use on the server", wanted.port())
                 }
                 _ => format!("cannot bind {}: {e}", SocketAddr::new(ip, wanted.port())),
             });
@@ -226,14 +295,60 @@ async fn bind_declared(
     for i in 0..len.min(MAX_PORT_ATTEMPTS) {
         // Invariant: (offset + i) % len < len <= 65535 - start + 1, so the sum fits a u16.
         let port = range.start + u16::try_from((offset + i) % len).unwrap_or(0);
-        if let Ok(listener) = TcpListener::bind(SocketAddr::new(ip, port)).await {
-            return Ok(listener);
+        if let Ok(socket) = bind_one(SocketAddr::new(ip, port), protocol).await {
+            return Ok(socket);
         }
     }
     Err(format!(
         "no free port in the server's allow_ports {range} (tried {})",
         len.min(MAX_PORT_ATTEMPTS)
     ))
+}
+
+/// Serves the declared services of a new session on the ports bound for them; each ends
+/// (and its port is released) when the session ends.
+pub(super) fn serve_declared(
+    shared: &Arc<Shared>,
+    session: &Arc<ServerSession>,
+    declared: Vec<(String, DeclaredSocket)>,
+) {
+    for (name, socket) in declared {
+        let kind = match socket {
+            DeclaredSocket::Tcp(_) => ServiceKind::Tcp,
+            // The client's bounds are its own; the server's side of a declared service
+            // uses the defaults, which bound its table all the same.
+            DeclaredSocket::Udp(_) => ServiceKind::Udp(UdpSettings::DEFAULT),
+        };
+        let slot = Arc::new(ServiceSlot {
+            meter: shared.telemetry.metrics.service(&name),
+            name,
+            kind,
+            token: Secret::default(),
+            session: Mutex::new(Some(Arc::clone(session))),
+        });
+        let until = session.cancel.clone();
+        match socket {
+            DeclaredSocket::Tcp(listener) => {
+                shared.tasks.spawn(serve_visitors(
+                    Arc::clone(shared),
+                    slot,
+                    listener,
+                    Some(until),
+                ));
+            }
+            DeclaredSocket::Udp(socket) => {
+                let service = udp::UdpService {
+                    slot,
+                    socket,
+                    settings: UdpSettings::DEFAULT,
+                    stats: Arc::default(),
+                };
+                shared
+                    .tasks
+                    .spawn(udp::serve_udp(Arc::clone(shared), service, until));
+            }
+        }
+    }
 }
 
 /// Authenticates a `KIND_DATA_OPEN` channel and reads its `StreamOpen` (all under the
@@ -263,7 +378,7 @@ pub(super) async fn accept_open_channel(
         }
         Err(e) => return Err(Rejected::Protocol(e.to_string())),
     };
-    let Some(target) = session.forwards.get(&open.service).cloned() else {
+    let Some(forward) = session.forwards.get(&open.service).cloned() else {
         let _ = channel
             .writer
             .send(RecordKind::Close, b"not a forward service of this session")
@@ -276,20 +391,34 @@ pub(super) async fn accept_open_channel(
     Ok(Authenticated::Forward {
         session,
         channel: Box::new(channel),
-        service: open.service,
-        target,
+        open,
+        forward: Box::new(forward),
     })
 }
 
-/// Dials a forward service's target and relays.
+/// Dials a forward service's target and relays (a UDP service: carries the channel's
+/// datagrams to the target, one socket per flow).
 pub(super) async fn serve_forward(
     shared: &Arc<Shared>,
     session: Arc<ServerSession>,
     mut channel: Channel,
-    service: String,
-    target: HostPort,
+    open: StreamOpen,
+    forward: ServerForward,
 ) {
-    let stream = match tcp::connect(&target, TARGET_CONNECT_TIMEOUT).await {
+    let service = open.service;
+    let target = forward.target;
+    if let ServiceKind::Udp(settings) = forward.kind {
+        let side = relay::udp::targets::TargetSide {
+            name: &service,
+            target: &target,
+            settings,
+            tasks: &shared.tasks,
+            cancel: session.cancel.clone(),
+        };
+        relay::udp::targets::serve(side, channel).await;
+        return;
+    }
+    let mut stream = match tcp::connect(&target, TARGET_CONNECT_TIMEOUT).await {
         Ok(stream) => stream,
         Err(error) => {
             warn!(event = "target_unreachable", %service, %target, %error, "cannot reach the forward service's target");
@@ -301,7 +430,15 @@ pub(super) async fn serve_forward(
             return;
         }
     };
-    debug!(event = "forward_opened", %service, %target, peer = %session.peer, "forward stream opened");
+    if let Some(version) = forward.proxy_protocol
+        && let Err(error) =
+            relay::write_proxy_header(&mut stream, &mut channel, version, open.visitor, open.local)
+                .await
+    {
+        warn!(event = "target_write_failed", %service, %target, %error, "cannot send the PROXY header to the target");
+        return;
+    }
+    debug!(event = "forward_opened", %service, %target, visitor = ?open.visitor, peer = %session.peer, "forward stream opened");
     match relay::pump(stream, &mut channel, &shared.cancel).await {
         Ok(moved) => {
             debug!(event = "stream_closed", %service, up = moved.to_tunnel, down = moved.to_local, "forward stream done")

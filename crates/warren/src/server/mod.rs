@@ -34,8 +34,8 @@ use warren_proto::{CipherSuite, message};
 use crate::Side;
 use crate::config::proxy::PortRange;
 use crate::config::{
-    ConfigErrors, HostPort, ServerConfig, ServerForward, ServerService, ServiceKind, Transport,
-    UdpSettings,
+    ConfigErrors, HostPort, ProxyProtocol, ServerConfig, ServerForward, ServerService, ServiceKind,
+    Transport, UdpSettings,
 };
 use crate::crypto::keys::{self, SessionKeys};
 use crate::crypto::record::RecordKind;
@@ -101,7 +101,9 @@ pub struct Server {
 pub struct ServerBuilder {
     config: ServerConfig,
     services: Vec<(String, ServiceKind, SocketAddr, Option<Secret>)>,
-    forwards: Vec<(String, HostPort, Option<Secret>)>,
+    forwards: Vec<(String, ServiceKind, HostPort)>,
+    /// PROXY protocol versions of forward services, by name.
+    forward_proxy: HashMap<String, ProxyProtocol>,
 }
 
 impl ServerBuilder {
@@ -129,7 +131,31 @@ impl ServerBuilder {
     /// A forward TCP service using the default token: clients bind a port on their side,
     /// the server dials `target` for each connection.
     pub fn forward_service(mut self, name: impl Into<String>, target: HostPort) -> Self {
-        self.forwards.push((name.into(), target, None));
+        self.forwards.push((name.into(), ServiceKind::Tcp, target));
+        self
+    }
+
+    /// A forward UDP service using the default token: clients bind a UDP port on their
+    /// side, the server sends each flow's datagrams to `target`.
+    pub fn udp_forward_service(
+        mut self,
+        name: impl Into<String>,
+        target: HostPort,
+        settings: UdpSettings,
+    ) -> Self {
+        self.forwards
+            .push((name.into(), ServiceKind::Udp(settings), target));
+        self
+    }
+
+    /// Writes a PROXY protocol header with the visitor's address to the target of forward
+    /// service `name` (added before or after).
+    pub fn forward_proxy_protocol(
+        mut self,
+        name: impl Into<String>,
+        version: ProxyProtocol,
+    ) -> Self {
+        self.forward_proxy.insert(name.into(), version);
         self
     }
 
@@ -198,15 +224,14 @@ impl ServerBuilder {
                 },
             );
         }
-        for (name, target, token) in self.forwards {
-            let token = token
-                .or_else(|| self.config.default_token.clone())
-                .unwrap_or_default();
+        for (name, kind, target) in self.forwards {
+            let token = self.config.default_token.clone().unwrap_or_default();
             self.config.forwards.insert(
                 name.clone(),
                 ServerForward {
+                    proxy_protocol: self.forward_proxy.get(&name).copied(),
                     name,
-                    kind: ServiceKind::Tcp,
+                    kind,
                     target,
                     token,
                 },
@@ -223,6 +248,7 @@ impl Server {
             config: ServerConfig::new(SocketAddr::from(([0, 0, 0, 0], 7000)), Secret::default()),
             services: Vec::new(),
             forwards: Vec::new(),
+            forward_proxy: HashMap::new(),
         }
     }
 
@@ -416,7 +442,11 @@ impl BoundServer {
         }
         for service in udp_services {
             let shared = Arc::clone(&shared);
-            shared.tasks.clone().spawn(udp::serve_udp(shared, service));
+            let until = shared.cancel.clone();
+            shared
+                .tasks
+                .clone()
+                .spawn(udp::serve_udp(shared, service, until));
         }
         accept_loop(&shared, listener).await;
         shared.tasks.close();
@@ -525,12 +555,12 @@ enum Authenticated {
         channel: Box<Channel>,
     },
     Data,
-    /// A forward stream: dial `target` and relay.
+    /// A forward stream: dial the service's target and relay.
     Forward {
         session: Arc<ServerSession>,
         channel: Box<Channel>,
-        service: String,
-        target: HostPort,
+        open: StreamOpen,
+        forward: Box<ServerForward>,
     },
 }
 
@@ -577,9 +607,9 @@ async fn handle_connection(
         Authenticated::Forward {
             session,
             channel,
-            service,
-            target,
-        } => forward::serve_forward(&shared, session, *channel, service, target).await,
+            open,
+            forward: config,
+        } => forward::serve_forward(&shared, session, *channel, open, *config).await,
     }
 }
 
@@ -736,22 +766,7 @@ async fn accept_control_channel(
     // Serve the services before saying so: a visitor arriving the moment the client hears
     // "accepted" must find the session, not a closed door.
     register(shared, &session)?;
-    for (name, listener) in judgement.declared {
-        let slot = Arc::new(ServiceSlot {
-            meter: shared.telemetry.metrics.service(&name),
-            name,
-            kind: ServiceKind::Tcp,
-            token: Secret::default(),
-            session: Mutex::new(Some(Arc::clone(&session))),
-        });
-        // Ends (and unbinds the port) when the session ends.
-        shared.tasks.spawn(serve_visitors(
-            Arc::clone(shared),
-            slot,
-            listener,
-            Some(session.cancel.clone()),
-        ));
-    }
+    forward::serve_declared(shared, &session, judgement.declared);
     let reply = ControlMessage::HelloReply {
         verdicts: judgement.verdicts,
     };

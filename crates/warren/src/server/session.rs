@@ -15,7 +15,7 @@ use tracing::debug;
 use warren_proto::handshake::SessionId;
 use warren_proto::message::ControlMessage;
 
-use crate::config::HostPort;
+use crate::config::ServerForward;
 use crate::crypto::keys::SessionKeys;
 use crate::session::CONTROL_QUEUE;
 use crate::transport::Channel;
@@ -38,8 +38,8 @@ pub struct ServerSession {
     /// Services this session was accepted for.
     pub(super) services: Vec<String>,
     /// Forward services this session may open streams for: the client's name -> the
-    /// target from the server's config.
-    pub(super) forwards: HashMap<String, HostPort>,
+    /// server's forward service (its target, protocol and PROXY setting).
+    pub(super) forwards: HashMap<String, ServerForward>,
     pub(super) cancel: CancellationToken,
     /// When the session was established (for the admin API).
     pub(super) since: std::time::SystemTime,
@@ -55,7 +55,7 @@ impl ServerSession {
         keys: SessionKeys,
         peer: SocketAddr,
         services: Vec<String>,
-        forwards: HashMap<String, HostPort>,
+        forwards: HashMap<String, ServerForward>,
         cancel: CancellationToken,
     ) -> Self {
         let (control, control_rx) = mpsc::channel(CONTROL_QUEUE);

@@ -10,6 +10,14 @@
 //!   dropped, so a one-way flow lives as long as it keeps sending.
 //!
 //! [`UdpStats`] counts what was dropped and why; the owners log a summary when it changes.
+//!
+//! The two halves of a service live in [`visitors`] (the bound socket visitors send to)
+//! and [`targets`] (one socket per flow towards the target). A reverse service runs
+//! `visitors` on the server and `targets` on the client; a forward service the other way
+//! round.
+
+pub mod targets;
+pub mod visitors;
 
 use std::collections::HashMap;
 use std::hash::Hash;
@@ -27,6 +35,10 @@ use crate::session::datagram::MAX_DATAGRAM_LEN;
 /// Receive buffer: larger than any UDP payload (65,535 − 8), so the kernel never truncates
 /// silently; anything longer than [`MAX_DATAGRAM_LEN`] is dropped and counted.
 pub const RECV_BUF_LEN: usize = 65_536;
+
+/// Datagrams waiting for a channel writer, per channel and direction; past this they are
+/// dropped and counted.
+const TUNNEL_QUEUE: usize = 512;
 
 /// Socket buffer asked of the kernel for service sockets (it may grant less).
 const SERVICE_SOCKET_BUFFER: usize = 4 * 1024 * 1024;

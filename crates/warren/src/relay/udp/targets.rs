@@ -1,31 +1,36 @@
-//! The client's half of a UDP service: one datagram channel from the server, one socket per
-//! flow connected to the target.
+//! The target-facing half of a UDP service: one datagram channel in, one socket per flow
+//! connected to the target.
 //!
-//! The server opens the channel with `StreamOpen` like a TCP stream; the service's config
-//! says it is UDP. Every datagram carries a flow id: the first datagram of a flow creates a
-//! socket connected to the target (so the target's replies come back on that socket and map
-//! to that flow), and a reader task per socket sends replies back tagged with the flow id.
+//! The same code serves both directions of the tunnel: the client's half of a reverse (or
+//! client-declared) service, whose channel the server opened with `StreamOpen`, and the
+//! server's half of a forward service, whose channel the client opened. In both cases the
+//! target comes from the local config, never from the peer.
+//!
+//! Every datagram carries a flow id: the first datagram of a flow creates a socket
+//! connected to the target (so the target's replies come back on that socket and map to
+//! that flow), and a reader task per socket sends replies back tagged with the flow id.
 //! Flows live in a bounded [`FlowTable`] (LRU eviction, idle expiry refreshed by traffic in
 //! either direction). Readers hand replies to the channel writer through a bounded queue
 //! (`try_send`; full means dropped and counted), and hold no buffer while idle.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 
 use tokio::net::UdpSocket;
 use tokio::sync::mpsc;
 use tokio::time::{Instant, MissedTickBehavior};
 use tokio_util::sync::{CancellationToken, DropGuard};
+use tokio_util::task::TaskTracker;
 use tracing::{debug, info, warn};
 
-use super::{ClientSession, Shared};
-use crate::config::{ClientService, UdpSettings};
-use crate::relay::udp::{Counter, FlowTable, Received, UdpStats, recv_connected, sweep_interval};
+use super::{Counter, FlowTable, Received, TUNNEL_QUEUE, UdpStats, recv_connected, sweep_interval};
+use crate::config::{HostPort, UdpSettings};
 use crate::session::datagram::{DatagramChannel, FlowId};
 use crate::transport::Channel;
 
-/// Replies waiting for the channel writer; past this they are dropped.
-const TUNNEL_QUEUE: usize = 512;
+/// How long resolving the target's name may take.
+const RESOLVE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// One flow: its socket towards the target; dropping it stops the reader task.
 struct Flow {
@@ -35,28 +40,39 @@ struct Flow {
 
 type Flows = Arc<Mutex<FlowTable<FlowId, Flow>>>;
 
-/// Carries one datagram channel of `service` until it or the session ends.
-pub(super) async fn serve_udp(
-    shared: &Shared,
-    session: &ClientSession,
-    channel: Channel,
-    service: &ClientService,
-    settings: UdpSettings,
-) {
-    let name = &service.name;
+/// Where one datagram channel's flows go.
+pub struct TargetSide<'a> {
+    /// The service name (logs).
+    pub name: &'a str,
+    /// The target, from the local config.
+    pub target: &'a HostPort,
+    /// Bounds of the flow table.
+    pub settings: UdpSettings,
+    /// Owner of the per-flow reader tasks.
+    pub tasks: &'a TaskTracker,
+    /// Cancelled when the session ends; the channel and its flows stop with it.
+    pub cancel: CancellationToken,
+}
+
+/// Carries one datagram channel until it or the session ends.
+pub async fn serve(side: TargetSide<'_>, channel: Channel) {
+    let TargetSide {
+        name,
+        target,
+        settings,
+        tasks,
+        cancel,
+    } = side;
     let (mut sender, mut receiver) = DatagramChannel::new(channel).split();
-    let target = match tokio::net::lookup_host(service.target.to_string()).await {
-        Ok(mut addrs) => addrs.next(),
+    let target = match resolve(target).await {
+        Ok(addr) => addr,
         Err(error) => {
-            warn!(event = "target_unreachable", service = %name, target = %service.target, %error, "cannot resolve the UDP service's target");
-            None
+            warn!(event = "target_unreachable", service = %name, %target, %error, "cannot resolve the UDP service's target");
+            let _ = sender.close("target unresolvable").await;
+            return;
         }
     };
-    let Some(target) = target else {
-        let _ = sender.close("target unresolvable").await;
-        return;
-    };
-    let cancel = session.cancel.child_token();
+    let cancel = cancel.child_token();
     let stats = Arc::new(UdpStats::default());
     let flows: Flows = Arc::new(Mutex::new(FlowTable::new(settings)));
     let (queue, mut outgoing) = mpsc::channel::<(FlowId, Vec<u8>)>(TUNNEL_QUEUE);
@@ -91,7 +107,7 @@ pub(super) async fn serve_udp(
                 }
                 received = receiver.recv_datagram() => match received {
                     Ok(Some(datagram)) => datagram,
-                    Ok(None) => return "closed by the server".to_owned(),
+                    Ok(None) => return "closed by the peer".to_owned(),
                     Err(error) => return error.to_string(),
                 },
             };
@@ -103,7 +119,7 @@ pub(super) async fn serve_udp(
             let socket = match socket {
                 Some(socket) => socket,
                 None => {
-                    match open_flow(shared, name, flow, target, &flows, &queue, &stats, &cancel)
+                    match open_flow(tasks, name, flow, target, &flows, &queue, &stats, &cancel)
                         .await
                     {
                         Ok(socket) => socket,
@@ -134,10 +150,21 @@ pub(super) async fn serve_udp(
     debug!(event = "udp_channel_closed", service = %name, %reason, "datagram channel closed");
 }
 
+/// The first address `target` resolves to, within [`RESOLVE_TIMEOUT`].
+async fn resolve(target: &HostPort) -> std::io::Result<SocketAddr> {
+    let resolving = tokio::net::lookup_host(target.to_string());
+    let mut addrs = tokio::time::timeout(RESOLVE_TIMEOUT, resolving)
+        .await
+        .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "resolving timed out"))??;
+    addrs
+        .next()
+        .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::NotFound, "no address"))
+}
+
 /// Creates flow `flow`: a socket connected to `target` and its reader task.
 #[allow(clippy::too_many_arguments)]
 async fn open_flow(
-    shared: &Shared,
+    tasks: &TaskTracker,
     service: &str,
     flow: FlowId,
     target: SocketAddr,
@@ -180,7 +207,7 @@ async fn open_flow(
     let queue = queue.clone();
     let stats = Arc::clone(stats);
     let service = service.to_owned();
-    shared.tasks.spawn(async move {
+    tasks.spawn(async move {
         loop {
             let received = tokio::select! {
                 () = reader_cancel.cancelled() => return,
