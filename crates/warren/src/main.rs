@@ -100,6 +100,9 @@ enum Command {
         /// Send a PROXY protocol header (v1 or v2) to the local service.
         #[arg(long, value_name = "VERSION")]
         proxy_protocol: Option<String>,
+        /// Carry UDP datagrams instead of TCP (DNS, games, WireGuard, ...).
+        #[arg(long)]
+        udp: bool,
         #[command(flatten)]
         secrets: cli::SecretArgs,
         #[command(flatten)]
@@ -128,6 +131,9 @@ enum Command {
         /// Select the server's forward service by name instead of by target.
         #[arg(long, value_name = "NAME")]
         service: Option<String>,
+        /// Carry UDP datagrams instead of TCP (the server's forward service must be UDP too).
+        #[arg(long)]
+        udp: bool,
         #[command(flatten)]
         secrets: cli::SecretArgs,
         #[command(flatten)]
@@ -345,6 +351,7 @@ async fn run(command: Command) -> Outcome {
             remote_port,
             remote_addr,
             proxy_protocol,
+            udp,
             secrets,
             overrides,
         } => {
@@ -362,6 +369,7 @@ async fn run(command: Command) -> Outcome {
                 );
                 let mut config = cli::expose_config(
                     server,
+                    cli::protocol(udp),
                     target.clone(),
                     remote_bind,
                     psk,
@@ -382,6 +390,7 @@ async fn run(command: Command) -> Outcome {
             remote,
             target,
             service,
+            udp,
             secrets,
             overrides,
         } => {
@@ -396,6 +405,7 @@ async fn run(command: Command) -> Outcome {
                 let (psk, token) = secrets.resolve()?;
                 let mut config = cli::forward_config(
                     server,
+                    cli::protocol(udp),
                     bind,
                     target,
                     service,
@@ -574,6 +584,10 @@ fn client_overrides(
 /// Runs a client; for `warren expose`, prints the public address once the server bound it.
 async fn run_client(config: warren::ClientConfig, exposing: Option<warren::HostPort>) -> Outcome {
     let server_host = config.server.host.clone();
+    let scheme = match config.services.get(cli::EXPOSE_SERVICE).map(|s| s.kind) {
+        Some(warren::config::ServiceKind::Udp(_)) => "udp://",
+        _ => "",
+    };
     let client = match Client::from_config(config) {
         Ok(client) => client,
         Err(errors) => return bad_config(errors),
@@ -600,7 +614,7 @@ async fn run_client(config: warren::ClientConfig, exposing: Option<warren::HostP
                     } else {
                         warren::HostPort::from(addr)
                     };
-                    println!("Exposed {local} at {host}");
+                    println!("Exposed {scheme}{local} at {scheme}{host}");
                     use std::io::Write;
                     let _ = std::io::stdout().flush();
                     shown = Some(addr);

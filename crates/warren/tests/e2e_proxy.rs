@@ -597,3 +597,116 @@ async fn doctor_checks_the_proxy_and_shakes_hands_through_it() {
     );
     server.terminate();
 }
+
+/// A UDP echo service on loopback that sends every datagram back to its sender.
+async fn udp_echo() -> SocketAddr {
+    let socket = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    let addr = socket.local_addr().unwrap();
+    tokio::spawn(async move {
+        let mut buf = vec![0u8; 65_536];
+        while let Ok((len, from)) = socket.recv_from(&mut buf).await {
+            let _ = socket.send_to(&buf[..len], from).await;
+        }
+    });
+    addr
+}
+
+/// Sends 40 random datagrams of varied sizes to `public` and checks each comes back
+/// byte for byte. UDP may drop, so a datagram is re-sent (up to 5 times) when no echo
+/// arrives within a second; late echoes of earlier datagrams are skipped.
+async fn check_udp_echoes(public: SocketAddr, proc: &mut Proc) {
+    let socket = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    socket.connect(public).await.unwrap();
+    let mut buf = vec![0u8; 65_536];
+    for i in 0..40usize {
+        let payload = random_bytes(1 + (i * 397) % 1400);
+        let mut echoed = false;
+        for _ in 0..5 {
+            socket.send(&payload).await.unwrap();
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(1);
+            // An error here is ICMP "port unreachable" while the one-liner is still
+            // starting: wait out the second and send again.
+            while let Ok(received) = tokio::time::timeout_at(deadline, socket.recv(&mut buf)).await
+            {
+                if received.is_ok_and(|len| buf[..len] == payload[..]) {
+                    echoed = true;
+                    break;
+                }
+            }
+            if echoed {
+                break;
+            }
+        }
+        assert!(
+            echoed,
+            "datagram {i} ({} bytes) never came back through {public}\n{}",
+            payload.len(),
+            proc.stderr()
+        );
+    }
+}
+
+/// `warren expose --udp` and `warren forward --udp`: the one-liners carry datagrams too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn udp_one_liners_carry_datagrams() {
+    let dir = TestDir::new("udp-one-liners");
+    let echo = udp_echo().await;
+    let server_port = free_port();
+    let config = dir.write(
+        "server.toml",
+        &format!(
+            r#"[server]
+bind = "127.0.0.1:{server_port}"
+psk = "${{WARREN_PSK}}"
+default_token = "{TOKEN}"
+allow_ports = "20000-29999"
+[server.services.dns]
+type = "udp"
+target = "{echo}"
+"#
+        ),
+    );
+    let mut server = start_server(&dir, &config);
+    wait_listening(server_port, "warren server").await;
+    let to = format!("127.0.0.1:{server_port}");
+    let secrets = [("WARREN_PSK", PSK), ("WARREN_TOKEN", TOKEN)];
+
+    let mut expose = Proc::warren(
+        &dir,
+        "expose-udp",
+        &["expose", &echo.to_string(), "--to", &to, "--udp"],
+        &secrets,
+    );
+    let out = expose
+        .wait_stdout("Exposed ", Duration::from_secs(10))
+        .await;
+    let line = out.lines().find(|l| l.starts_with("Exposed ")).unwrap();
+    assert!(
+        line.starts_with(&format!("Exposed udp://{echo} at udp://127.0.0.1:")),
+        "{line}"
+    );
+    let public: SocketAddr = line.rsplit("udp://").next().unwrap().parse().unwrap();
+    assert!((20000..=29999).contains(&public.port()));
+    check_udp_echoes(public, &mut expose).await;
+    expose.terminate();
+
+    let local_port = free_port();
+    let mut forward = Proc::warren(
+        &dir,
+        "forward-udp",
+        &[
+            "forward",
+            "-l",
+            &local_port.to_string(),
+            "-r",
+            &to,
+            "-t",
+            &echo.to_string(),
+            "--udp",
+        ],
+        &secrets,
+    );
+    check_udp_echoes(loopback(local_port), &mut forward).await;
+    forward.terminate();
+    server.terminate();
+}

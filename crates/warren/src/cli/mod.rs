@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use clap::Args;
 use warren::config::proxy::ProxySetting;
 use warren::config::{
-    ClientConfig, ClientForward, ClientService, HostPort, ProxyProtocol, ServiceKind,
+    ClientConfig, ClientForward, ClientService, HostPort, ProxyProtocol, ServiceKind, UdpSettings,
 };
 use warren::crypto::secret::Secret;
 
@@ -181,10 +181,20 @@ pub const EXPOSE_SERVICE: &str = "expose";
 /// Name of the service `warren forward` uses.
 pub const FORWARD_SERVICE: &str = "forward";
 
+/// The service kind of a quick tunnel: `--udp` or TCP.
+pub fn protocol(udp: bool) -> ServiceKind {
+    if udp {
+        ServiceKind::Udp(UdpSettings::DEFAULT)
+    } else {
+        ServiceKind::Tcp
+    }
+}
+
 /// The client config of `warren expose`.
 #[allow(clippy::too_many_arguments)]
 pub fn expose_config(
     server: HostPort,
+    kind: ServiceKind,
     target: HostPort,
     remote_bind: SocketAddr,
     psk: Secret,
@@ -199,7 +209,7 @@ pub fn expose_config(
         EXPOSE_SERVICE.to_owned(),
         ClientService {
             name: EXPOSE_SERVICE.to_owned(),
-            kind: ServiceKind::Tcp,
+            kind,
             target,
             token,
             remote_bind: Some(remote_bind),
@@ -210,8 +220,10 @@ pub fn expose_config(
 }
 
 /// The client config of `warren forward`: by target (`-t`) or by service name.
+#[allow(clippy::too_many_arguments)]
 pub fn forward_config(
     server: HostPort,
+    kind: ServiceKind,
     bind: SocketAddr,
     target: Option<HostPort>,
     service: Option<String>,
@@ -227,7 +239,7 @@ pub fn forward_config(
         name.clone(),
         ClientForward {
             name,
-            kind: ServiceKind::Tcp,
+            kind,
             bind,
             target,
             token,
