@@ -4,7 +4,7 @@
 //! nothing more to read, so an idle connection holds no buffer at all (that is where memory
 //! per connection is won). The pool makes that cheap on busy streams: taking a buffer back is
 //! a mutex round trip, not an allocation and a 128 KiB memset. It keeps at most
-//! [`POOL_CAP`] buffers of each kind; more are freed.
+//! `POOL_CAP` buffers of each kind; more are freed.
 
 use std::sync::{Mutex, PoisonError};
 

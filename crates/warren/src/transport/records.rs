@@ -6,7 +6,7 @@
 //! ([`RecordWriter::send_from`]), seals it in place and writes it with one `write`.
 //!
 //! Memory: both wait for readiness *without* a buffer and return their buffer to
-//! [`buffers`](super::buffers) as soon as the socket has nothing more, so an idle channel
+//! [`super::buffers`] as soon as the socket has nothing more, so an idle channel
 //! holds no buffer at all.
 
 use std::future::Future;
