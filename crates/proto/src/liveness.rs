@@ -111,6 +111,12 @@ impl Backoff {
     pub fn reset(&mut self) {
         self.attempt = 0;
     }
+
+    /// New bounds (a reloaded config), keeping the count of failed attempts.
+    pub fn set_bounds(&mut self, initial: Duration, max: Duration) {
+        self.initial = initial;
+        self.max = max.max(initial);
+    }
 }
 
 #[cfg(test)]

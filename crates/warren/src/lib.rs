@@ -37,6 +37,7 @@
 //! * [`demo`]: the self-contained `warren demo`.
 //! * [`doctor`], [`ping`]: `warren doctor` and `warren ping`.
 //! * [`metrics`], [`admin`]: Prometheus metrics, live connections and the admin HTTP API.
+//! * [`reload`]: hot reload (SIGHUP, file changes, the admin API).
 
 pub mod admin;
 mod builder;
@@ -48,6 +49,7 @@ pub mod doctor;
 pub mod metrics;
 pub mod ping;
 pub mod relay;
+pub mod reload;
 pub mod server;
 pub mod session;
 pub mod transport;
@@ -56,6 +58,7 @@ pub use client::{Client, ClientBuilder, ClientError, ClientStatus};
 pub use config::proxy::{PortRange, ProxySetting};
 pub use config::{ClientConfig, Config, HostPort, ProxyProtocol, ServerConfig, UdpSettings};
 pub use relay::udp::UdpStatsSnapshot;
+pub use reload::{ConfigSource, ReloadError, ReloadSummary, Reloader};
 pub use server::{BoundServer, Server, ServerBuilder, ServerError, UdpStatsHandle};
 pub use warren_proto::CipherSuite;
 

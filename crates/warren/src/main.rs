@@ -321,6 +321,15 @@ async fn run(command: Command) -> Outcome {
                     return Outcome::Failed;
                 }
             };
+            // A reload reads the file again and re-applies the same flags.
+            let source = warren::ConfigSource::new(config, move |path| {
+                let mut server = warren::ServerConfig::load(path)?;
+                if let Some(port) = port {
+                    server.bind.set_port(port);
+                }
+                Ok(server)
+            });
+            let bound = bound.reload_from(source);
             let cancel = bound.shutdown_token();
             tokio::spawn(stop_on_signal(cancel));
             bound.run().await;
@@ -338,12 +347,27 @@ async fn run(command: Command) -> Outcome {
                 Ok(Config::Server(_)) => return wrong_kind(&config, "client", "server"),
                 Err(errors) => return bad_config(errors),
             };
-            if let Err(message) =
-                client_overrides(&mut client_config, server, local, target, &overrides)
-            {
+            let flags = ClientFlags {
+                server,
+                local,
+                target,
+                overrides,
+            };
+            if let Err(message) = flags.apply(&mut client_config) {
                 return usage_error(&message);
             }
-            run_client(client_config, None).await
+            // A reload reads the file again and re-applies the same flags.
+            let source = warren::ConfigSource::new(config, move |path| {
+                let mut client = warren::ClientConfig::load(path)?;
+                flags
+                    .apply(&mut client)
+                    .map_err(|message| ConfigErrors::Invalid {
+                        source_name: Some(path.display().to_string()),
+                        errors: vec![warren::config::ConfigError::new("", message)],
+                    })?;
+                Ok(client)
+            });
+            run_client(client_config, None, Some(source)).await
         }
         Command::Expose {
             local,
@@ -381,7 +405,7 @@ async fn run(command: Command) -> Outcome {
                 Ok((config, target))
             })();
             match built {
-                Ok((config, target)) => run_client(config, Some(target)).await,
+                Ok((config, target)) => run_client(config, Some(target), None).await,
                 Err(message) => usage_error(&message),
             }
         }
@@ -417,7 +441,7 @@ async fn run(command: Command) -> Outcome {
                 Ok(config)
             })();
             match built {
-                Ok(config) => run_client(config, None).await,
+                Ok(config) => run_client(config, None, None).await,
                 Err(message) => usage_error(&message),
             }
         }
@@ -549,15 +573,36 @@ fn ping_target(
 }
 
 /// Applies `-r`, `-l`, `-t`, `-x` to a loaded client config.
-fn client_overrides(
-    config: &mut warren::ClientConfig,
+/// The flags of `warren client` that override its config file (kept to re-apply them on
+/// every reload).
+struct ClientFlags {
     server: Option<String>,
     local: Option<String>,
     target: Option<String>,
+    overrides: cli::ClientOverrides,
+}
+
+impl ClientFlags {
+    fn apply(&self, config: &mut warren::ClientConfig) -> Result<(), String> {
+        client_overrides(
+            config,
+            self.server.as_deref(),
+            self.local.as_deref(),
+            self.target.as_deref(),
+            &self.overrides,
+        )
+    }
+}
+
+fn client_overrides(
+    config: &mut warren::ClientConfig,
+    server: Option<&str>,
+    local: Option<&str>,
+    target: Option<&str>,
     overrides: &cli::ClientOverrides,
 ) -> Result<(), String> {
     if let Some(server) = server {
-        config.server = cli::server_addr(&server)?;
+        config.server = cli::server_addr(server)?;
     }
     if local.is_some() || target.is_some() {
         let mut forwards = config.forwards.values_mut();
@@ -568,7 +613,7 @@ fn client_overrides(
             );
         };
         if let Some(local) = local {
-            forward.bind = cli::listen_addr(&local)?;
+            forward.bind = cli::listen_addr(local)?;
         }
         if let Some(target) = target {
             forward.target = Some(
@@ -582,7 +627,11 @@ fn client_overrides(
 }
 
 /// Runs a client; for `warren expose`, prints the public address once the server bound it.
-async fn run_client(config: warren::ClientConfig, exposing: Option<warren::HostPort>) -> Outcome {
+async fn run_client(
+    config: warren::ClientConfig,
+    exposing: Option<warren::HostPort>,
+    source: Option<warren::ConfigSource<warren::ClientConfig>>,
+) -> Outcome {
     let server_host = config.server.host.clone();
     let scheme = match config.services.get(cli::EXPOSE_SERVICE).map(|s| s.kind) {
         Some(warren::config::ServiceKind::Udp(_)) => "udp://",
@@ -591,6 +640,10 @@ async fn run_client(config: warren::ClientConfig, exposing: Option<warren::HostP
     let client = match Client::from_config(config) {
         Ok(client) => client,
         Err(errors) => return bad_config(errors),
+    };
+    let client = match source {
+        Some(source) => client.reload_from(source),
+        None => client,
     };
     let cancel = CancellationToken::new();
     tokio::spawn(stop_on_signal(cancel.clone()));

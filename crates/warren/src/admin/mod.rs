@@ -10,7 +10,7 @@
 //! | `/api/v1/sessions` | sessions: id, peer address, cipher, since, services |
 //! | `/api/v1/services` | services: state, active and total connections, bytes each way, errors |
 //! | `/api/v1/connections` | live connections: id, service, peer, since, bytes each way |
-//! | `POST /api/v1/reload` | reload the config file (501 where hot reload is not available) |
+//! | `POST /api/v1/reload` | read the config file again and apply what changed ([`crate::reload`]) |
 //! | `/metrics` | Prometheus text exposition ([`crate::metrics`]) |
 //!
 //! The API reads state through atomics and snapshots ([`AdminSource`]); it never takes a
@@ -34,6 +34,7 @@ use tracing::{info, warn};
 
 use crate::crypto::secret::Secret;
 use crate::metrics::{ConnectionInfo, Telemetry, unix_seconds};
+use crate::reload::{Reload, ReloadError};
 
 /// `/api/v1/status`.
 #[derive(Debug, Clone, Serialize)]
@@ -85,10 +86,11 @@ pub struct ServiceInfo {
     pub errors: u64,
 }
 
-/// Why a reload did not happen.
+/// The body of every error answer.
 #[derive(Debug, Clone, Serialize)]
-pub struct ReloadError {
-    /// What went wrong (e.g. every config error, one per line).
+pub struct ApiError {
+    /// What went wrong and how to fix it (a refused reload lists every config error, one
+    /// per line).
     pub error: String,
 }
 
@@ -104,16 +106,10 @@ pub trait AdminSource: Send + Sync + 'static {
     fn services(&self) -> Vec<ServiceInfo>;
     /// Updates gauges that are computed rather than counted (called before `/metrics`).
     fn refresh_metrics(&self) {}
-    /// Reloads the config. The default says hot reload is not available.
-    ///
-    /// # Errors
-    /// Why the reload was not applied.
-    fn reload(&self) -> Result<String, ReloadError> {
-        Err(ReloadError {
-            error:
-                "hot reload is not available in this build; restart warren to apply a new config"
-                    .into(),
-        })
+    /// Reads the config file again and applies it; `None` when the side was built in code
+    /// with no file to read.
+    fn reloader(&self) -> Option<Arc<dyn Reload>> {
+        None
     }
 }
 
@@ -177,7 +173,7 @@ async fn authorize(State(ctx): State<Arc<Ctx>>, request: Request, next: Next) ->
             return (
                 StatusCode::UNAUTHORIZED,
                 [(header::WWW_AUTHENTICATE, "Bearer")],
-                axum::Json(ReloadError {
+                axum::Json(ApiError {
                     error: "missing or wrong bearer token: send `Authorization: Bearer <[admin] token>`".into(),
                 }),
             )
@@ -210,11 +206,31 @@ async fn connections(State(ctx): State<Arc<Ctx>>) -> axum::Json<Vec<ConnectionIn
 }
 
 async fn reload(State(ctx): State<Arc<Ctx>>) -> Response {
-    match ctx.source.reload() {
-        Ok(summary) => {
-            axum::Json(serde_json::json!({ "reloaded": true, "summary": summary })).into_response()
+    let outcome = match ctx.source.reloader() {
+        Some(reloader) => reloader.reload().await,
+        None => Err(ReloadError::NoSource(ctx.source.side())),
+    };
+    match outcome {
+        Ok(summary) => axum::Json(serde_json::json!({
+            "reloaded": true,
+            "summary": summary.to_string(),
+            "applied": summary.applied,
+            "needs_restart": summary.needs_restart,
+        }))
+        .into_response(),
+        Err(error) => {
+            let status = match error {
+                ReloadError::Invalid(_) | ReloadError::Unappliable(_) => {
+                    StatusCode::UNPROCESSABLE_ENTITY
+                }
+                ReloadError::NoSource(_) => StatusCode::NOT_IMPLEMENTED,
+                _ => StatusCode::SERVICE_UNAVAILABLE,
+            };
+            let body = ApiError {
+                error: error.to_string(),
+            };
+            (status, axum::Json(body)).into_response()
         }
-        Err(error) => (StatusCode::NOT_IMPLEMENTED, axum::Json(error)).into_response(),
     }
 }
 

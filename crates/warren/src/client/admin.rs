@@ -5,13 +5,18 @@ use std::sync::{Arc, PoisonError};
 use super::Shared;
 use crate::admin::{AdminSource, ServiceInfo, SessionInfo};
 use crate::metrics::Telemetry;
+use crate::reload::Reload;
 
 /// The admin API's handle on a running client.
-pub(super) struct ClientAdmin(pub(super) Arc<Shared>);
+pub(super) struct ClientAdmin {
+    pub(super) shared: Arc<Shared>,
+    /// Reads the config file again, when the client runs from one.
+    pub(super) reloader: Option<Arc<dyn Reload>>,
+}
 
 impl AdminSource for ClientAdmin {
     fn telemetry(&self) -> &Arc<Telemetry> {
-        &self.0.telemetry
+        &self.shared.telemetry
     }
 
     fn side(&self) -> &'static str {
@@ -19,7 +24,7 @@ impl AdminSource for ClientAdmin {
     }
 
     fn sessions(&self) -> Vec<SessionInfo> {
-        self.0
+        self.shared
             .admin_session
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -29,9 +34,9 @@ impl AdminSource for ClientAdmin {
     }
 
     fn services(&self) -> Vec<ServiceInfo> {
-        let status = self.0.status.borrow().clone();
-        self.0
-            .config
+        let status = self.shared.status.borrow().clone();
+        self.shared
+            .config()
             .services
             .values()
             .map(|service| {
@@ -42,8 +47,10 @@ impl AdminSource for ClientAdmin {
                 } else {
                     "refused"
                 };
-                // Invariant: `meters` has an entry for every configured service.
-                let meter = &self.0.meters[&service.name];
+                let meter = self
+                    .shared
+                    .meter(&service.name)
+                    .unwrap_or_else(|| self.shared.telemetry.metrics.service(&service.name));
                 ServiceInfo {
                     name: service.name.clone(),
                     kind: service.kind.name().to_owned(),
@@ -56,5 +63,9 @@ impl AdminSource for ClientAdmin {
                 }
             })
             .collect()
+    }
+
+    fn reloader(&self) -> Option<Arc<dyn Reload>> {
+        self.reloader.clone()
     }
 }

@@ -91,7 +91,7 @@ pub enum EstablishError {
 }
 
 /// One service a hello claims: its name, the token to prove, and how it is served.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Claim<'a> {
     /// The service name.
     pub name: &'a str,

@@ -22,13 +22,13 @@ use std::time::Duration;
 
 use tokio::net::{TcpListener, TcpStream, UdpSocket};
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 use warren_proto::handshake::KIND_DATA_OPEN;
 use warren_proto::message::{self, StreamOpen};
 
 use super::{ClientError, ClientSession, Shared};
 use crate::config::proxy::ProxyUrl;
-use crate::config::{ClientConfig, HostPort, ServiceKind, UdpSettings};
+use crate::config::{ClientConfig, ClientForward, HostPort, ServiceKind, UdpSettings};
 use crate::crypto::record::RecordKind;
 use crate::relay;
 use crate::relay::udp::visitors::{self, ChannelSource, VisitorSide};
@@ -77,10 +77,12 @@ pub(super) async fn dial_server(
     }
 }
 
-/// A forward service's local port.
+/// A forward service's local port, shared so that a reload can hand it to the service's
+/// new settings.
+#[derive(Clone)]
 pub(super) enum ForwardSocket {
-    Tcp(TcpListener),
-    Udp(UdpSocket, UdpSettings),
+    Tcp(Arc<TcpListener>),
+    Udp(Arc<UdpSocket>),
 }
 
 impl ForwardSocket {
@@ -88,9 +90,38 @@ impl ForwardSocket {
     pub(super) fn local_addr(&self) -> io::Result<SocketAddr> {
         match self {
             ForwardSocket::Tcp(listener) => listener.local_addr(),
-            ForwardSocket::Udp(socket, _) => socket.local_addr(),
+            ForwardSocket::Udp(socket) => socket.local_addr(),
         }
     }
+}
+
+/// A forward service being served.
+#[derive(Clone)]
+pub(super) struct Running {
+    pub(super) forward: ClientForward,
+    pub(super) socket: ForwardSocket,
+    /// Stops the listener and the service's streams (client shutdown, or a reload that
+    /// removes or changes the service).
+    pub(super) stop: CancellationToken,
+}
+
+/// Binds one forward service's local port.
+///
+/// # Errors
+/// [`ClientError::Bind`] naming the service.
+pub(super) async fn bind_forward(forward: &ClientForward) -> Result<ForwardSocket, ClientError> {
+    let bound = match forward.kind {
+        ServiceKind::Tcp => TcpListener::bind(forward.bind)
+            .await
+            .map(|listener| ForwardSocket::Tcp(Arc::new(listener))),
+        ServiceKind::Udp(_) => relay::udp::bind_service_socket(forward.bind)
+            .map(|socket| ForwardSocket::Udp(Arc::new(socket))),
+    };
+    bound.map_err(|source| ClientError::Bind {
+        service: forward.name.clone(),
+        addr: forward.bind,
+        source,
+    })
 }
 
 /// Binds every forward service's local port.
@@ -99,43 +130,66 @@ impl ForwardSocket {
 /// [`ClientError::Bind`] naming the service whose port could not be bound.
 pub(super) async fn bind_forwards(
     config: &ClientConfig,
-) -> Result<Vec<(String, ForwardSocket)>, ClientError> {
+) -> Result<Vec<(ClientForward, ForwardSocket)>, ClientError> {
     let mut listeners = Vec::new();
     for forward in config.forwards.values() {
-        let bound = match forward.kind {
-            ServiceKind::Tcp => TcpListener::bind(forward.bind)
-                .await
-                .map(ForwardSocket::Tcp),
-            ServiceKind::Udp(settings) => relay::udp::bind_service_socket(forward.bind)
-                .map(|socket| ForwardSocket::Udp(socket, settings)),
-        };
-        let bound = bound.map_err(|source| ClientError::Bind {
-            service: forward.name.clone(),
-            addr: forward.bind,
-            source,
-        })?;
-        listeners.push((forward.name.clone(), bound));
+        listeners.push((forward.clone(), bind_forward(forward).await?));
     }
     Ok(listeners)
 }
 
-/// Serves one forward service's local port until the client stops.
-pub(super) async fn serve_listener(shared: Arc<Shared>, name: String, socket: ForwardSocket) {
-    match socket {
-        ForwardSocket::Tcp(listener) => serve_tcp(shared, name, listener).await,
-        ForwardSocket::Udp(socket, settings) => {
-            let until = shared.cancel.clone();
+/// Serves `forward` on `socket` until the client stops or a reload stops it; returns the
+/// service it replaced under the same name, if any (the caller stops that one).
+pub(super) fn start(
+    shared: &Arc<Shared>,
+    forward: ClientForward,
+    socket: ForwardSocket,
+) -> Option<Running> {
+    let name = forward.name.clone();
+    let stop = shared.cancel.child_token();
+    if let Ok(addr) = socket.local_addr() {
+        info!(event = "forward_listening", service = %name, %addr, "forward service listening");
+        shared.status.send_modify(|s| {
+            s.forwards.insert(name.clone(), addr);
+        });
+    }
+    let running = Running {
+        forward: forward.clone(),
+        socket: socket.clone(),
+        stop: stop.clone(),
+    };
+    let replaced = shared
+        .forwards
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .insert(name.clone(), running);
+    let shared_for_task = Arc::clone(shared);
+    match (socket, forward.kind) {
+        (ForwardSocket::Tcp(listener), _) => {
+            shared
+                .tasks
+                .spawn(serve_tcp(shared_for_task, name, listener, stop));
+        }
+        (ForwardSocket::Udp(socket), kind) => {
+            let settings = match kind {
+                ServiceKind::Udp(settings) => settings,
+                ServiceKind::Tcp => UdpSettings::DEFAULT,
+            };
             let tasks = shared.tasks.clone();
             let side = VisitorSide {
                 name: name.clone(),
                 socket,
                 settings,
                 stats: Arc::default(),
-                source: Arc::new(ForwardSource { shared, name }),
+                source: Arc::new(ForwardSource {
+                    shared: shared_for_task,
+                    name,
+                }),
             };
-            visitors::serve(side, tasks, until).await;
+            shared.tasks.spawn(visitors::serve(side, tasks, stop));
         }
     }
+    replaced
 }
 
 /// Datagram channels of a UDP forward service: new `KIND_DATA_OPEN` channels of the
@@ -158,7 +212,7 @@ impl ChannelSource for ForwardSource {
 
     async fn open(&self, session: Arc<ClientSession>) -> Result<Channel, String> {
         // No visitor address: one channel carries every flow.
-        open_stream(&self.shared, &session, &self.name, None, None).await
+        open_stream(&session, &self.name, None, None).await
     }
 }
 
@@ -172,11 +226,16 @@ fn current_session(shared: &Shared, name: &str) -> Option<Arc<ClientSession>> {
         .filter(|s| s.forwards.contains(name))
 }
 
-/// Accepts local connections of one TCP forward service until the client stops.
-async fn serve_tcp(shared: Arc<Shared>, name: String, listener: TcpListener) {
+/// Accepts local connections of one TCP forward service until `stop` fires.
+async fn serve_tcp(
+    shared: Arc<Shared>,
+    name: String,
+    listener: Arc<TcpListener>,
+    stop: CancellationToken,
+) {
     loop {
         let accepted = tokio::select! {
-            () = shared.cancel.cancelled() => return,
+            () = stop.cancelled() => return,
             accepted = listener.accept() => accepted,
         };
         match accepted {
@@ -188,10 +247,10 @@ async fn serve_tcp(shared: Arc<Shared>, name: String, listener: TcpListener) {
                     tcp::reset(local);
                     continue;
                 };
-                let shared_for_task = Arc::clone(&shared);
                 let name = name.clone();
+                let stop = stop.clone();
                 shared.tasks.spawn(async move {
-                    serve_local(&shared_for_task, &session, local, peer, name).await;
+                    serve_local(&session, local, peer, name, &stop).await;
                 });
             }
             Err(error) => {
@@ -203,15 +262,15 @@ async fn serve_tcp(shared: Arc<Shared>, name: String, listener: TcpListener) {
 }
 
 async fn serve_local(
-    shared: &Arc<Shared>,
     session: &Arc<ClientSession>,
     local: TcpStream,
     peer: SocketAddr,
     service: String,
+    stop: &CancellationToken,
 ) {
     let opened = tokio::select! {
         () = session.cancel.cancelled() => { tcp::reset(local); return; }
-        opened = open_stream(shared, session, &service, Some(peer), local.local_addr().ok()) => opened,
+        opened = open_stream(session, &service, Some(peer), local.local_addr().ok()) => opened,
     };
     let mut channel = match opened {
         Ok(channel) => channel,
@@ -222,7 +281,7 @@ async fn serve_local(
         }
     };
     debug!(event = "forward_opened", %service, %peer, "local connection forwarded");
-    match relay::pump(local, &mut channel, &shared.cancel).await {
+    match relay::pump(local, &mut channel, stop).await {
         Ok(moved) => {
             debug!(event = "stream_closed", %service, up = moved.to_tunnel, down = moved.to_local, "forward stream done")
         }
@@ -231,7 +290,6 @@ async fn serve_local(
 }
 
 async fn open_stream(
-    shared: &Shared,
     session: &ClientSession,
     service: &str,
     visitor: Option<SocketAddr>,
@@ -240,7 +298,7 @@ async fn open_stream(
     let deadline = session.handshake_timeout;
     let attempt = async {
         let stream = dial_server(
-            &shared.config,
+            &session.config,
             session.proxy.as_ref(),
             Some(session.server_addr),
             deadline,

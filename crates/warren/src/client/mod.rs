@@ -7,6 +7,9 @@
 //! exponential backoff and jitter; a refusal that retrying cannot fix (every token wrong, no
 //! common cipher) ends the client with an error instead.
 //!
+//! A running client takes a new config through its [`Reloader`] (`SIGHUP`, a file change or
+//! the admin API, see [`crate::reload`]); [`reload`] says what a reload touches.
+//!
 //! Main types: [`Client`] (validated config, built with [`Client::builder`]),
 //! [`ClientStatus`] (watch the connection from outside).
 
@@ -14,14 +17,16 @@ mod admin;
 pub mod establish;
 mod forward;
 mod pool;
+mod reload;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::Duration;
 
 use rand::RngCore;
-use tokio::sync::{Semaphore, mpsc, watch};
+use tokio::sync::{Notify, Semaphore, mpsc, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{error, info, warn};
@@ -40,6 +45,7 @@ use crate::config::{
 use crate::crypto::keys::SessionKeys;
 use crate::crypto::secret::Secret;
 use crate::metrics::{HandshakeFailure, ServiceMeter, Telemetry, unix_seconds};
+use crate::reload::{ConfigSource, FromSource, Reload, Reloader, Requests};
 use crate::session::{self as control, CONTROL_QUEUE, Liveness, SessionEnd, short_id};
 use establish::{Claim, EstablishError, EstablishedSession};
 
@@ -105,6 +111,10 @@ pub struct ClientStatus {
 pub struct Client {
     config: ClientConfig,
     status: watch::Sender<ClientStatus>,
+    reloader: Reloader<ClientConfig>,
+    reloads: Requests<ClientConfig>,
+    /// The config file, when the client reloads from one.
+    source: Option<ConfigSource<ClientConfig>>,
 }
 
 /// Builds a [`Client`] in code; the CLI uses [`Client::from_config`].
@@ -328,10 +338,26 @@ impl Client {
     /// The config's validation errors.
     pub fn from_config(config: ClientConfig) -> Result<Client, ConfigErrors> {
         config.validate()?;
+        let (reloader, reloads) = Reloader::new("client");
         Ok(Client {
             config,
             status: watch::channel(ClientStatus::default()).0,
+            reloader,
+            reloads,
+            source: None,
         })
+    }
+
+    /// Hands new configs to the running client (see [`reload`] for what a reload touches).
+    pub fn reloader(&self) -> Reloader<ClientConfig> {
+        self.reloader.clone()
+    }
+
+    /// Reloads from `source` on `SIGHUP`, when its file changes (unless the source says not
+    /// to watch it) and on the admin API's `POST /api/v1/reload`.
+    pub fn reload_from(mut self, source: ConfigSource<ClientConfig>) -> Self {
+        self.source = Some(source);
+        self
     }
 
     /// Watches the connection state.
@@ -345,19 +371,21 @@ impl Client {
     /// # Errors
     /// [`ClientError`] for refusals that retrying cannot fix.
     pub async fn run(self, cancel: CancellationToken) -> Result<(), ClientError> {
-        let ciphers = match self.config.transport {
-            Transport::Tcp => vec![CipherSuite::None],
-            _ => self.config.ciphers.clone(),
-        };
-        let listeners = forward::bind_forwards(&self.config).await?;
+        let Client {
+            config,
+            status,
+            reloader,
+            reloads,
+            source,
+        } = self;
+        let listeners = forward::bind_forwards(&config).await?;
         let telemetry = Telemetry::new(Side::Client);
-        let meters = self
-            .config
+        let meters = config
             .services
             .keys()
             .map(|name| (name.clone(), telemetry.metrics.service(name)))
             .collect();
-        let admin_listener = match &self.config.admin {
+        let admin_listener = match &config.admin {
             Some(admin) => Some(crate::admin::bind(admin.bind).await.map_err(|source| {
                 ClientError::AdminBind {
                     addr: admin.bind,
@@ -366,53 +394,71 @@ impl Client {
             })?),
             None => None,
         };
+        let admin_token = config.admin.as_ref().and_then(|a| a.token.clone());
         let shared = Arc::new(Shared {
-            ciphers,
-            config: self.config,
-            status: self.status,
+            config: RwLock::new(Arc::new(config)),
+            status,
             cancel,
             tasks: TaskTracker::new(),
             current: Mutex::new(None),
             telemetry,
-            meters,
+            meters: RwLock::new(meters),
             admin_session: Mutex::new(None),
+            forwards: Mutex::new(HashMap::new()),
+            restart: AtomicBool::new(false),
+            restarted: Notify::new(),
         });
+        let from_source = source.map(|source| FromSource::new(source, reloader));
+        if let Some(from_source) = &from_source {
+            shared
+                .tasks
+                .spawn(Arc::clone(from_source).watch(shared.cancel.clone()));
+        }
+        let applying = Arc::clone(&shared);
+        shared
+            .tasks
+            .spawn(reloads.serve(shared.cancel.clone(), move |config| {
+                let shared = Arc::clone(&applying);
+                async move { reload::apply(&shared, config).await }
+            }));
         if let Some(listener) = admin_listener {
-            let token = shared.config.admin.as_ref().and_then(|a| a.token.clone());
-            let source = Arc::new(admin::ClientAdmin(Arc::clone(&shared)));
+            let source = Arc::new(admin::ClientAdmin {
+                shared: Arc::clone(&shared),
+                reloader: from_source.map(|from| from as Arc<dyn Reload>),
+            });
             shared.tasks.spawn(crate::admin::serve(
                 listener,
                 source,
-                token,
+                admin_token,
                 shared.cancel.clone(),
             ));
         }
-        for (name, listener) in listeners {
-            if let Ok(addr) = listener.local_addr() {
-                info!(event = "forward_listening", service = %name, %addr, "forward service listening");
-                shared.status.send_modify(|s| {
-                    s.forwards.insert(name.clone(), addr);
-                });
-            }
-            shared
-                .tasks
-                .spawn(forward::serve_listener(Arc::clone(&shared), name, listener));
+        for (forward, socket) in listeners {
+            forward::start(&shared, forward, socket);
         }
-        let mut backoff = Backoff::new(
-            shared.config.reconnect_initial_delay,
-            shared.config.reconnect_max_delay,
-        );
+        let config = shared.config();
+        let mut backoff = Backoff::new(config.reconnect_initial_delay, config.reconnect_max_delay);
         info!(
             event = "client_started",
-            server = %shared.config.server,
-            transport = %shared.config.transport,
-            services = shared.config.services.len(),
+            server = %config.server,
+            transport = %config.transport,
+            services = config.services.len(),
             "warren client starting"
         );
         let result = loop {
+            let started = tokio::time::Instant::now();
+            let mut wait = true;
             match run_session(&shared, &mut backoff).await {
-                Ok(SessionEnd::Cancelled) => break Ok(()),
-                Ok(end) => warn!(event = "session_lost", reason = %end, "session lost"),
+                Ok(SessionEnd::Cancelled) if shared.cancel.is_cancelled() => break Ok(()),
+                // A reload ended the session to start one with the new config.
+                Ok(SessionEnd::Cancelled) => {}
+                Ok(end) => {
+                    // A server that says goodbye after a while (its config changed, it
+                    // restarts) is retried at once; one that keeps doing so backs off.
+                    let goodbye = matches!(end, SessionEnd::Goodbye(_));
+                    wait = !(goodbye && started.elapsed() >= GOODBYE_RETRY_AFTER);
+                    warn!(event = "session_lost", reason = %end, "session lost");
+                }
                 Err(Failure::Fatal(error)) => {
                     error!(event = "client_refused", %error, "giving up");
                     break Err(error);
@@ -427,7 +473,19 @@ impl Client {
                 s.cipher = None;
                 s.bound.clear();
             });
+            if shared.restart.swap(false, Ordering::AcqRel) {
+                info!(
+                    event = "session_restarting",
+                    "reconnecting with the reloaded config"
+                );
+                continue;
+            }
             shared.telemetry.metrics.reconnecting();
+            if !wait {
+                continue;
+            }
+            let config = shared.config();
+            backoff.set_bounds(config.reconnect_initial_delay, config.reconnect_max_delay);
             let delay = backoff.next_delay(rand::rng().next_u64());
             info!(
                 event = "reconnect_scheduled",
@@ -437,6 +495,7 @@ impl Client {
             tokio::select! {
                 () = shared.cancel.cancelled() => break Ok(()),
                 () = tokio::time::sleep(delay) => {}
+                () = shared.restarted.notified() => {}
             }
         };
         shared.cancel.cancel();
@@ -447,10 +506,13 @@ impl Client {
     }
 }
 
+/// A session that lasted this long and ended with the server's goodbye is retried at once.
+const GOODBYE_RETRY_AFTER: Duration = Duration::from_secs(1);
+
 /// State shared by the client's tasks across sessions.
 struct Shared {
-    config: ClientConfig,
-    ciphers: Vec<CipherSuite>,
+    /// The config in force; a reload swaps it whole.
+    config: RwLock<Arc<ClientConfig>>,
     status: watch::Sender<ClientStatus>,
     cancel: CancellationToken,
     tasks: TaskTracker,
@@ -459,9 +521,46 @@ struct Shared {
     /// Metrics and live connections (read by the admin API).
     telemetry: Arc<Telemetry>,
     /// Each service's counters.
-    meters: HashMap<String, ServiceMeter>,
+    meters: RwLock<HashMap<String, ServiceMeter>>,
     /// The current session as the admin API shows it (written at session start and end).
     admin_session: Mutex<Option<SessionInfo>>,
+    /// Forward services' local ports, by name.
+    forwards: Mutex<HashMap<String, forward::Running>>,
+    /// Set by a reload that needs a new session: the next one starts at once.
+    restart: AtomicBool,
+    /// Wakes the reconnect wait when a reload asks for a new session.
+    restarted: Notify,
+}
+
+impl Shared {
+    /// The config in force (a snapshot: a reload does not change it under the caller).
+    fn config(&self) -> Arc<ClientConfig> {
+        Arc::clone(&self.config.read().unwrap_or_else(PoisonError::into_inner))
+    }
+
+    /// A service's counters.
+    fn meter(&self, service: &str) -> Option<ServiceMeter> {
+        self.meters
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(service)
+            .cloned()
+    }
+
+    /// Ends the current session (if any) and starts the next one at once, with the config
+    /// in force by then.
+    fn restart_session(&self) {
+        self.restart.store(true, Ordering::Release);
+        if let Some(session) = self
+            .current
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+        {
+            session.cancel.cancel();
+        }
+        self.restarted.notify_waiters();
+    }
 }
 
 /// How an attempt to hold a session failed.
@@ -473,12 +572,15 @@ enum Failure {
 /// One session's state, shared with its data channel tasks.
 pub(crate) struct ClientSession {
     keys: SessionKeys,
+    /// The config the session was established with (how to reach the server).
+    config: Arc<ClientConfig>,
     /// Where data channels connect: the address the control channel reached (the proxy's,
     /// when there is one).
     server_addr: SocketAddr,
     /// The proxy every connection to the server goes through, if any.
     proxy: Option<ProxyUrl>,
-    services: HashMap<String, ClientService>,
+    /// Services the server accepted (their targets come from the config in force).
+    services: HashSet<String>,
     /// Forward services the server accepted.
     forwards: HashSet<String>,
     /// Cancelled when the session ends: idle pooled channels close.
@@ -489,7 +591,13 @@ pub(crate) struct ClientSession {
 }
 
 async fn run_session(shared: &Arc<Shared>, backoff: &mut Backoff) -> Result<SessionEnd, Failure> {
-    let config = &shared.config;
+    // This session takes the newest config: a restart asked for before now is served.
+    shared.restart.store(false, Ordering::Release);
+    let config = shared.config();
+    let ciphers = match config.transport {
+        Transport::Tcp => vec![CipherSuite::None],
+        _ => config.ciphers.clone(),
+    };
     let deadline = config.handshake_timeout;
     let proxy = match &config.proxy {
         Some(setting) => setting
@@ -497,13 +605,13 @@ async fn run_session(shared: &Arc<Shared>, backoff: &mut Backoff) -> Result<Sess
             .map_err(Failure::Retry)?,
         None => None,
     };
-    let claims = claims_of(config);
-    let server_name = forward::describe(config, proxy.as_ref());
+    let claims = claims_of(&config);
+    let server_name = forward::describe(&config, proxy.as_ref());
     let attempt = establish::establish(
-        forward::dial_server(config, proxy.as_ref(), None, deadline),
+        forward::dial_server(&config, proxy.as_ref(), None, deadline),
         &server_name,
         &config.psk,
-        &shared.ciphers,
+        &ciphers,
         &claims,
         deadline,
     );
@@ -542,7 +650,7 @@ async fn run_session(shared: &Arc<Shared>, backoff: &mut Backoff) -> Result<Sess
         ..
     } = established;
     let names: Vec<&str> = claims.iter().map(|claim| claim.name).collect();
-    let mut accepted = HashMap::new();
+    let mut accepted = HashSet::new();
     let mut forwards = HashSet::new();
     let mut bound = BTreeMap::new();
     let mut refused = Vec::new();
@@ -550,8 +658,8 @@ async fn run_session(shared: &Arc<Shared>, backoff: &mut Backoff) -> Result<Sess
     for (name, verdict) in names.iter().zip(&verdicts) {
         match verdict {
             Verdict::Accepted { bound: address } => {
-                if let Some(service) = config.services.get(*name) {
-                    accepted.insert(name.to_string(), service.clone());
+                if config.services.contains_key(*name) {
+                    accepted.insert(name.to_string());
                 } else {
                     forwards.insert(name.to_string());
                 }
@@ -593,6 +701,7 @@ async fn run_session(shared: &Arc<Shared>, backoff: &mut Backoff) -> Result<Sess
     backoff.reset();
 
     let session = Arc::new(ClientSession {
+        config: Arc::clone(&config),
         server_addr,
         proxy,
         services: accepted,
@@ -602,7 +711,7 @@ async fn run_session(shared: &Arc<Shared>, backoff: &mut Backoff) -> Result<Sess
         handshake_timeout: deadline,
         keys,
     });
-    let mut service_names: Vec<String> = session.services.keys().cloned().collect();
+    let mut service_names: Vec<String> = session.services.iter().cloned().collect();
     service_names.extend(session.forwards.iter().cloned());
     service_names.sort();
     info!(
@@ -613,6 +722,17 @@ async fn run_session(shared: &Arc<Shared>, backoff: &mut Backoff) -> Result<Sess
         services = %service_names.join(","),
         "connected"
     );
+    // The session serves forward listeners before the status says "connected": whoever
+    // watches the status may send at once.
+    *shared
+        .current
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner) = Some(Arc::clone(&session));
+    // A reload that came while this session was being established asked for one with
+    // the new config: end this one at once (it saw `current` empty, so it is up to us).
+    if shared.restart.load(Ordering::Acquire) {
+        session.cancel.cancel();
+    }
     shared.status.send_modify(|s| {
         s.connected = true;
         s.sessions += 1;
@@ -620,10 +740,6 @@ async fn run_session(shared: &Arc<Shared>, backoff: &mut Backoff) -> Result<Sess
         s.cipher = Some(session.keys.cipher());
         s.bound = bound;
     });
-    *shared
-        .current
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner) = Some(Arc::clone(&session));
     shared.telemetry.metrics.session_started();
     *shared
         .admin_session
@@ -633,7 +749,7 @@ async fn run_session(shared: &Arc<Shared>, backoff: &mut Backoff) -> Result<Sess
         peer: server_addr.to_string(),
         cipher: session.keys.cipher().to_string(),
         since: unix_seconds(std::time::SystemTime::now()),
-        services: session.services.keys().cloned().collect(),
+        services: session.services.iter().cloned().collect(),
     });
 
     let (_control_tx, control_rx) = mpsc::channel(CONTROL_QUEUE);
@@ -649,6 +765,13 @@ async fn run_session(shared: &Arc<Shared>, backoff: &mut Backoff) -> Result<Sess
         liveness,
         control_rx,
         session.cancel.clone(),
+        || {
+            if shared.cancel.is_cancelled() {
+                "shutting down".to_owned()
+            } else {
+                "the client's config changed; reconnecting".to_owned()
+            }
+        },
         |message| match message {
             ControlMessage::NeedChannels { count } => {
                 for _ in 0..count.min(MAX_POOLED as u16) {

@@ -40,7 +40,7 @@ pub(super) fn spawn_channel(shared: &Arc<Shared>, session: &Arc<ClientSession>) 
         let cancel = session.cancel.clone();
         let channel = tokio::select! {
             () = cancel.cancelled() => return,
-            channel = open_channel(&shared_for_task, &session) => channel,
+            channel = open_channel(&session) => channel,
         };
         match channel {
             Ok(channel) => run_channel(&shared_for_task, &session, channel, slot).await,
@@ -100,10 +100,10 @@ async fn run_channel(
     }
 }
 
-async fn open_channel(shared: &Shared, session: &ClientSession) -> Result<Channel, String> {
+async fn open_channel(session: &ClientSession) -> Result<Channel, String> {
     let attempt = async {
         let stream = super::forward::dial_server(
-            &shared.config,
+            &session.config,
             session.proxy.as_ref(),
             Some(session.server_addr),
             session.handshake_timeout,
@@ -129,7 +129,14 @@ async fn serve_stream(
     open: StreamOpen,
 ) -> Option<Channel> {
     let service = open.service;
-    let Some(config) = session.services.get(&service) else {
+    // The target is the config's in force, so a reload that changed it applies to the next
+    // stream without a new session.
+    let current = shared.config();
+    let Some(config) = current
+        .services
+        .get(&service)
+        .filter(|_| session.services.contains(&service))
+    else {
         warn!(event = "stream_rejected", %service, "server opened a stream for a service this session does not serve");
         top_up(shared, session);
         let _ = channel
@@ -150,9 +157,10 @@ async fn serve_stream(
         relay::udp::targets::serve(side, channel).await;
         return None;
     }
-    let meter = shared.meters.get(&service);
+    let meter = shared.meter(&service);
+    let meter = meter.as_ref();
     let started = tokio::time::Instant::now();
-    let family = super::forward::family(&shared.config);
+    let family = super::forward::family(&current);
     let connected = tcp::connect_preferring(&config.target, TARGET_CONNECT_TIMEOUT, family)
         .await
         .map_err(|error| {

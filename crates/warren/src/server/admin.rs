@@ -6,14 +6,19 @@ use std::sync::{Arc, PoisonError};
 use super::Shared;
 use crate::admin::{AdminSource, ServiceInfo, SessionInfo};
 use crate::metrics::{Telemetry, unix_seconds};
+use crate::reload::Reload;
 use crate::session::short_id;
 
 /// The admin API's handle on a running server.
-pub(super) struct ServerAdmin(pub(super) Arc<Shared>);
+pub(super) struct ServerAdmin {
+    pub(super) shared: Arc<Shared>,
+    /// Reads the config file again, when the server runs from one.
+    pub(super) reloader: Option<Arc<dyn Reload>>,
+}
 
 impl AdminSource for ServerAdmin {
     fn telemetry(&self) -> &Arc<Telemetry> {
-        &self.0.telemetry
+        &self.shared.telemetry
     }
 
     fn side(&self) -> &'static str {
@@ -22,7 +27,7 @@ impl AdminSource for ServerAdmin {
 
     fn sessions(&self) -> Vec<SessionInfo> {
         let sessions: Vec<_> = self
-            .0
+            .shared
             .sessions
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -45,9 +50,12 @@ impl AdminSource for ServerAdmin {
 
     fn services(&self) -> Vec<ServiceInfo> {
         let mut list: Vec<ServiceInfo> = self
-            .0
+            .shared
             .services
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
             .values()
+            .map(|binding| &binding.slot)
             .map(|slot| ServiceInfo {
                 name: slot.name.clone(),
                 kind: slot.kind.name().to_owned(),
@@ -68,17 +76,29 @@ impl AdminSource for ServerAdmin {
     }
 
     fn refresh_metrics(&self) {
-        for (name, stats) in &self.0.udp_stats {
+        let udp: Vec<_> = self
+            .shared
+            .services
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .filter_map(|(name, binding)| Some((name.clone(), binding.udp_stats.clone()?)))
+            .collect();
+        for (name, stats) in &udp {
             let s = stats.snapshot();
             let active = s
                 .flows_opened
                 .saturating_sub(s.flows_evicted + s.flows_expired);
-            self.0.telemetry.metrics.set_udp(
+            self.shared.telemetry.metrics.set_udp(
                 name,
                 i64::try_from(active).unwrap_or(i64::MAX),
                 s.to_tunnel,
                 s.from_tunnel,
             );
         }
+    }
+
+    fn reloader(&self) -> Option<Arc<dyn Reload>> {
+        self.reloader.clone()
     }
 }

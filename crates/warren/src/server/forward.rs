@@ -115,7 +115,8 @@ pub(super) async fn judge(
         declared: Vec::new(),
         refused: Vec::new(),
     };
-    let config = &shared.config;
+    let live = shared.live();
+    let config = &live.config;
     let proves = |token: &Secret, claim: &ServiceClaim| {
         keys::verify_token_proof(token, keys.handshake_hash(), &claim.name, &claim.proof)
     };
@@ -123,8 +124,7 @@ pub(super) async fn judge(
         let verdict = match &claim.kind {
             ClaimKind::Reverse => {
                 if let Some(slot) = shared
-                    .services
-                    .get(&claim.name)
+                    .slot(&claim.name)
                     .filter(|slot| proves(&slot.token, claim))
                 {
                     judgement.reverse.push(slot.name.clone());
@@ -325,6 +325,8 @@ pub(super) fn serve_declared(
             kind,
             token: Secret::default(),
             session: Mutex::new(Some(Arc::clone(session))),
+            // Its visitors' streams outlive the session, as those of configured services do.
+            stop: shared.cancel.child_token(),
         });
         let until = session.cancel.clone();
         match socket {
@@ -332,14 +334,14 @@ pub(super) fn serve_declared(
                 shared.tasks.spawn(serve_visitors(
                     Arc::clone(shared),
                     slot,
-                    listener,
+                    Arc::new(listener),
                     Some(until),
                 ));
             }
             DeclaredSocket::Udp(socket) => {
                 let service = udp::UdpService {
                     slot,
-                    socket,
+                    socket: Arc::new(socket),
                     settings: UdpSettings::DEFAULT,
                     stats: Arc::default(),
                 };

@@ -8,22 +8,26 @@
 //! client reconnects. UDP services bind one socket each and carry every visitor's datagrams
 //! over one datagram channel per session ([`udp`]).
 //!
+//! A running server takes a new config through its [`Reloader`] (`SIGHUP`, a file change or
+//! the admin API, see [`crate::reload`]); [`reload`] says what a reload touches.
+//!
 //! Main types: [`Server`] (validated config, built with [`Server::builder`]),
 //! [`BoundServer`] (sockets bound, ready to [`BoundServer::run`]).
 
 mod admin;
 mod forward;
 pub mod pending;
+mod reload;
 mod session;
 mod udp;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::Duration;
 
 use rand::RngCore;
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::{TcpListener, TcpStream, UdpSocket};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{debug, info, warn};
@@ -43,6 +47,7 @@ use crate::crypto::secret::Secret;
 use crate::metrics::{HandshakeFailure, LocalEnd, ServiceMeter, Telemetry};
 use crate::relay;
 use crate::relay::udp::{UdpStats, UdpStatsSnapshot};
+use crate::reload::{ConfigSource, FromSource, Reload, Reloader, Requests};
 use crate::session::{self as control, Liveness, SessionEnd, short_id};
 use crate::transport::preamble::{self, Incoming, PreambleError};
 use crate::transport::{Channel, tcp};
@@ -272,69 +277,33 @@ impl Server {
             None => None,
         };
         let telemetry = Telemetry::new(Side::Server);
+        let cancel = CancellationToken::new();
         let mut services = HashMap::new();
-        let mut listeners = Vec::new();
-        let mut udp_sockets = Vec::new();
-        let mut udp_stats = HashMap::new();
         for service in self.config.services.values() {
-            let what = format!("service `{}`", service.name);
-            let slot = Arc::new(ServiceSlot {
-                name: service.name.clone(),
-                kind: service.kind,
-                token: service.token.clone(),
-                session: Mutex::new(None),
-                meter: telemetry.metrics.service(&service.name),
-            });
-            services.insert(service.name.clone(), Arc::clone(&slot));
-            match service.kind {
-                ServiceKind::Tcp => {
-                    listeners.push((slot, bind_listener(&what, service.bind).await?));
-                }
-                ServiceKind::Udp(settings) => {
-                    let socket =
-                        relay::udp::bind_service_socket(service.bind).map_err(|source| {
-                            ServerError::Bind {
-                                what: format!("{what} (UDP)"),
-                                addr: service.bind,
-                                source,
-                            }
-                        })?;
-                    let stats = Arc::new(UdpStats::default());
-                    udp_stats.insert(service.name.clone(), Arc::clone(&stats));
-                    udp_sockets.push(udp::UdpService {
-                        slot,
-                        socket,
-                        settings,
-                        stats,
-                    });
-                }
-            }
+            let socket = ServiceSocket::bind(service).await?;
+            let binding = Binding::new(service, socket, &telemetry, &cancel);
+            services.insert(service.name.clone(), binding);
         }
-        let ciphers = match self.config.transport {
-            Transport::Tcp => vec![CipherSuite::None],
-            _ => self.config.ciphers.clone(),
-        };
         let shared = Arc::new(Shared {
-            noise_psk: keys::noise_psk(&self.config.psk),
-            ciphers,
-            config: self.config,
+            live: RwLock::new(Arc::new(Live::new(self.config))),
             sessions: Mutex::new(HashMap::new()),
-            services,
-            udp_stats,
+            services: RwLock::new(services),
             pending: PendingLimiter::new(
                 pending::MAX_PENDING_HANDSHAKES,
                 pending::MAX_PENDING_PER_IP,
             ),
-            cancel: CancellationToken::new(),
+            cancel,
             tasks: TaskTracker::new(),
             telemetry,
         });
+        let (reloader, reloads) = Reloader::new("server");
         Ok(BoundServer {
             shared,
             listener,
             admin_listener,
-            service_listeners: listeners,
-            udp_services: udp_sockets,
+            reloader,
+            reloads,
+            source: None,
         })
     }
 }
@@ -354,8 +323,10 @@ pub struct BoundServer {
     shared: Arc<Shared>,
     listener: TcpListener,
     admin_listener: Option<TcpListener>,
-    service_listeners: Vec<(Arc<ServiceSlot>, TcpListener)>,
-    udp_services: Vec<udp::UdpService>,
+    reloader: Reloader<ServerConfig>,
+    reloads: Requests<ServerConfig>,
+    /// The config file, when the server reloads from one.
+    source: Option<ConfigSource<ServerConfig>>,
 }
 
 impl BoundServer {
@@ -367,19 +338,11 @@ impl BoundServer {
             .expect("bound listener has an address")
     }
 
-    /// A service port's actual address (TCP or UDP).
+    /// A service port's actual address (TCP or UDP); it follows reloads.
     pub fn service_addr(&self, name: &str) -> Option<SocketAddr> {
-        let tcp = self
-            .service_listeners
-            .iter()
-            .find(|(slot, _)| slot.name == name)
-            .and_then(|(_, listener)| listener.local_addr().ok());
-        tcp.or_else(|| {
-            self.udp_services
-                .iter()
-                .find(|service| service.slot.name == name)
-                .and_then(|service| service.socket.local_addr().ok())
-        })
+        self.shared
+            .binding(name)
+            .and_then(|binding| binding.socket.local_addr().ok())
     }
 
     /// The admin API's actual address, when `[admin]` is configured.
@@ -397,14 +360,26 @@ impl BoundServer {
     /// A handle to read a UDP service's counters while the server runs.
     pub fn udp_stats(&self, name: &str) -> Option<UdpStatsHandle> {
         self.shared
-            .udp_stats
-            .get(name)
-            .map(|stats| UdpStatsHandle(Arc::clone(stats)))
+            .binding(name)
+            .and_then(|binding| binding.udp_stats)
+            .map(UdpStatsHandle)
     }
 
     /// A token that stops the server when cancelled (graceful: sessions get a goodbye).
     pub fn shutdown_token(&self) -> CancellationToken {
         self.shared.cancel.clone()
+    }
+
+    /// Hands new configs to the running server (see [`reload`] for what a reload touches).
+    pub fn reloader(&self) -> Reloader<ServerConfig> {
+        self.reloader.clone()
+    }
+
+    /// Reloads from `source` on `SIGHUP`, when its file changes (unless the source says not
+    /// to watch it) and on the admin API's `POST /api/v1/reload`.
+    pub fn reload_from(mut self, source: ConfigSource<ServerConfig>) -> Self {
+        self.source = Some(source);
+        self
     }
 
     /// Serves until the shutdown token is cancelled, then closes everything and returns.
@@ -413,12 +388,31 @@ impl BoundServer {
             shared,
             listener,
             admin_listener,
-            service_listeners,
-            udp_services,
+            reloader,
+            reloads,
+            source,
         } = self;
+        let from_source = source.map(|source| FromSource::new(source, reloader));
+        if let Some(from_source) = &from_source {
+            shared
+                .tasks
+                .spawn(Arc::clone(from_source).watch(shared.cancel.clone()));
+        }
+        let applying = Arc::clone(&shared);
+        shared
+            .tasks
+            .spawn(reloads.serve(shared.cancel.clone(), move |config| {
+                let shared = Arc::clone(&applying);
+                async move { reload::apply(&shared, config).await }
+            }));
+        let live = shared.live();
         if let Some(admin_listener) = admin_listener {
-            let token = shared.config.admin.as_ref().and_then(|a| a.token.clone());
-            let source = Arc::new(admin::ServerAdmin(Arc::clone(&shared)));
+            let token = live.config.admin.as_ref().and_then(|a| a.token.clone());
+            let reloader = from_source.map(|from| from as Arc<dyn Reload>);
+            let source = Arc::new(admin::ServerAdmin {
+                shared: Arc::clone(&shared),
+                reloader,
+            });
             shared.tasks.spawn(crate::admin::serve(
                 admin_listener,
                 source,
@@ -426,27 +420,22 @@ impl BoundServer {
                 shared.cancel.clone(),
             ));
         }
+        let bindings: Vec<Binding> = shared
+            .services
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .values()
+            .cloned()
+            .collect();
         info!(
             event = "server_started",
             bind = %listener.local_addr().map(|a| a.to_string()).unwrap_or_default(),
-            transport = %shared.config.transport,
-            services = shared.services.len(),
+            transport = %live.config.transport,
+            services = bindings.len(),
             "warren server listening"
         );
-        for (slot, service_listener) in service_listeners {
-            let shared = Arc::clone(&shared);
-            shared
-                .tasks
-                .clone()
-                .spawn(serve_visitors(shared, slot, service_listener, None));
-        }
-        for service in udp_services {
-            let shared = Arc::clone(&shared);
-            let until = shared.cancel.clone();
-            shared
-                .tasks
-                .clone()
-                .spawn(udp::serve_udp(shared, service, until));
+        for binding in bindings {
+            spawn_service(&shared, binding);
         }
         accept_loop(&shared, listener).await;
         shared.tasks.close();
@@ -463,6 +452,39 @@ impl BoundServer {
     }
 }
 
+/// Starts serving one service of the config on its socket, until its slot is stopped.
+fn spawn_service(shared: &Arc<Shared>, binding: Binding) {
+    let Binding {
+        slot,
+        socket,
+        udp_stats,
+        service,
+    } = binding;
+    match (socket, service.kind) {
+        (ServiceSocket::Tcp(listener), _) => {
+            shared
+                .tasks
+                .spawn(serve_visitors(Arc::clone(shared), slot, listener, None));
+        }
+        (ServiceSocket::Udp(socket), kind) => {
+            let settings = match kind {
+                ServiceKind::Udp(settings) => settings,
+                ServiceKind::Tcp => UdpSettings::DEFAULT,
+            };
+            let until = slot.stop.clone();
+            let service = udp::UdpService {
+                slot,
+                socket,
+                settings,
+                stats: udp_stats.unwrap_or_default(),
+            };
+            shared
+                .tasks
+                .spawn(udp::serve_udp(Arc::clone(shared), service, until));
+        }
+    }
+}
+
 /// Reads the counters of one UDP service (see [`BoundServer::udp_stats`]).
 #[derive(Debug, Clone)]
 pub struct UdpStatsHandle(Arc<UdpStats>);
@@ -476,14 +498,11 @@ impl UdpStatsHandle {
 
 /// State every connection task of one server shares.
 struct Shared {
-    config: ServerConfig,
-    noise_psk: [u8; 32],
-    /// Ciphers this server allows, already adjusted for the transport.
-    ciphers: Vec<CipherSuite>,
+    /// The config in force and what is derived from it; a reload swaps it whole.
+    live: RwLock<Arc<Live>>,
     sessions: Mutex<HashMap<SessionId, Arc<ServerSession>>>,
-    services: HashMap<String, Arc<ServiceSlot>>,
-    /// Counters of each UDP service, by name.
-    udp_stats: HashMap<String, Arc<UdpStats>>,
+    /// The config's services with their sockets, by name; a reload changes them.
+    services: RwLock<HashMap<String, Binding>>,
     /// Unauthenticated connections; full means the oldest is dropped (see [`pending`]).
     pending: Arc<PendingLimiter>,
     cancel: CancellationToken,
@@ -500,9 +519,118 @@ impl Shared {
             .get(id)
             .cloned()
     }
+
+    /// The config in force (a snapshot: a reload does not change it under the caller).
+    fn live(&self) -> Arc<Live> {
+        Arc::clone(&self.live.read().unwrap_or_else(PoisonError::into_inner))
+    }
+
+    fn binding(&self, name: &str) -> Option<Binding> {
+        self.services
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(name)
+            .cloned()
+    }
+
+    /// The slot of a service of the config.
+    fn slot(&self, name: &str) -> Option<Arc<ServiceSlot>> {
+        self.binding(name).map(|binding| binding.slot)
+    }
 }
 
-/// One configured service and the session currently serving it.
+/// A server config and what handshakes derive from it.
+struct Live {
+    config: ServerConfig,
+    noise_psk: [u8; 32],
+    /// Ciphers this server allows, already adjusted for the transport.
+    ciphers: Vec<CipherSuite>,
+}
+
+impl Live {
+    fn new(config: ServerConfig) -> Live {
+        let ciphers = match config.transport {
+            Transport::Tcp => vec![CipherSuite::None],
+            _ => config.ciphers.clone(),
+        };
+        Live {
+            noise_psk: keys::noise_psk(&config.psk),
+            ciphers,
+            config,
+        }
+    }
+}
+
+/// A service of the config, bound: its settings, its slot and its socket.
+#[derive(Clone)]
+struct Binding {
+    service: ServerService,
+    slot: Arc<ServiceSlot>,
+    socket: ServiceSocket,
+    /// A UDP service's counters.
+    udp_stats: Option<Arc<UdpStats>>,
+}
+
+impl Binding {
+    /// A fresh slot (no session yet) for `service` on `socket`; stopping it never stops
+    /// anything beyond it, and the server's shutdown stops it.
+    fn new(
+        service: &ServerService,
+        socket: ServiceSocket,
+        telemetry: &Telemetry,
+        server_cancel: &CancellationToken,
+    ) -> Binding {
+        let udp_stats = matches!(socket, ServiceSocket::Udp(_)).then(Arc::default);
+        Binding {
+            slot: Arc::new(ServiceSlot {
+                name: service.name.clone(),
+                kind: service.kind,
+                token: service.token.clone(),
+                session: Mutex::new(None),
+                meter: telemetry.metrics.service(&service.name),
+                stop: server_cancel.child_token(),
+            }),
+            service: service.clone(),
+            socket,
+            udp_stats,
+        }
+    }
+}
+
+/// A service's bound socket, shared so that a reload can hand it to the service's new slot.
+#[derive(Clone)]
+enum ServiceSocket {
+    Tcp(Arc<TcpListener>),
+    Udp(Arc<UdpSocket>),
+}
+
+impl ServiceSocket {
+    /// Binds the socket `service` needs.
+    async fn bind(service: &ServerService) -> Result<ServiceSocket, ServerError> {
+        let what = format!("service `{}`", service.name);
+        match service.kind {
+            ServiceKind::Tcp => Ok(ServiceSocket::Tcp(Arc::new(
+                bind_listener(&what, service.bind).await?,
+            ))),
+            ServiceKind::Udp(_) => relay::udp::bind_service_socket(service.bind)
+                .map(|socket| ServiceSocket::Udp(Arc::new(socket)))
+                .map_err(|source| ServerError::Bind {
+                    what: format!("{what} (UDP)"),
+                    addr: service.bind,
+                    source,
+                }),
+        }
+    }
+
+    fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        match self {
+            ServiceSocket::Tcp(listener) => listener.local_addr(),
+            ServiceSocket::Udp(socket) => socket.local_addr(),
+        }
+    }
+}
+
+/// One service and the session currently serving it.
 struct ServiceSlot {
     name: String,
     kind: ServiceKind,
@@ -511,6 +639,9 @@ struct ServiceSlot {
     meter: ServiceMeter,
     /// The newest session that claimed the service; a reconnecting client replaces it.
     session: Mutex<Option<Arc<ServerSession>>>,
+    /// Stops the service's listener and every stream of its visitors: the server's
+    /// shutdown, or a reload that removes or changes the service.
+    stop: CancellationToken,
 }
 
 impl ServiceSlot {
@@ -570,7 +701,7 @@ async fn handle_connection(
     peer: SocketAddr,
     permit: PendingGuard,
 ) {
-    let deadline = shared.config.handshake_timeout;
+    let deadline = shared.live().config.handshake_timeout;
     // The connection moves into the deadline: on expiry it is dropped, i.e. closed.
     let outcome = tokio::select! {
         outcome = tokio::time::timeout(deadline, authenticate(&shared, stream, peer)) => outcome,
@@ -720,8 +851,9 @@ async fn accept_control_channel(
 ) -> Result<Authenticated, Rejected> {
     let mut session_id = [0u8; proto_handshake::SESSION_ID_LEN];
     rand::rng().fill_bytes(&mut session_id);
+    let live = shared.live();
     let outcome =
-        proto_handshake::server_handshake(&shared.noise_psk, message1, &shared.ciphers, session_id)
+        proto_handshake::server_handshake(&live.noise_psk, message1, &live.ciphers, session_id)
             .map_err(|e| Rejected::from(PreambleError::Handshake(e)))?;
     use tokio::io::AsyncWriteExt;
     stream
@@ -756,13 +888,20 @@ async fn accept_control_channel(
     // are kept apart, so a client's forward name never takes over a reverse service's slot.
     let mut bound_services = judgement.reverse.clone();
     bound_services.extend(judgement.declared.iter().map(|(name, _)| name.clone()));
-    let session = Arc::new(ServerSession::new(
+    let accepted = judgement.accepted();
+    let mut session = ServerSession::new(
         keys,
         peer,
         bound_services,
         judgement.forwards.clone(),
         shared.cancel.child_token(),
-    ));
+    );
+    session.unserved = claims
+        .iter()
+        .map(|claim| claim.name.clone())
+        .filter(|name| !accepted.contains(name))
+        .collect();
+    let session = Arc::new(session);
     // Serve the services before saying so: a visitor arriving the moment the client hears
     // "accepted" must find the session, not a closed door.
     register(shared, &session)?;
@@ -793,7 +932,7 @@ fn register(shared: &Arc<Shared>, session: &Arc<ServerSession>) -> Result<(), Re
         sessions.insert(session.id(), Arc::clone(session));
     }
     for name in &session.services {
-        if let Some(slot) = shared.services.get(name) {
+        if let Some(slot) = shared.slot(name) {
             *slot.session.lock().unwrap_or_else(PoisonError::into_inner) =
                 Some(Arc::clone(session));
         }
@@ -810,7 +949,7 @@ fn unregister(shared: &Arc<Shared>, session: &Arc<ServerSession>) {
         .unwrap_or_else(PoisonError::into_inner)
         .remove(&session.id());
     for name in &session.services {
-        if let Some(slot) = shared.services.get(name) {
+        if let Some(slot) = shared.slot(name) {
             let mut current = slot.session.lock().unwrap_or_else(PoisonError::into_inner);
             if current.as_ref().is_some_and(|s| Arc::ptr_eq(s, session)) {
                 *current = None;
@@ -829,7 +968,7 @@ async fn run_session(shared: &Arc<Shared>, session: Arc<ServerSession>, channel:
         services = %session.services.join(","),
         "client connected"
     );
-    let interval = shared.config.heartbeat_interval;
+    let interval = shared.live().config.heartbeat_interval;
     let liveness = Liveness {
         ping_interval: Some(interval),
         timeout: interval.saturating_mul(3),
@@ -840,6 +979,7 @@ async fn run_session(shared: &Arc<Shared>, session: Arc<ServerSession>, channel:
         liveness,
         outgoing,
         session.cancel.clone(),
+        || session.goodbye_reason(),
         |message| {
             debug!(
                 event = "control_ignored",
@@ -861,15 +1001,15 @@ async fn run_session(shared: &Arc<Shared>, session: Arc<ServerSession>, channel:
     }
 }
 
-/// Accepts visitors of one service until the server stops (or `until`, for a declared
+/// Accepts visitors of one service until its slot stops (or `until`, for a declared
 /// service: its session's token).
 async fn serve_visitors(
     shared: Arc<Shared>,
     slot: Arc<ServiceSlot>,
-    listener: TcpListener,
+    listener: Arc<TcpListener>,
     until: Option<CancellationToken>,
 ) {
-    let until = until.unwrap_or_else(|| shared.cancel.clone());
+    let until = until.unwrap_or_else(|| slot.stop.clone());
     let streams = Arc::new(tokio::sync::Semaphore::new(MAX_STREAMS_PER_SERVICE));
     loop {
         let accepted = tokio::select! {
@@ -885,7 +1025,7 @@ async fn serve_visitors(
                 };
                 tcp::tune(&visitor);
                 let slot = Arc::clone(&slot);
-                let cancel = shared.cancel.clone();
+                let cancel = slot.stop.clone();
                 let telemetry = Arc::clone(&shared.telemetry);
                 shared.tasks.spawn(async move {
                     serve_visitor(slot, visitor, peer, cancel, telemetry).await;

@@ -40,9 +40,14 @@ pub struct ServerSession {
     /// Forward services this session may open streams for: the client's name -> the
     /// server's forward service (its target, protocol and PROXY setting).
     pub(super) forwards: HashMap<String, ServerForward>,
+    /// Services the client claimed that the server refused or denied: a reload that adds
+    /// one of them asks the client to claim it again.
+    pub(super) unserved: Vec<String>,
     pub(super) cancel: CancellationToken,
     /// When the session was established (for the admin API).
     pub(super) since: std::time::SystemTime,
+    /// What the goodbye says when the server ends the session ([`ServerSession::close`]).
+    goodbye: Mutex<Option<String>>,
     control: mpsc::Sender<ControlMessage>,
     control_rx: Mutex<Option<mpsc::Receiver<ControlMessage>>>,
     idle_tx: mpsc::Sender<Channel>,
@@ -65,8 +70,10 @@ impl ServerSession {
             peer,
             services,
             forwards,
+            unserved: Vec::new(),
             cancel,
             since: std::time::SystemTime::now(),
+            goodbye: Mutex::new(None),
             control,
             control_rx: Mutex::new(Some(control_rx)),
             idle_tx,
@@ -76,6 +83,25 @@ impl ServerSession {
 
     pub(super) fn id(&self) -> SessionId {
         *self.keys.session_id()
+    }
+
+    /// Ends the session from the server's side; the client reads `reason` in the goodbye.
+    /// Streams already open keep flowing (they are not the session's).
+    pub(super) fn close(&self, reason: &str) {
+        *self
+            .goodbye
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(reason.to_owned());
+        self.cancel.cancel();
+    }
+
+    /// The goodbye's reason: the one given to [`ServerSession::close`], else shutdown.
+    pub(super) fn goodbye_reason(&self) -> String {
+        self.goodbye
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+            .unwrap_or_else(|| "shutting down".to_owned())
     }
 
     /// The receiving end of the control queue, for the control loop (taken once).

@@ -21,7 +21,7 @@ use crate::transport::Channel;
 /// A UDP service, bound and ready to serve.
 pub(super) struct UdpService {
     pub(super) slot: Arc<ServiceSlot>,
-    pub(super) socket: UdpSocket,
+    pub(super) socket: Arc<UdpSocket>,
     pub(super) settings: UdpSettings,
     pub(super) stats: Arc<UdpStats>,
 }

@@ -93,12 +93,13 @@ pub struct Liveness {
 
 /// Drives an established control channel until it ends: answers pings, sends our pings and
 /// the messages queued on `outgoing`, enforces the heartbeat timeout, and hands every other
-/// message to `on_message`.
+/// message to `on_message`. When `cancel` fires it says goodbye with `goodbye_reason()`.
 pub async fn run_control(
     mut channel: Channel,
     liveness: Liveness,
     mut outgoing: mpsc::Receiver<ControlMessage>,
     cancel: CancellationToken,
+    goodbye_reason: impl Fn() -> String,
     mut on_message: impl FnMut(ControlMessage),
 ) -> SessionEnd {
     let mut heartbeat = Heartbeat::new(
@@ -112,7 +113,7 @@ pub async fn run_control(
         let wake = Instant::from_std(heartbeat.poll_timeout());
         let to_send = tokio::select! {
             () = cancel.cancelled() => {
-                let goodbye = ControlMessage::Goodbye { reason: "shutting down".into() };
+                let goodbye = ControlMessage::Goodbye { reason: goodbye_reason() };
                 let _ = tokio::time::timeout(Duration::from_secs(1), send_control(&mut channel, &goodbye)).await;
                 let _ = channel.writer.shutdown().await;
                 return SessionEnd::Cancelled;

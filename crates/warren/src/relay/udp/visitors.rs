@@ -65,7 +65,7 @@ pub struct VisitorSide<S> {
     /// The service name (logs).
     pub name: String,
     /// The socket visitors send to.
-    pub socket: UdpSocket,
+    pub socket: Arc<UdpSocket>,
     /// Bounds of the flow table.
     pub settings: UdpSettings,
     /// Counters, shared with whoever reports them.
@@ -122,7 +122,7 @@ struct Link<T> {
 /// What every channel task of one service shares with the service loop.
 struct Service<S> {
     name: String,
-    socket: UdpSocket,
+    socket: Arc<UdpSocket>,
     flows: Mutex<Flows>,
     stats: Arc<UdpStats>,
     source: Arc<S>,

@@ -1,0 +1,153 @@
+//! Applying a new config to a running client: what changed is restarted, the rest is left
+//! alone.
+//!
+//! * What the client asks of the server — its claims (service names, tokens, kinds,
+//!   declared ports, forward targets) and how it reaches the server (address, PSK,
+//!   transport, ciphers, proxy) — is fixed for a session: when any of it changes, the
+//!   client ends its session and starts a new one at once with the new config. Streams
+//!   already open keep flowing: they do not belong to the session.
+//! * A reverse service's target, PROXY setting and UDP bounds apply to the next stream,
+//!   with no new session.
+//! * A forward service's local port: an unchanged one keeps its listener and connections;
+//!   an added one is bound, a removed one stops (its connections end), a changed one
+//!   restarts (on the same socket when its address and protocol stayed). Every new port is
+//!   bound before anything changes, so a taken port refuses the whole reload.
+//! * Heartbeat and reconnect timings apply from the next session; the admin API moves only
+//!   on restart (the summary says so).
+
+use std::sync::{Arc, PoisonError};
+
+use super::forward;
+use super::{Shared, claims_of};
+use crate::config::ClientConfig;
+use crate::reload::{ReloadError, ReloadResult, ReloadSummary};
+
+/// Validates `new` and applies what differs from the config in force.
+pub(super) async fn apply(shared: &Arc<Shared>, new: ClientConfig) -> ReloadResult {
+    new.validate().map_err(ReloadError::Invalid)?;
+    let old = shared.config();
+    let mut summary = ReloadSummary::default();
+    if new.admin != old.admin {
+        summary
+            .needs_restart
+            .push("[admin] (the admin API keeps its address and token)".to_owned());
+    }
+
+    // 1. Every local port the new config needs, before anything changes.
+    let running = shared
+        .forwards
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .clone();
+    let mut fresh = Vec::new();
+    for forward in new.forwards.values() {
+        let before = running.get(&forward.name);
+        if before.is_some_and(|r| r.forward == *forward) {
+            continue;
+        }
+        let socket = match before {
+            Some(r)
+                if r.forward.bind == forward.bind
+                    && r.forward.kind.name() == forward.kind.name() =>
+            {
+                r.socket.clone()
+            }
+            _ => forward::bind_forward(forward)
+                .await
+                .map_err(|error| ReloadError::Unappliable(error.to_string()))?,
+        };
+        fresh.push((forward.clone(), socket));
+    }
+
+    // 2. Swap the config (and make room for new services' counters).
+    let new_session = claims_of(&old) != claims_of(&new)
+        || new.server != old.server
+        || new.psk != old.psk
+        || new.transport != old.transport
+        || new.ciphers != old.ciphers
+        || new.insecure != old.insecure
+        || new.proxy != old.proxy
+        || new.prefer_ipv6 != old.prefer_ipv6;
+    {
+        let mut meters = shared
+            .meters
+            .write()
+            .unwrap_or_else(PoisonError::into_inner);
+        for name in new.services.keys() {
+            meters
+                .entry(name.clone())
+                .or_insert_with(|| shared.telemetry.metrics.service(name));
+        }
+    }
+    *shared
+        .config
+        .write()
+        .unwrap_or_else(PoisonError::into_inner) = Arc::new(new.clone());
+    summary.note_table("service", &old.services, &new.services);
+    summary.note_table("forward service", &old.forwards, &new.forwards);
+    describe_settings(&old, &new, &mut summary);
+
+    // 3. Forward services' ports.
+    for name in running
+        .keys()
+        .filter(|name| !new.forwards.contains_key(*name))
+    {
+        let removed = shared
+            .forwards
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(name);
+        if let Some(removed) = removed {
+            removed.stop.cancel();
+            shared.status.send_modify(|s| {
+                s.forwards.remove(name);
+            });
+        }
+    }
+    for (forward, socket) in fresh {
+        let name = forward.name.clone();
+        let addr = socket
+            .local_addr()
+            .map_or_else(|_| forward.bind.to_string(), |addr| addr.to_string());
+        if let Some(replaced) = forward::start(shared, forward, socket) {
+            replaced.stop.cancel();
+        }
+        summary
+            .applied
+            .push(format!("forward service {name} listens on {addr}"));
+    }
+
+    // 4. A new session when the server must hear of it.
+    if new_session {
+        shared.restart_session();
+        summary
+            .applied
+            .push("reconnecting to the server with the new config".to_owned());
+    }
+    Ok(summary)
+}
+
+/// Lines for the settings that take effect without restarting anything.
+fn describe_settings(old: &ClientConfig, new: &ClientConfig, summary: &mut ReloadSummary) {
+    summary.note_setting("server", &old.server, &new.server, |s| s.to_string());
+    summary.note_setting("psk", &old.psk, &new.psk, |_| "(secret)".to_owned());
+    summary.note_setting("transport", &old.transport, &new.transport, |t| {
+        t.to_string()
+    });
+    summary.note_setting("ciphers", &old.ciphers, &new.ciphers, |c| {
+        let names: Vec<String> = c.iter().map(ToString::to_string).collect();
+        names.join(",")
+    });
+    summary.note_setting("insecure", &old.insecure, &new.insecure, |b| b.to_string());
+    // A proxy URL may hold a password: say only that it changed.
+    summary.note_setting("proxy", &old.proxy, &new.proxy, |_| "(set)".to_owned());
+    summary.note_setting("prefer_ipv6", &old.prefer_ipv6, &new.prefer_ipv6, |b| {
+        b.to_string()
+    });
+    summary.note_setting(
+        "heartbeat_timeout",
+        &old.heartbeat_timeout,
+        &new.heartbeat_timeout,
+        |d| format!("{d:?}"),
+    );
+}

@@ -1,0 +1,228 @@
+//! Applying a new config to a running server: what changed is restarted, the rest is left
+//! alone.
+//!
+//! * A service whose settings are unchanged keeps its socket, its session and every
+//!   connection.
+//! * An added service is bound and served; a removed one stops (its port closes and its
+//!   visitors' streams end); a changed one restarts on a new slot (on the same socket when
+//!   its address and protocol stayed, else on a new one).
+//! * Every new socket is bound before anything changes, so a taken port refuses the whole
+//!   reload and the running config stays.
+//! * A session whose grant the new config may no longer give — it serves a removed or
+//!   changed service or forward service, holds a client-declared port while the declared
+//!   rules changed, or was authenticated with a PSK, transport or cipher list that changed —
+//!   is closed with a goodbye, and its client reconnects and authenticates again. So is a
+//!   session that claimed a service the server refused then and has added or changed now:
+//!   its client claims it again. Streams of unchanged services keep flowing through that:
+//!   they do not belong to the session.
+//! * Timeouts and heartbeats apply to connections and sessions that start afterwards; the
+//!   server port and the admin API move only on restart (the summary says so).
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::{Arc, PoisonError};
+
+use super::{Binding, Live, ServiceSocket, Shared, spawn_service};
+use crate::config::ServerConfig;
+use crate::reload::{ReloadError, ReloadResult, ReloadSummary};
+
+/// What a reconnecting client reads in the goodbye.
+const RECONNECT_REASON: &str = "the server's config changed; reconnecting to authenticate again";
+
+/// Validates `new` and applies what differs from the config in force.
+pub(super) async fn apply(shared: &Arc<Shared>, new: ServerConfig) -> ReloadResult {
+    new.validate().map_err(ReloadError::Invalid)?;
+    let live = shared.live();
+    let old = &live.config;
+    let mut summary = ReloadSummary::default();
+    if new.bind != old.bind {
+        summary.needs_restart.push(format!(
+            "bind {} -> {} (the server port)",
+            old.bind, new.bind
+        ));
+    }
+    if new.admin != old.admin {
+        summary
+            .needs_restart
+            .push("[admin] (the admin API keeps its address and token)".to_owned());
+    }
+
+    // 1. Every socket the new config needs, before anything changes.
+    let current = shared
+        .services
+        .read()
+        .unwrap_or_else(PoisonError::into_inner)
+        .clone();
+    let mut fresh = Vec::new();
+    for service in new.services.values() {
+        let before = current.get(&service.name);
+        if before.is_some_and(|binding| binding.service == *service) {
+            continue;
+        }
+        let socket = match before {
+            Some(binding)
+                if binding.service.bind == service.bind
+                    && binding.service.kind.name() == service.kind.name() =>
+            {
+                binding.socket.clone()
+            }
+            _ => ServiceSocket::bind(service)
+                .await
+                .map_err(|error| ReloadError::Unappliable(error.to_string()))?,
+        };
+        fresh.push(Binding::new(
+            service,
+            socket,
+            &shared.telemetry,
+            &shared.cancel,
+        ));
+    }
+
+    // 2. Which sessions must authenticate again, judged against the old config.
+    let reauthenticate_all = new.psk != old.psk
+        || new.transport != old.transport
+        || new.ciphers != old.ciphers
+        || new.insecure != old.insecure;
+    let mut regranted: HashSet<String> = fresh
+        .iter()
+        .map(|binding| binding.service.name.clone())
+        .collect();
+    regranted.extend(
+        current
+            .keys()
+            .filter(|name| !new.services.contains_key(*name))
+            .cloned(),
+    );
+    let changed_forwards = changed_keys(&old.forwards, &new.forwards);
+    let declared_rules_changed = new.allow_ports != old.allow_ports
+        || new.allow_bind_addrs != old.allow_bind_addrs
+        || new.default_token != old.default_token;
+
+    // 3. Swap the config, then the services.
+    *shared.live.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(Live::new(new.clone()));
+    {
+        let mut services = shared
+            .services
+            .write()
+            .unwrap_or_else(PoisonError::into_inner);
+        for name in current
+            .keys()
+            .filter(|name| !new.services.contains_key(*name))
+        {
+            if let Some(binding) = services.remove(name) {
+                binding.slot.stop.cancel();
+                summary.applied.push(format!("removed service {name}"));
+            }
+        }
+        for binding in fresh {
+            let name = binding.service.name.clone();
+            let addr = binding
+                .socket
+                .local_addr()
+                .map_or_else(|_| binding.service.bind.to_string(), |a| a.to_string());
+            match services.insert(name.clone(), binding.clone()) {
+                Some(before) => {
+                    before.slot.stop.cancel();
+                    summary
+                        .applied
+                        .push(format!("restarted service {name} on {addr}"));
+                }
+                None => summary
+                    .applied
+                    .push(format!("added service {name} on {addr}")),
+            }
+            spawn_service(shared, binding);
+        }
+    }
+    summary.note_table("forward service", &old.forwards, &new.forwards);
+    describe_settings(old, &new, &mut summary);
+
+    // 4. Close the sessions the new config may not grant as before.
+    let sessions: Vec<_> = shared
+        .sessions
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .values()
+        .cloned()
+        .collect();
+    let mut closed = 0;
+    for session in sessions {
+        let holds_declared = session
+            .services
+            .iter()
+            .any(|name| !old.services.contains_key(name));
+        let now_offered = session.unserved.iter().any(|name| {
+            new.services.get(name) != old.services.get(name)
+                || new.forwards.get(name) != old.forwards.get(name)
+        });
+        let must = reauthenticate_all
+            || now_offered
+            || session.services.iter().any(|name| regranted.contains(name))
+            || session
+                .forwards
+                .values()
+                .any(|forward| changed_forwards.contains(&forward.name))
+            || (declared_rules_changed && holds_declared);
+        if must {
+            session.close(RECONNECT_REASON);
+            closed += 1;
+        }
+    }
+    if closed > 0 {
+        summary.applied.push(format!(
+            "asked {closed} client session(s) to reconnect and authenticate again"
+        ));
+    }
+    Ok(summary)
+}
+
+/// Names present in `old` whose value is gone or different in `new`.
+fn changed_keys<V: PartialEq>(
+    old: &BTreeMap<String, V>,
+    new: &BTreeMap<String, V>,
+) -> HashSet<String> {
+    old.iter()
+        .filter(|(name, value)| new.get(*name) != Some(*value))
+        .map(|(name, _)| name.clone())
+        .collect()
+}
+
+/// Lines for the settings that take effect without restarting anything.
+fn describe_settings(old: &ServerConfig, new: &ServerConfig, summary: &mut ReloadSummary) {
+    let secret = |_: &_| "(secret)".to_owned();
+    summary.note_setting("psk", &old.psk, &new.psk, secret);
+    summary.note_setting(
+        "default_token",
+        &old.default_token,
+        &new.default_token,
+        |_| "(secret)".to_owned(),
+    );
+    summary.note_setting("transport", &old.transport, &new.transport, |t| {
+        t.to_string()
+    });
+    summary.note_setting("ciphers", &old.ciphers, &new.ciphers, |c| {
+        let names: Vec<String> = c.iter().map(ToString::to_string).collect();
+        names.join(",")
+    });
+    summary.note_setting("insecure", &old.insecure, &new.insecure, |b| b.to_string());
+    summary.note_setting(
+        "heartbeat_interval",
+        &old.heartbeat_interval,
+        &new.heartbeat_interval,
+        |d| format!("{d:?}"),
+    );
+    summary.note_setting(
+        "handshake_timeout",
+        &old.handshake_timeout,
+        &new.handshake_timeout,
+        |d| format!("{d:?}"),
+    );
+    summary.note_setting("allow_ports", &old.allow_ports, &new.allow_ports, |p| {
+        p.map_or_else(|| "(none)".to_owned(), |p| p.to_string())
+    });
+    summary.note_setting(
+        "allow_bind_addrs",
+        &old.allow_bind_addrs,
+        &new.allow_bind_addrs,
+        |a| format!("{a:?}"),
+    );
+}
