@@ -247,3 +247,119 @@ async fn trace_logs_never_contain_secrets() {
     assert!(!logs.contains(PSK), "the PSK leaked into the logs");
     assert!(!logs.contains(TOKEN), "a token leaked into the logs");
 }
+
+/// Sends SIGHUP to a process this test started.
+fn hangup(process: &Proc) {
+    let status = std::process::Command::new("kill")
+        .args(["-HUP", &process.pid().to_string()])
+        .status()
+        .expect("run kill -HUP");
+    assert!(status.success(), "kill -HUP {} failed", process.pid());
+}
+
+/// Writes `text` aside and renames it over `path`, as editors and config management do.
+fn replace_file(path: &std::path::Path, text: &str) {
+    let aside = path.with_extension("toml.new");
+    std::fs::write(&aside, text).expect("write config");
+    std::fs::rename(&aside, path).expect("rename config");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hot_reload_adds_a_service_while_a_transfer_keeps_flowing() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let dir = TestDir::new("reload");
+    let echo = echo_target().await;
+    let mut tunnel = Tunnel::to(echo).start(&dir).await;
+    // A long echo transfer through `web`, which no reload below touches.
+    let mut transfer = tokio::net::TcpStream::connect(tunnel.service())
+        .await
+        .unwrap();
+    let (mut sent, mut received) = (blake3::Hasher::new(), blake3::Hasher::new());
+    let mut exchange = async |stream: &mut tokio::net::TcpStream| {
+        let chunk = random_bytes(512 * 1024);
+        sent.update(&chunk);
+        let mut back = vec![0u8; chunk.len()];
+        let (mut r, mut w) = stream.split();
+        let (wrote, read) = tokio::join!(w.write_all(&chunk), r.read_exact(&mut back));
+        wrote.expect("the transfer keeps taking bytes");
+        read.expect("the transfer keeps echoing");
+        received.update(&back);
+    };
+    exchange(&mut transfer).await;
+
+    // The server: a new service, applied on SIGHUP.
+    let extra = free_port();
+    let server_text = server_toml(&tunnel.setup, tunnel.ports)
+        + &format!("\n[server.services.extra]\nbind = \"127.0.0.1:{extra}\"\n");
+    replace_file(&tunnel.server_config, &server_text);
+    hangup(&tunnel.server);
+    assert!(
+        tunnel
+            .server
+            .stderr_contains_within("added service extra", Duration::from_secs(10))
+            .await,
+        "{}",
+        tunnel.logs()
+    );
+    exchange(&mut transfer).await;
+
+    // The client: the same service, picked up from the file change alone.
+    let client_text = client_toml(&tunnel.setup, tunnel.ports, echo, echo_target().await)
+        + &format!("\n[client.services.extra]\ntarget = \"{echo}\"\n");
+    replace_file(&tunnel.client_config, &client_text);
+    assert!(
+        tunnel
+            .client
+            .stderr_contains_within("config_reloaded", Duration::from_secs(10))
+            .await,
+        "{}",
+        tunnel.logs()
+    );
+    let payload = random_bytes(64 * 1024);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        match round_trip(loopback(extra), &payload).await {
+            Ok(reply) if reply == payload => break,
+            _ if tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            other => panic!("extra never served: {other:?}\n{}", tunnel.logs()),
+        }
+    }
+    exchange(&mut transfer).await;
+
+    // A broken file is refused with its line; everything keeps running.
+    replace_file(&tunnel.server_config, "[server]\nbind = 7000\n");
+    hangup(&tunnel.server);
+    assert!(
+        tunnel
+            .server
+            .stderr_contains_within("reload_rejected", Duration::from_secs(10))
+            .await,
+        "{}",
+        tunnel.logs()
+    );
+    assert!(tunnel.server.stderr().contains("2:"), "{}", tunnel.logs());
+    assert!(tunnel.server.is_running());
+    exchange(&mut transfer).await;
+    assert_eq!(
+        round_trip(loopback(extra), &payload).await.unwrap(),
+        payload
+    );
+
+    transfer.shutdown().await.unwrap();
+    let mut rest = Vec::new();
+    transfer.read_to_end(&mut rest).await.unwrap();
+    assert!(rest.is_empty());
+    assert_eq!(
+        sent.finalize(),
+        received.finalize(),
+        "every byte came back intact"
+    );
+    let logs = tunnel.logs();
+    assert!(
+        !logs.contains(PSK) && !logs.contains(TOKEN),
+        "no secret in the logs"
+    );
+}
