@@ -54,7 +54,9 @@ enum LogFormat {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Run the public server: binds the server port and the service ports.
-    #[command(after_help = "Example:\n  WARREN_PSK=... warren server server.toml")]
+    #[command(
+        after_help = "Example:\n  WARREN_PSK=... warren server server.toml\n\nSaving the file, SIGHUP (kill -HUP PID) or POST /api/v1/reload applies a changed config\nwithout a restart; an invalid file is refused and the running config kept."
+    )]
     Server {
         /// Config file with a [server] section.
         #[arg(default_value = "warren.toml")]
@@ -64,7 +66,9 @@ enum Command {
         port: Option<u16>,
     },
     /// Run the client behind NAT: connects to the server and serves local targets.
-    #[command(after_help = "Example:\n  WARREN_PSK=... warren client client.toml")]
+    #[command(
+        after_help = "Example:\n  WARREN_PSK=... warren client client.toml\n\nSaving the file, SIGHUP (kill -HUP PID) or POST /api/v1/reload applies a changed config\nwithout a restart; an invalid file is refused and the running config kept."
+    )]
     Client {
         /// Config file with a [client] section.
         #[arg(default_value = "warren.toml")]
