@@ -21,6 +21,7 @@ use std::time::Duration;
 use serde::Serialize;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 use tracing::{debug, error, info, warn};
 
 use crate::config::ConfigErrors;
@@ -179,6 +180,29 @@ pub(crate) struct Requests<C> {
     queue: mpsc::Receiver<Request<C>>,
 }
 
+impl<C: Send + 'static> Requests<C> {
+    /// Serves the requests on `tasks` (applied with `apply`) and, when the side runs from a
+    /// config source, the source's triggers. Returns what the admin API calls to reload
+    /// from the source.
+    pub(crate) fn start<F, Fut>(
+        self,
+        reloader: Reloader<C>,
+        source: Option<ConfigSource<C>>,
+        tasks: &TaskTracker,
+        cancel: &CancellationToken,
+        apply: F,
+    ) -> Option<Arc<dyn Reload>>
+    where
+        F: FnMut(C) -> Fut + Send + 'static,
+        Fut: Future<Output = ReloadResult> + Send + 'static,
+    {
+        tasks.spawn(self.serve(cancel.clone(), apply));
+        let from_source = FromSource::new(source?, reloader);
+        tasks.spawn(Arc::clone(&from_source).watch(cancel.clone()));
+        Some(from_source)
+    }
+}
+
 impl<C> Requests<C> {
     /// Applies the requests one at a time with `apply` until `cancel` fires, logging each
     /// outcome.
@@ -260,19 +284,19 @@ pub trait Reload: Send + Sync {
 }
 
 /// A [`ConfigSource`] joined to the [`Reloader`] of the side it configures.
-pub(crate) struct FromSource<C> {
+struct FromSource<C> {
     source: ConfigSource<C>,
     reloader: Reloader<C>,
 }
 
 impl<C: Send + 'static> FromSource<C> {
-    pub(crate) fn new(source: ConfigSource<C>, reloader: Reloader<C>) -> Arc<Self> {
+    fn new(source: ConfigSource<C>, reloader: Reloader<C>) -> Arc<Self> {
         Arc::new(FromSource { source, reloader })
     }
 
     /// Reloads on `SIGHUP` and, when the source is watched, on changes of its file, until
     /// `cancel` fires.
-    pub(crate) async fn watch(self: Arc<Self>, cancel: CancellationToken) {
+    async fn watch(self: Arc<Self>, cancel: CancellationToken) {
         let file = if self.source.watch_file {
             FileWatch::start(&self.source.path)
         } else {

@@ -467,30 +467,6 @@ impl Drop for ConfigFile {
     }
 }
 
-/// A minimal HTTP/1.1 request; returns (status, body).
-async fn http(addr: SocketAddr, method: &str, path: &str, token: Option<&str>) -> (u16, String) {
-    let mut stream = TcpStream::connect(addr).await.unwrap();
-    let auth = token
-        .map(|t| format!("Authorization: Bearer {t}\r\n"))
-        .unwrap_or_default();
-    let request = format!(
-        "{method} {path} HTTP/1.1\r\nHost: admin\r\n{auth}Content-Length: 0\r\nConnection: close\r\n\r\n"
-    );
-    stream.write_all(request.as_bytes()).await.unwrap();
-    let mut response = Vec::new();
-    tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut response))
-        .await
-        .expect("admin answers within 5s")
-        .unwrap();
-    let text = String::from_utf8_lossy(&response).into_owned();
-    let status = text[9..12].parse().unwrap();
-    let body = text
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_owned())
-        .unwrap_or_default();
-    (status, body)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_admin_api_reloads_the_config_file() {
     let echo = echo_target().await;

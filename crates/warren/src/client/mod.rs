@@ -45,7 +45,7 @@ use crate::config::{
 use crate::crypto::keys::SessionKeys;
 use crate::crypto::secret::Secret;
 use crate::metrics::{HandshakeFailure, ServiceMeter, Telemetry, unix_seconds};
-use crate::reload::{ConfigSource, FromSource, Reload, Reloader, Requests};
+use crate::reload::{ConfigSource, Reloader, Requests};
 use crate::session::{self as control, CONTROL_QUEUE, Liveness, SessionEnd, short_id};
 use establish::{Claim, EstablishError, EstablishedSession};
 
@@ -408,23 +408,21 @@ impl Client {
             restart: AtomicBool::new(false),
             restarted: Notify::new(),
         });
-        let from_source = source.map(|source| FromSource::new(source, reloader));
-        if let Some(from_source) = &from_source {
-            shared
-                .tasks
-                .spawn(Arc::clone(from_source).watch(shared.cancel.clone()));
-        }
         let applying = Arc::clone(&shared);
-        shared
-            .tasks
-            .spawn(reloads.serve(shared.cancel.clone(), move |config| {
+        let reload_source = reloads.start(
+            reloader,
+            source,
+            &shared.tasks,
+            &shared.cancel,
+            move |config| {
                 let shared = Arc::clone(&applying);
                 async move { reload::apply(&shared, config).await }
-            }));
+            },
+        );
         if let Some(listener) = admin_listener {
             let source = Arc::new(admin::ClientAdmin {
                 shared: Arc::clone(&shared),
-                reloader: from_source.map(|from| from as Arc<dyn Reload>),
+                reloader: reload_source,
             });
             shared.tasks.spawn(crate::admin::serve(
                 listener,

@@ -26,15 +26,9 @@ impl AdminSource for ServerAdmin {
     }
 
     fn sessions(&self) -> Vec<SessionInfo> {
-        let sessions: Vec<_> = self
+        let mut list: Vec<SessionInfo> = self
             .shared
-            .sessions
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .values()
-            .cloned()
-            .collect();
-        let mut list: Vec<SessionInfo> = sessions
+            .sessions_now()
             .iter()
             .map(|session| SessionInfo {
                 id: short_id(&session.id()),

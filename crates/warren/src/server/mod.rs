@@ -47,7 +47,7 @@ use crate::crypto::secret::Secret;
 use crate::metrics::{HandshakeFailure, LocalEnd, ServiceMeter, Telemetry};
 use crate::relay;
 use crate::relay::udp::{UdpStats, UdpStatsSnapshot};
-use crate::reload::{ConfigSource, FromSource, Reload, Reloader, Requests};
+use crate::reload::{ConfigSource, Reloader, Requests};
 use crate::session::{self as control, Liveness, SessionEnd, short_id};
 use crate::transport::preamble::{self, Incoming, PreambleError};
 use crate::transport::{Channel, tcp};
@@ -392,26 +392,23 @@ impl BoundServer {
             reloads,
             source,
         } = self;
-        let from_source = source.map(|source| FromSource::new(source, reloader));
-        if let Some(from_source) = &from_source {
-            shared
-                .tasks
-                .spawn(Arc::clone(from_source).watch(shared.cancel.clone()));
-        }
         let applying = Arc::clone(&shared);
-        shared
-            .tasks
-            .spawn(reloads.serve(shared.cancel.clone(), move |config| {
+        let reload_source = reloads.start(
+            reloader,
+            source,
+            &shared.tasks,
+            &shared.cancel,
+            move |config| {
                 let shared = Arc::clone(&applying);
                 async move { reload::apply(&shared, config).await }
-            }));
+            },
+        );
         let live = shared.live();
         if let Some(admin_listener) = admin_listener {
             let token = live.config.admin.as_ref().and_then(|a| a.token.clone());
-            let reloader = from_source.map(|from| from as Arc<dyn Reload>);
             let source = Arc::new(admin::ServerAdmin {
                 shared: Arc::clone(&shared),
-                reloader,
+                reloader: reload_source,
             });
             shared.tasks.spawn(crate::admin::serve(
                 admin_listener,
@@ -518,6 +515,16 @@ impl Shared {
             .unwrap_or_else(PoisonError::into_inner)
             .get(id)
             .cloned()
+    }
+
+    /// The live sessions now.
+    fn sessions_now(&self) -> Vec<Arc<ServerSession>> {
+        self.sessions
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .values()
+            .cloned()
+            .collect()
     }
 
     /// The config in force (a snapshot: a reload does not change it under the caller).

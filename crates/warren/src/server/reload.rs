@@ -137,15 +137,8 @@ pub(super) async fn apply(shared: &Arc<Shared>, new: ServerConfig) -> ReloadResu
     describe_settings(old, &new, &mut summary);
 
     // 4. Close the sessions the new config may not grant as before.
-    let sessions: Vec<_> = shared
-        .sessions
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .values()
-        .cloned()
-        .collect();
     let mut closed = 0;
-    for session in sessions {
+    for session in shared.sessions_now() {
         let holds_declared = session
             .services
             .iter()
