@@ -912,6 +912,11 @@ async fn accept_control_channel(
     // Serve the services before saying so: a visitor arriving the moment the client hears
     // "accepted" must find the session, not a closed door.
     register(shared, &session)?;
+    // A reload that changed the handshake while this one ran closed the sessions it found;
+    // this one was not among them yet.
+    if reload::handshake_changed(&live.config, &shared.live().config) {
+        session.close(reload::RECONNECT_REASON);
+    }
     forward::serve_declared(shared, &session, judgement.declared);
     let reply = ControlMessage::HelloReply {
         verdicts: judgement.verdicts,

@@ -26,7 +26,17 @@ use crate::config::ServerConfig;
 use crate::reload::{ReloadError, ReloadResult, ReloadSummary};
 
 /// What a reconnecting client reads in the goodbye.
-const RECONNECT_REASON: &str = "the server's config changed; reconnecting to authenticate again";
+pub(super) const RECONNECT_REASON: &str =
+    "the server's config changed; reconnecting to authenticate again";
+
+/// Whether a session authenticated under `old` must authenticate again under `new`: the
+/// handshake itself (PSK, transport, ciphers) changed.
+pub(super) fn handshake_changed(old: &ServerConfig, new: &ServerConfig) -> bool {
+    new.psk != old.psk
+        || new.transport != old.transport
+        || new.ciphers != old.ciphers
+        || new.insecure != old.insecure
+}
 
 /// Validates `new` and applies what differs from the config in force.
 pub(super) async fn apply(shared: &Arc<Shared>, new: ServerConfig) -> ReloadResult {
@@ -78,10 +88,7 @@ pub(super) async fn apply(shared: &Arc<Shared>, new: ServerConfig) -> ReloadResu
     }
 
     // 2. Which sessions must authenticate again, judged against the old config.
-    let reauthenticate_all = new.psk != old.psk
-        || new.transport != old.transport
-        || new.ciphers != old.ciphers
-        || new.insecure != old.insecure;
+    let reauthenticate_all = handshake_changed(old, &new);
     let mut regranted: HashSet<String> = fresh
         .iter()
         .map(|binding| binding.service.name.clone())
