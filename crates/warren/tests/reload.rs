@@ -547,3 +547,42 @@ async fn a_changed_file_is_reloaded_without_asking() {
     }
     assert!(echoes(loopback(web)).await);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_reload_keeps_its_declared_port() {
+    let echo = echo_target().await;
+    let (web, declared) = (free_port().await, free_port().await);
+    let allow =
+        format!("allow_ports = \"{declared}-{declared}\"\nallow_bind_addrs = [\"127.0.0.1\"]\n");
+    // allow_* belong in [server]: put them before the service tables.
+    let text = server_toml(PSK, &[("web", web)], "").replacen(
+        "heartbeat_interval",
+        &format!("{allow}heartbeat_interval"),
+        1,
+    );
+    let (bound, server) = start_server(server_config(&text)).await;
+    let _stop = DropCancel(bound.shutdown_token());
+    tokio::spawn(bound.run());
+    let mine = format!(
+        "[client.services.mine]\ntarget = \"{echo}\"\nremote_bind = \"127.0.0.1:{declared}\"\n"
+    );
+    let mut client = start_client(client_config(server, PSK, &[], &mine));
+    client.wait_serving(1, &["mine"]).await;
+    assert!(echoes(loopback(declared)).await);
+
+    // A reload that adds a service restarts the session; the declared port comes along.
+    for session in 2..=4 {
+        let services: Vec<(&str, SocketAddr)> = if session % 2 == 0 {
+            vec![("web", echo)]
+        } else {
+            vec![]
+        };
+        client
+            .reloader
+            .apply(client_config(server, PSK, &services, &mine))
+            .await
+            .unwrap();
+        client.wait_serving(session, &["mine"]).await;
+        assert!(echoes(loopback(declared)).await, "session {session}");
+    }
+}
