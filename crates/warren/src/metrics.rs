@@ -21,6 +21,7 @@
 //! | `warren_sessions_active` | gauge | |
 //! | `warren_sessions_total` | counter | |
 //! | `warren_reconnects_total` | counter | |
+//! | `warren_config_reloads_total` | counter | `result` (`applied`, `refused`) |
 //! | `warren_udp_sessions_active` | gauge | `service` |
 //! | `warren_udp_datagrams_total` | counter | `service`, `direction` |
 
@@ -61,6 +62,12 @@ struct DirectionLabel {
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ReasonLabel {
     reason: &'static str,
+}
+
+/// Labels of config reloads.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ResultLabel {
+    result: &'static str,
 }
 
 /// Labels of `warren_build_info`.
@@ -124,6 +131,7 @@ pub struct Metrics {
     sessions_active: Gauge,
     sessions_total: Counter,
     reconnects: Counter,
+    config_reloads: Family<ResultLabel, Counter>,
     udp_active: Family<ServiceLabel, Gauge>,
     udp_datagrams: Family<DirectionLabel, Counter>,
 }
@@ -161,6 +169,7 @@ impl Metrics {
             sessions_active: Gauge::default(),
             sessions_total: Counter::default(),
             reconnects: Counter::default(),
+            config_reloads: Family::default(),
             udp_active: Family::default(),
             udp_datagrams: Family::default(),
             registry: Registry::default(),
@@ -209,6 +218,11 @@ impl Metrics {
             "reconnects",
             "Client: reconnect attempts after a lost or failed session",
             metrics.reconnects.clone(),
+        );
+        registry.register(
+            "config_reloads",
+            "Config reloads (SIGHUP, file change, admin API) by result",
+            metrics.config_reloads.clone(),
         );
         registry.register(
             "udp_sessions_active",
@@ -285,6 +299,14 @@ impl Metrics {
     /// The client schedules a reconnect.
     pub fn reconnecting(&self) {
         self.reconnects.inc();
+    }
+
+    /// A reload was applied or refused.
+    pub fn config_reloaded(&self, applied: bool) {
+        let result = if applied { "applied" } else { "refused" };
+        self.config_reloads
+            .get_or_create(&ResultLabel { result })
+            .inc();
     }
 
     /// Sets a UDP service's gauges and counters from its stats (called before a scrape).

@@ -25,6 +25,7 @@ use tokio_util::task::TaskTracker;
 use tracing::{debug, error, info, warn};
 
 use crate::config::ConfigErrors;
+use crate::metrics::Telemetry;
 
 /// Quiet time after the last change of the file before it is read: editors and config
 /// management write a file in several steps (truncate, write, rename).
@@ -181,23 +182,22 @@ pub(crate) struct Requests<C> {
 }
 
 impl<C: Send + 'static> Requests<C> {
-    /// Serves the requests on `tasks` (applied with `apply`) and, when the side runs from a
-    /// config source, the source's triggers. Returns what the admin API calls to reload
-    /// from the source.
+    /// Serves the requests on the side's `tasks` until `cancel` (applied with `apply`,
+    /// counted in `telemetry`) and, when the side runs from a config source, the source's
+    /// triggers. Returns what the admin API calls to reload from the source.
     pub(crate) fn start<F, Fut>(
         self,
         reloader: Reloader<C>,
         source: Option<ConfigSource<C>>,
-        tasks: &TaskTracker,
-        cancel: &CancellationToken,
+        (tasks, cancel, telemetry): (&TaskTracker, &CancellationToken, &Arc<Telemetry>),
         apply: F,
     ) -> Option<Arc<dyn Reload>>
     where
         F: FnMut(C) -> Fut + Send + 'static,
         Fut: Future<Output = ReloadResult> + Send + 'static,
     {
-        tasks.spawn(self.serve(cancel.clone(), apply));
-        let from_source = FromSource::new(source?, reloader);
+        tasks.spawn(self.serve(cancel.clone(), Arc::clone(telemetry), apply));
+        let from_source = FromSource::new(source?, reloader, Arc::clone(telemetry));
         tasks.spawn(Arc::clone(&from_source).watch(cancel.clone()));
         Some(from_source)
     }
@@ -206,8 +206,12 @@ impl<C: Send + 'static> Requests<C> {
 impl<C> Requests<C> {
     /// Applies the requests one at a time with `apply` until `cancel` fires, logging each
     /// outcome.
-    pub(crate) async fn serve<F, Fut>(mut self, cancel: CancellationToken, mut apply: F)
-    where
+    pub(crate) async fn serve<F, Fut>(
+        mut self,
+        cancel: CancellationToken,
+        telemetry: Arc<Telemetry>,
+        mut apply: F,
+    ) where
         F: FnMut(C) -> Fut,
         Fut: Future<Output = ReloadResult>,
     {
@@ -220,6 +224,7 @@ impl<C> Requests<C> {
                 return;
             };
             let outcome = apply(config).await;
+            telemetry.metrics.config_reloaded(outcome.is_ok());
             match &outcome {
                 Ok(summary) => info!(
                     event = "config_reloaded",
@@ -287,11 +292,16 @@ pub trait Reload: Send + Sync {
 struct FromSource<C> {
     source: ConfigSource<C>,
     reloader: Reloader<C>,
+    telemetry: Arc<Telemetry>,
 }
 
 impl<C: Send + 'static> FromSource<C> {
-    fn new(source: ConfigSource<C>, reloader: Reloader<C>) -> Arc<Self> {
-        Arc::new(FromSource { source, reloader })
+    fn new(source: ConfigSource<C>, reloader: Reloader<C>, telemetry: Arc<Telemetry>) -> Arc<Self> {
+        Arc::new(FromSource {
+            source,
+            reloader,
+            telemetry,
+        })
     }
 
     /// Reloads on `SIGHUP` and, when the source is watched, on changes of its file, until
@@ -311,6 +321,7 @@ impl<C: Send + 'static> Reload for FromSource<C> {
         Box::pin(async move {
             let config = (self.source.load)(&self.source.path).map_err(|errors| {
                 let error = ReloadError::Invalid(errors);
+                self.telemetry.metrics.config_reloaded(false);
                 error!(event = "reload_rejected", %error, "config reload refused");
                 error
             })?;
@@ -434,7 +445,8 @@ mod tests {
     async fn requests_are_applied_in_order_and_answered() {
         let (reloader, requests) = Reloader::<u32>::new("server");
         let cancel = CancellationToken::new();
-        let serving = tokio::spawn(requests.serve(cancel.clone(), |n| async move {
+        let telemetry = Telemetry::new(crate::Side::Server);
+        let serving = tokio::spawn(requests.serve(cancel.clone(), telemetry, |n| async move {
             if n == 0 {
                 Err(ReloadError::Unappliable("zero".into()))
             } else {

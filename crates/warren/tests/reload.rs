@@ -516,6 +516,17 @@ async fn the_admin_api_reloads_the_config_file() {
     assert!(body.contains("psk"), "names the key: {body}");
     assert!(body.contains("3:"), "names the line: {body}");
     assert!(echoes(loopback(web)).await, "still serving the old config");
+
+    let (status, metrics) = http(admin, "GET", "/metrics", Some(ADMIN_TOKEN)).await;
+    assert_eq!(status, 200);
+    assert!(
+        metrics.contains("warren_config_reloads_total{result=\"applied\"} 1"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("warren_config_reloads_total{result=\"refused\"} 1"),
+        "{metrics}"
+    );
 }
 
 fn admin_section(port: u16) -> String {

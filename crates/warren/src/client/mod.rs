@@ -412,8 +412,7 @@ impl Client {
         let reload_source = reloads.start(
             reloader,
             source,
-            &shared.tasks,
-            &shared.cancel,
+            (&shared.tasks, &shared.cancel, &shared.telemetry),
             move |config| {
                 let shared = Arc::clone(&applying);
                 async move { reload::apply(&shared, config).await }
