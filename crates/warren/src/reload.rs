@@ -239,6 +239,41 @@ impl<C> Requests<C> {
     }
 }
 
+/// The entries of `wanted` that differ from the running ones, each with the socket it is
+/// to serve on: the running entry's socket when `same_place` says the address and protocol
+/// stayed, else a new one from `bind`. Everything is bound before anything changes, so a
+/// port that cannot be had refuses the reload as a whole.
+pub(crate) async fn sockets_for<'a, V, S, E, Fut>(
+    wanted: impl IntoIterator<Item = &'a V>,
+    running: impl Fn(&V) -> Option<(V, S)>,
+    same_place: impl Fn(&V, &V) -> bool,
+    bind: impl Fn(&'a V) -> Fut,
+) -> Result<Vec<(V, S)>, ReloadError>
+where
+    V: PartialEq + Clone + 'a,
+    Fut: Future<Output = Result<S, E>>,
+    E: fmt::Display,
+{
+    let mut fresh = Vec::new();
+    for entry in wanted {
+        let before = running(entry);
+        if before
+            .as_ref()
+            .is_some_and(|(settings, _)| settings == entry)
+        {
+            continue;
+        }
+        let socket = match before {
+            Some((settings, socket)) if same_place(&settings, entry) => socket,
+            _ => bind(entry)
+                .await
+                .map_err(|error| ReloadError::Unappliable(error.to_string()))?,
+        };
+        fresh.push((entry.clone(), socket));
+    }
+    Ok(fresh)
+}
+
 /// Loads a config file into a side's config.
 type Load<C> = dyn Fn(&Path) -> Result<C, ConfigErrors> + Send + Sync;
 

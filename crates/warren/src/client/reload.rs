@@ -20,7 +20,7 @@ use std::sync::{Arc, PoisonError};
 use super::forward;
 use super::{Shared, claims_of};
 use crate::config::ClientConfig;
-use crate::reload::{ReloadError, ReloadResult, ReloadSummary};
+use crate::reload::{ReloadError, ReloadResult, ReloadSummary, sockets_for};
 
 /// Validates `new` and applies what differs from the config in force.
 pub(super) async fn apply(shared: &Arc<Shared>, new: ClientConfig) -> ReloadResult {
@@ -39,25 +39,16 @@ pub(super) async fn apply(shared: &Arc<Shared>, new: ClientConfig) -> ReloadResu
         .lock()
         .unwrap_or_else(PoisonError::into_inner)
         .clone();
-    let mut fresh = Vec::new();
-    for forward in new.forwards.values() {
-        let before = running.get(&forward.name);
-        if before.is_some_and(|r| r.forward == *forward) {
-            continue;
-        }
-        let socket = match before {
-            Some(r)
-                if r.forward.bind == forward.bind
-                    && r.forward.kind.name() == forward.kind.name() =>
-            {
-                r.socket.clone()
-            }
-            _ => forward::bind_forward(forward)
-                .await
-                .map_err(|error| ReloadError::Unappliable(error.to_string()))?,
-        };
-        fresh.push((forward.clone(), socket));
-    }
+    let fresh = sockets_for(
+        new.forwards.values(),
+        |forward| {
+            let running = running.get(&forward.name)?;
+            Some((running.forward.clone(), running.socket.clone()))
+        },
+        |old, new| old.bind == new.bind && old.kind.same_protocol(new.kind),
+        forward::bind_forward,
+    )
+    .await?;
 
     // 2. Swap the config (and make room for new services' counters).
     let new_session = claims_of(&old) != claims_of(&new)

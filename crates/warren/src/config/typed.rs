@@ -136,6 +136,11 @@ pub enum ServiceKind {
 }
 
 impl ServiceKind {
+    /// Whether both carry the same protocol (TCP or UDP), whatever their UDP settings.
+    pub fn same_protocol(self, other: ServiceKind) -> bool {
+        std::mem::discriminant(&self) == std::mem::discriminant(&other)
+    }
+
     /// Every supported kind (UDP with its default settings).
     pub const ALL: [ServiceKind; 2] = [ServiceKind::Tcp, ServiceKind::Udp(UdpSettings::DEFAULT)];
     /// Kinds that are planned but refused for now with "not supported yet".

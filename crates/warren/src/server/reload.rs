@@ -23,7 +23,7 @@ use std::sync::{Arc, PoisonError};
 
 use super::{Binding, Live, ServiceSocket, Shared, spawn_service};
 use crate::config::ServerConfig;
-use crate::reload::{ReloadError, ReloadResult, ReloadSummary};
+use crate::reload::{ReloadError, ReloadResult, ReloadSummary, sockets_for};
 
 /// What a reconnecting client reads in the goodbye.
 pub(super) const RECONNECT_REASON: &str =
@@ -62,30 +62,19 @@ pub(super) async fn apply(shared: &Arc<Shared>, new: ServerConfig) -> ReloadResu
         .read()
         .unwrap_or_else(PoisonError::into_inner)
         .clone();
-    let mut fresh = Vec::new();
-    for service in new.services.values() {
-        let before = current.get(&service.name);
-        if before.is_some_and(|binding| binding.service == *service) {
-            continue;
-        }
-        let socket = match before {
-            Some(binding)
-                if binding.service.bind == service.bind
-                    && binding.service.kind.name() == service.kind.name() =>
-            {
-                binding.socket.clone()
-            }
-            _ => ServiceSocket::bind(service)
-                .await
-                .map_err(|error| ReloadError::Unappliable(error.to_string()))?,
-        };
-        fresh.push(Binding::new(
-            service,
-            socket,
-            &shared.telemetry,
-            &shared.cancel,
-        ));
-    }
+    let fresh: Vec<Binding> = sockets_for(
+        new.services.values(),
+        |service| {
+            let binding = current.get(&service.name)?;
+            Some((binding.service.clone(), binding.socket.clone()))
+        },
+        |old, new| old.bind == new.bind && old.kind.same_protocol(new.kind),
+        ServiceSocket::bind,
+    )
+    .await?
+    .into_iter()
+    .map(|(service, socket)| Binding::new(&service, socket, &shared.telemetry, &shared.cancel))
+    .collect();
 
     // 2. Which sessions must authenticate again, judged against the old config.
     let reauthenticate_all = handshake_changed(old, &new);
