@@ -597,3 +597,56 @@ async fn a_client_reload_keeps_its_declared_port() {
         assert!(echoes(loopback(declared)).await, "session {session}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn visitors_are_never_turned_away_while_the_client_changes_sessions() {
+    let echo = echo_target().await;
+    let (web, other) = (free_port().await, free_port().await);
+    let text = server_toml(PSK, &[("web", web), ("other", other)], "");
+    let (bound, server) = start_server(server_config(&text)).await;
+    let _stop = DropCancel(bound.shutdown_token());
+    tokio::spawn(bound.run());
+    let mut client = start_client(client_config(server, PSK, &[("web", echo)], ""));
+    client.wait_serving(1, &["web"]).await;
+
+    // Visitors arrive one after another the whole time.
+    let visiting = CancellationToken::new();
+    let visitors = tokio::spawn({
+        let visiting = visiting.clone();
+        async move {
+            let (mut served, mut failed) = (0u32, 0u32);
+            while !visiting.is_cancelled() {
+                if echoes(loopback(web)).await {
+                    served += 1;
+                } else {
+                    failed += 1;
+                }
+            }
+            (served, failed)
+        }
+    });
+    // Each reload changes the claims, so each takes a new session.
+    for session in 2..=6 {
+        let services: Vec<(&str, SocketAddr)> = if session % 2 == 0 {
+            vec![("web", echo), ("other", echo)]
+        } else {
+            vec![("web", echo)]
+        };
+        client
+            .reloader
+            .apply(client_config(server, PSK, &services, ""))
+            .await
+            .unwrap();
+        client.wait_serving(session, &["web"]).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    visiting.cancel();
+    let (served, failed) = visitors.await.unwrap();
+    assert!(served > 20, "visitors kept coming: {served}");
+    assert_eq!(
+        failed,
+        0,
+        "{failed} of {} visitors were turned away",
+        served + failed
+    );
+}

@@ -29,7 +29,7 @@ use rand::RngCore;
 use tokio::sync::{Notify, Semaphore, mpsc, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use tracing::{error, info, warn};
+use tracing::{debug, error, info, warn};
 use warren_proto::CipherSuite;
 use warren_proto::handshake::Refusal;
 use warren_proto::liveness::Backoff;
@@ -47,6 +47,7 @@ use crate::crypto::secret::Secret;
 use crate::metrics::{HandshakeFailure, ServiceMeter, Telemetry, unix_seconds};
 use crate::reload::{ConfigSource, Reloader, Requests};
 use crate::session::{self as control, CONTROL_QUEUE, Liveness, SessionEnd, short_id};
+use crate::transport::Channel;
 use establish::{Claim, EstablishError, EstablishedSession};
 
 /// Data channels kept open and idle at the server, ready for visitors.
@@ -445,7 +446,12 @@ impl Client {
         let result = loop {
             let started = tokio::time::Instant::now();
             let mut wait = true;
-            match run_session(&shared, &mut backoff).await {
+            let held = match establish_session(&shared, &mut backoff).await {
+                Ok(established) => hold(&shared, &mut backoff, established).await,
+                Err(failure) => Err(failure),
+            };
+            match held {
+                Err(Failure::Stopped) => break Ok(()),
                 Ok(SessionEnd::Cancelled) if shared.cancel.is_cancelled() => break Ok(()),
                 // A reload ended the session to start one with the new config.
                 Ok(SessionEnd::Cancelled) => {}
@@ -471,10 +477,6 @@ impl Client {
                 s.bound.clear();
             });
             if shared.restart.swap(false, Ordering::AcqRel) {
-                info!(
-                    event = "session_restarting",
-                    "reconnecting with the reloaded config"
-                );
                 continue;
             }
             shared.telemetry.metrics.reconnecting();
@@ -544,19 +546,12 @@ impl Shared {
             .cloned()
     }
 
-    /// Ends the current session (if any) and starts the next one at once, with the config
-    /// in force by then.
+    /// Asks for a new session with the config in force (see [`hold`]): at once, whether a
+    /// session is up, being established or awaited after a failure.
     fn restart_session(&self) {
         self.restart.store(true, Ordering::Release);
-        if let Some(session) = self
-            .current
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .as_ref()
-        {
-            session.cancel.cancel();
-        }
-        self.restarted.notify_waiters();
+        // The flag says what to do; the permit only wakes whoever waits (or the next one).
+        self.restarted.notify_one();
     }
 }
 
@@ -564,6 +559,8 @@ impl Shared {
 enum Failure {
     Fatal(ClientError),
     Retry(String),
+    /// The client is stopping.
+    Stopped,
 }
 
 /// One session's state, shared with its data channel tasks.
@@ -587,7 +584,11 @@ pub(crate) struct ClientSession {
     handshake_timeout: Duration,
 }
 
-async fn run_session(shared: &Arc<Shared>, backoff: &mut Backoff) -> Result<SessionEnd, Failure> {
+/// Establishes a session with the config in force: handshake, hello, verdicts.
+async fn establish_session(
+    shared: &Arc<Shared>,
+    backoff: &mut Backoff,
+) -> Result<Established, Failure> {
     // This session takes the newest config: a restart asked for before now is served.
     shared.restart.store(false, Ordering::Release);
     let config = shared.config();
@@ -613,7 +614,7 @@ async fn run_session(shared: &Arc<Shared>, backoff: &mut Backoff) -> Result<Sess
         deadline,
     );
     let established = tokio::select! {
-        () = shared.cancel.cancelled() => return Ok(SessionEnd::Cancelled),
+        () = shared.cancel.cancelled() => return Err(Failure::Stopped),
         result = attempt => result,
     };
     let established = match established {
@@ -711,6 +712,34 @@ async fn run_session(shared: &Arc<Shared>, backoff: &mut Backoff) -> Result<Sess
     let mut service_names: Vec<String> = session.services.iter().cloned().collect();
     service_names.extend(session.forwards.iter().cloned());
     service_names.sort();
+    Ok(Established {
+        channel,
+        session,
+        service_names,
+        bound,
+    })
+}
+
+/// A session the server accepted, not yet served.
+struct Established {
+    channel: Channel,
+    session: Arc<ClientSession>,
+    /// Every service the server accepted, sorted (for the status and the logs).
+    service_names: Vec<String>,
+    /// Client-declared services and the addresses the server bound for them.
+    bound: BTreeMap<String, SocketAddr>,
+}
+
+/// Serves `established` until its end: the current session for forward listeners and the
+/// status, a pool of data channels, and the control channel.
+async fn serve_session(shared: Arc<Shared>, established: Established) -> SessionEnd {
+    let Established {
+        channel,
+        session,
+        service_names,
+        bound,
+    } = established;
+    let config = Arc::clone(&session.config);
     info!(
         event = "session_started",
         session = %short_id(session.keys.session_id()),
@@ -725,11 +754,6 @@ async fn run_session(shared: &Arc<Shared>, backoff: &mut Backoff) -> Result<Sess
         .current
         .lock()
         .unwrap_or_else(PoisonError::into_inner) = Some(Arc::clone(&session));
-    // A reload that came while this session was being established asked for one with
-    // the new config: end this one at once (it saw `current` empty, so it is up to us).
-    if shared.restart.load(Ordering::Acquire) {
-        session.cancel.cancel();
-    }
     shared.status.send_modify(|s| {
         s.connected = true;
         s.sessions += 1;
@@ -743,7 +767,7 @@ async fn run_session(shared: &Arc<Shared>, backoff: &mut Backoff) -> Result<Sess
         .lock()
         .unwrap_or_else(PoisonError::into_inner) = Some(SessionInfo {
         id: short_id(session.keys.session_id()),
-        peer: server_addr.to_string(),
+        peer: session.server_addr.to_string(),
         cipher: session.keys.cipher().to_string(),
         since: unix_seconds(std::time::SystemTime::now()),
         services: session.services.iter().cloned().collect(),
@@ -751,7 +775,7 @@ async fn run_session(shared: &Arc<Shared>, backoff: &mut Backoff) -> Result<Sess
 
     let (_control_tx, control_rx) = mpsc::channel(CONTROL_QUEUE);
     for _ in 0..POOL_SIZE {
-        pool::spawn_channel(shared, &session);
+        pool::spawn_channel(&shared, &session);
     }
     let liveness = Liveness {
         ping_interval: None,
@@ -766,13 +790,13 @@ async fn run_session(shared: &Arc<Shared>, backoff: &mut Backoff) -> Result<Sess
             if shared.cancel.is_cancelled() {
                 "shutting down".to_owned()
             } else {
-                "the client's config changed; reconnecting".to_owned()
+                "the client's config changed; a new session took over".to_owned()
             }
         },
         |message| match message {
             ControlMessage::NeedChannels { count } => {
                 for _ in 0..count.min(MAX_POOLED as u16) {
-                    pool::spawn_channel(shared, &session);
+                    pool::spawn_channel(&shared, &session);
                 }
             }
             other => warn!(
@@ -785,17 +809,81 @@ async fn run_session(shared: &Arc<Shared>, backoff: &mut Backoff) -> Result<Sess
     .await;
     session.cancel.cancel();
     shared.telemetry.metrics.session_ended();
-    shared
+    // A session that a newer one replaced leaves the newer one in place.
+    let mut current = shared
         .current
         .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .take();
-    shared
-        .admin_session
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .take();
-    Ok(end)
+        .unwrap_or_else(PoisonError::into_inner);
+    if current.as_ref().is_some_and(|c| Arc::ptr_eq(c, &session)) {
+        current.take();
+        shared
+            .admin_session
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+    }
+    end
+}
+
+/// Holds a session until it ends, returning how. A reload that needs a new session gets
+/// one established while this one still serves, and then takes its place (make before
+/// break: the server moves the services to the newest session, so no visitor finds none);
+/// the old one is closed with a goodbye, and its open streams keep flowing. A config with
+/// client-declared services breaks before it makes instead: the server binds their ports
+/// per session, so the old session must let them go first.
+async fn hold(
+    shared: &Arc<Shared>,
+    backoff: &mut Backoff,
+    mut established: Established,
+) -> Result<SessionEnd, Failure> {
+    loop {
+        let session = Arc::clone(&established.session);
+        let mut serving = shared
+            .tasks
+            .spawn(serve_session(Arc::clone(shared), established));
+        loop {
+            tokio::select! {
+                end = &mut serving => return Ok(end.unwrap_or(SessionEnd::Cancelled)),
+                () = shared.restarted.notified() => {}
+            }
+            if !shared.restart.swap(false, Ordering::AcqRel) {
+                continue;
+            }
+            info!(
+                event = "session_restarting",
+                "starting a session with the reloaded config"
+            );
+            if declares_ports(&shared.config()) {
+                shared.restart.store(true, Ordering::Release);
+                session.cancel.cancel();
+                continue;
+            }
+            let attempt = establish_session(shared, backoff);
+            tokio::pin!(attempt);
+            let next = tokio::select! {
+                next = &mut attempt => next,
+                end = &mut serving => {
+                    // The old session ended first: the new one is all there is.
+                    let end = end.unwrap_or(SessionEnd::Cancelled);
+                    debug!(event = "session_ended", reason = %end, "the old session ended before the new one was up");
+                    attempt.await
+                }
+            };
+            // Either way the old session goes; a new one that could not be had is
+            // retried (or given up on) like any other.
+            session.cancel.cancel();
+            established = next?;
+            break;
+        }
+    }
+}
+
+/// Whether the config asks the server to bind ports of its own for this client.
+fn declares_ports(config: &ClientConfig) -> bool {
+    config
+        .services
+        .values()
+        .any(|service| service.remote_bind.is_some())
 }
 
 /// What a client claims in its hello: every service (reverse or client-declared), then
