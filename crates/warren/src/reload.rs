@@ -197,8 +197,16 @@ impl<C: Send + 'static> Requests<C> {
         Fut: Future<Output = ReloadResult> + Send + 'static,
     {
         tasks.spawn(self.serve(cancel.clone(), Arc::clone(telemetry), apply));
-        let from_source = FromSource::new(source?, reloader, Arc::clone(telemetry));
-        tasks.spawn(Arc::clone(&from_source).watch(cancel.clone()));
+        let source = source?;
+        // Listening starts now, before the side serves anyone: a SIGHUP or a file change
+        // from then on is seen, and the descriptors it takes are there from the start.
+        let triggers = Triggers::new(&source);
+        let from_source = FromSource::new(source, reloader, Arc::clone(telemetry));
+        tasks.spawn(watch_triggers(
+            Arc::clone(&from_source) as Arc<dyn Reload>,
+            triggers,
+            cancel.clone(),
+        ));
         Some(from_source)
     }
 }
@@ -338,17 +346,6 @@ impl<C: Send + 'static> FromSource<C> {
             telemetry,
         })
     }
-
-    /// Reloads on `SIGHUP` and, when the source is watched, on changes of its file, until
-    /// `cancel` fires.
-    async fn watch(self: Arc<Self>, cancel: CancellationToken) {
-        let file = if self.source.watch_file {
-            FileWatch::start(&self.source.path)
-        } else {
-            None
-        };
-        watch_triggers(self, file, cancel).await;
-    }
 }
 
 impl<C: Send + 'static> Reload for FromSource<C> {
@@ -365,39 +362,75 @@ impl<C: Send + 'static> Reload for FromSource<C> {
     }
 }
 
-async fn watch_triggers(
-    reload: Arc<dyn Reload>,
-    mut file: Option<FileWatch>,
-    cancel: CancellationToken,
-) {
+/// What starts a reload from a config source: `SIGHUP`, and changes of the file when it is
+/// watched.
+struct Triggers {
+    file: Option<FileWatch>,
     #[cfg(unix)]
-    let mut hangup = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
-        Ok(signal) => Some(signal),
-        Err(error) => {
-            warn!(event = "reload_signal_failed", %error, "cannot listen for SIGHUP; reload through the file or the admin API");
+    hangup: Option<tokio::signal::unix::Signal>,
+}
+
+impl Triggers {
+    /// Starts listening (inside the runtime).
+    fn new<C>(source: &ConfigSource<C>) -> Triggers {
+        let file = if source.watch_file {
+            FileWatch::start(&source.path)
+        } else {
             None
+        };
+        #[cfg(unix)]
+        let hangup = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
+            Ok(signal) => Some(signal),
+            Err(error) => {
+                warn!(event = "reload_signal_failed", %error, "cannot listen for SIGHUP; reload through the file or the admin API");
+                None
+            }
+        };
+        Triggers {
+            file,
+            #[cfg(unix)]
+            hangup,
         }
-    };
-    loop {
+    }
+
+    /// Waits for the next trigger; names it.
+    async fn next(&mut self) -> &'static str {
         #[cfg(unix)]
         let hup = async {
-            match hangup.as_mut() {
+            let received = match self.hangup.as_mut() {
                 Some(signal) => signal.recv().await,
-                None => std::future::pending().await,
+                None => None,
+            };
+            // A closed signal stream never fires again.
+            if received.is_none() {
+                std::future::pending::<()>().await;
             }
         };
         #[cfg(not(unix))]
-        let hup = std::future::pending::<Option<()>>();
+        let hup = std::future::pending::<()>();
         let changed = async {
-            match file.as_mut() {
+            match self.file.as_mut() {
                 Some(watch) => watch.changed().await,
                 None => std::future::pending().await,
             }
         };
+        tokio::select! {
+            () = hup => "SIGHUP",
+            () = changed => "file change",
+        }
+    }
+}
+
+/// Reloads on every trigger until `cancel` fires.
+async fn watch_triggers(
+    reload: Arc<dyn Reload>,
+    mut triggers: Triggers,
+    cancel: CancellationToken,
+) {
+    loop {
         let trigger = tokio::select! {
             () = cancel.cancelled() => return,
-            Some(()) = hup => "SIGHUP",
-            () = changed => "file change",
+            trigger = triggers.next() => trigger,
         };
         info!(event = "reload_requested", trigger, "reloading the config");
         // The outcome is logged where it is decided.

@@ -187,6 +187,19 @@ async fn refused(addr: SocketAddr) -> bool {
     TcpStream::connect(addr).await.is_err()
 }
 
+/// Whether the port at `addr` stops accepting within 2 s (its listener's task notices the
+/// stop at its next turn).
+async fn closes(addr: SocketAddr) -> bool {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
+    while !refused(addr).await {
+        if tokio::time::Instant::now() > deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    true
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_reload_touches_only_what_changed() {
     let echo = echo_target().await;
@@ -262,11 +275,11 @@ async fn a_server_reload_touches_only_what_changed() {
     );
     assert!(echoes(loopback(fresh)).await, "added service serves");
     assert!(
-        refused(loopback(gone)).await,
+        closes(loopback(gone)).await,
         "removed service's port is closed"
     );
     assert!(
-        refused(loopback(moved)).await,
+        closes(loopback(moved)).await,
         "moved service's old port is closed"
     );
     transfer.exchange(4096).await;
@@ -429,7 +442,7 @@ async fn a_client_reload_retargets_without_a_new_session_and_adds_forward_ports(
         summary.to_string().contains("removed forward service db"),
         "{summary}"
     );
-    assert!(refused(loopback(local)).await);
+    assert!(closes(loopback(local)).await);
     client.wait_serving(3, &["web"]).await;
     assert!(echoes(loopback(web)).await);
 }

@@ -577,11 +577,35 @@ pub(crate) struct ClientSession {
     services: HashSet<String>,
     /// Forward services the server accepted.
     forwards: HashSet<String>,
-    /// Cancelled when the session ends: idle pooled channels close.
+    /// Cancelled when the session ends: idle pooled channels close (see
+    /// [`ClientSession::pool_closed`]).
     cancel: CancellationToken,
+    /// Set when a newer session took this one's place (a reload).
+    replaced: AtomicBool,
+    /// The client's own shutdown.
+    shutdown: CancellationToken,
     /// Bounds channels opening or idle.
     pool_slots: Arc<Semaphore>,
     handshake_timeout: Duration,
+}
+
+/// How long the idle pool channels of a replaced session stay open: the server may have
+/// handed one to a visitor just before it moved the services to the new session, and that
+/// stream must land. The server closes the others itself when it drops the old session.
+const REPLACED_POOL_GRACE: Duration = Duration::from_secs(2);
+
+impl ClientSession {
+    /// Resolves when idle pool channels must close: at once when the session ended, a
+    /// grace period later when a newer session replaced it.
+    pub(crate) async fn pool_closed(&self) {
+        self.cancel.cancelled().await;
+        if self.replaced.load(Ordering::Acquire) {
+            tokio::select! {
+                () = tokio::time::sleep(REPLACED_POOL_GRACE) => {}
+                () = self.shutdown.cancelled() => {}
+            }
+        }
+    }
 }
 
 /// Establishes a session with the config in force: handshake, hello, verdicts.
@@ -705,6 +729,8 @@ async fn establish_session(
         services: accepted,
         forwards,
         cancel: shared.cancel.child_token(),
+        replaced: AtomicBool::new(false),
+        shutdown: shared.cancel.clone(),
         pool_slots: Arc::new(Semaphore::new(MAX_POOLED)),
         handshake_timeout: deadline,
         keys,
@@ -871,8 +897,10 @@ async fn hold(
             };
             // Either way the old session goes; a new one that could not be had is
             // retried (or given up on) like any other.
+            let next = next?;
+            session.replaced.store(true, Ordering::Release);
             session.cancel.cancel();
-            established = next?;
+            established = next;
             break;
         }
     }

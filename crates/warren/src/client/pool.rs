@@ -70,7 +70,7 @@ async fn run_channel(
     let mut slot = Some(slot);
     loop {
         let open = tokio::select! {
-            () = session.cancel.cancelled() => return,
+            () = session.pool_closed() => return,
             first = channel.reader.read() => match first {
                 Ok(Some(Record::Control(bytes))) => match message::decode_stream_open(bytes) {
                     Ok(open) => open,
