@@ -14,6 +14,7 @@
 //!                                       <-  Ping { seq }      (every heartbeat_interval)
 //!   Pong { seq }                       ->
 //!                                       <-  NeedChannels { count }  (pool ran dry)
+//!                                       <-  Reclaim { reason }  (claim again: config changed)
 //!   Goodbye { reason }                <->   (orderly shutdown, either side)
 //! ```
 //!
@@ -159,6 +160,17 @@ pub enum ControlMessage {
     /// Orderly end of the session.
     Goodbye {
         /// Why, for the peer's log.
+        reason: String,
+    },
+    /// Server → client: what this session was granted changed (the server's config was
+    /// reloaded); establish a new session, claiming again, and then end this one. A server
+    /// ends the session itself if the client does not within its grace period.
+    ///
+    /// Added after the first release, at the end of the enum: older peers' variants keep
+    /// their postcard indices, and an older client that cannot decode it ends the session
+    /// and reconnects, which comes to the same.
+    Reclaim {
+        /// Why, for the client's log.
         reason: String,
     },
 }
@@ -326,6 +338,7 @@ mod tests {
             any::<u64>().prop_map(|seq| ControlMessage::Pong { seq }),
             any::<u16>().prop_map(|count| ControlMessage::NeedChannels { count }),
             ".{0,100}".prop_map(|reason| ControlMessage::Goodbye { reason }),
+            ".{0,100}".prop_map(|reason| ControlMessage::Reclaim { reason }),
         ]
     }
 

@@ -622,22 +622,7 @@ async fn visitors_are_never_turned_away_while_the_client_changes_sessions() {
     let mut client = start_client(client_config(server, PSK, &[("web", echo)], ""));
     client.wait_serving(1, &["web"]).await;
 
-    // Visitors arrive one after another the whole time.
-    let visiting = CancellationToken::new();
-    let visitors = tokio::spawn({
-        let visiting = visiting.clone();
-        async move {
-            let (mut served, mut failed) = (0u32, 0u32);
-            while !visiting.is_cancelled() {
-                if echoes(loopback(web)).await {
-                    served += 1;
-                } else {
-                    failed += 1;
-                }
-            }
-            (served, failed)
-        }
-    });
+    let visitors = Visitors::start(loopback(web));
     // Each reload changes the claims, so each takes a new session.
     for session in 2..=6 {
         let services: Vec<(&str, SocketAddr)> = if session % 2 == 0 {
@@ -653,13 +638,74 @@ async fn visitors_are_never_turned_away_while_the_client_changes_sessions() {
         client.wait_serving(session, &["web"]).await;
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    visiting.cancel();
-    let (served, failed) = visitors.await.unwrap();
-    assert!(served > 20, "visitors kept coming: {served}");
-    assert_eq!(
-        failed,
-        0,
-        "{failed} of {} visitors were turned away",
-        served + failed
+    visitors.assert_none_turned_away().await;
+}
+
+/// Visitors arriving at a service one after another until told to stop.
+struct Visitors {
+    visiting: CancellationToken,
+    task: tokio::task::JoinHandle<(u32, u32)>,
+}
+
+impl Visitors {
+    fn start(service: SocketAddr) -> Visitors {
+        let visiting = CancellationToken::new();
+        let task = tokio::spawn({
+            let visiting = visiting.clone();
+            async move {
+                let (mut served, mut failed) = (0u32, 0u32);
+                while !visiting.is_cancelled() {
+                    if echoes(service).await {
+                        served += 1;
+                    } else {
+                        failed += 1;
+                    }
+                }
+                (served, failed)
+            }
+        });
+        Visitors { visiting, task }
+    }
+
+    async fn assert_none_turned_away(self) {
+        self.visiting.cancel();
+        let (served, failed) = self.task.await.unwrap();
+        assert!(served > 20, "visitors kept coming: {served}");
+        assert_eq!(
+            failed,
+            0,
+            "{failed} of {} visitors were turned away",
+            served + failed
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_adds_a_claimed_service_turns_no_visitor_away() {
+    let echo = echo_target().await;
+    let (web, later) = (free_port().await, free_port().await);
+    let (bound, server) = start_server(server_config(&server_toml(PSK, &[("web", web)], ""))).await;
+    let reloader = bound.reloader();
+    let _stop = DropCancel(bound.shutdown_token());
+    tokio::spawn(bound.run());
+    // The client already claims `later`, which the server does not have yet.
+    let services = [("web", echo), ("later", echo)];
+    let mut client = start_client(client_config(server, PSK, &services, ""));
+    client.wait_serving(1, &["web"]).await;
+    let visitors = Visitors::start(loopback(web));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+
+    let text = server_toml(PSK, &[("web", web), ("later", later)], "");
+    let summary = reloader.apply(server_config(&text)).await.unwrap();
+    assert!(
+        summary.to_string().contains("claim their services again"),
+        "{summary}"
     );
+    client.wait_serving(2, &["web", "later"]).await;
+    assert!(
+        echoes(loopback(later)).await,
+        "the client serves the new service"
+    );
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    visitors.assert_none_turned_away().await;
 }

@@ -825,6 +825,10 @@ async fn serve_session(shared: Arc<Shared>, established: Established) -> Session
                     pool::spawn_channel(&shared, &session);
                 }
             }
+            ControlMessage::Reclaim { reason } => {
+                info!(event = "reclaim_requested", %reason, "the server asks for a new session");
+                shared.restart_session();
+            }
             other => warn!(
                 event = "control_ignored",
                 ?other,

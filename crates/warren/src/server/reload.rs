@@ -8,13 +8,16 @@
 //!   its address and protocol stayed, else on a new one).
 //! * Every new socket is bound before anything changes, so a taken port refuses the whole
 //!   reload and the running config stays.
-//! * A session whose grant the new config may no longer give — it serves a removed or
-//!   changed service or forward service, holds a client-declared port while the declared
-//!   rules changed, or was authenticated with a PSK, transport or cipher list that changed —
-//!   is closed with a goodbye, and its client reconnects and authenticates again. So is a
-//!   session that claimed a service the server refused then and has added or changed now:
-//!   its client claims it again. Streams of unchanged services keep flowing through that:
-//!   they do not belong to the session.
+//! * A session authenticated with a PSK, transport or cipher list that changed, or holding
+//!   client-declared ports while the declared rules changed, is closed with a goodbye; its
+//!   client reconnects and authenticates again.
+//! * A session whose grant changed otherwise — it serves a removed or changed service or
+//!   forward service, or claimed one the server refused then and offers now — is asked to
+//!   claim again (`Reclaim`): its client establishes a new session before it ends this one,
+//!   so visitors of its unchanged services are never turned away. The server closes it
+//!   after `RECLAIM_GRACE` (10 s) if the client does not.
+//! * Streams of unchanged services keep flowing through all of that: they do not belong to
+//!   a session.
 //! * Timeouts and heartbeats apply to connections and sessions that start afterwards; the
 //!   server port and the admin API move only on restart (the summary says so).
 
@@ -132,8 +135,9 @@ pub(super) async fn apply(shared: &Arc<Shared>, new: ServerConfig) -> ReloadResu
     summary.note_table("forward service", &old.forwards, &new.forwards);
     describe_settings(old, &new, &mut summary);
 
-    // 4. Close the sessions the new config may not grant as before.
-    let mut closed = 0;
+    // 4. Sessions the new config may not grant as before: a changed handshake, or declared
+    //    ports under changed rules, end now; a changed grant is claimed again.
+    let (mut closed, mut reclaimed) = (0, 0);
     for session in shared.sessions_now() {
         let holds_declared = session
             .services
@@ -143,22 +147,28 @@ pub(super) async fn apply(shared: &Arc<Shared>, new: ServerConfig) -> ReloadResu
             new.services.get(name) != old.services.get(name)
                 || new.forwards.get(name) != old.forwards.get(name)
         });
-        let must = reauthenticate_all
-            || now_offered
+        let regrant = now_offered
             || session.services.iter().any(|name| regranted.contains(name))
             || session
                 .forwards
                 .values()
-                .any(|forward| changed_forwards.contains(&forward.name))
-            || (declared_rules_changed && holds_declared);
-        if must {
+                .any(|forward| changed_forwards.contains(&forward.name));
+        if reauthenticate_all || (declared_rules_changed && holds_declared) {
             session.close(RECONNECT_REASON);
             closed += 1;
+        } else if regrant {
+            session.reclaim(&shared.tasks);
+            reclaimed += 1;
         }
     }
     if closed > 0 {
         summary.applied.push(format!(
-            "asked {closed} client session(s) to reconnect and authenticate again"
+            "closed {closed} client session(s); their clients reconnect and authenticate again"
+        ));
+    }
+    if reclaimed > 0 {
+        summary.applied.push(format!(
+            "asked {reclaimed} client session(s) to reconnect and claim their services again"
         ));
     }
     Ok(summary)

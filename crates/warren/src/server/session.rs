@@ -7,10 +7,12 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 use tracing::debug;
 use warren_proto::handshake::SessionId;
 use warren_proto::message::ControlMessage;
@@ -22,6 +24,8 @@ use crate::transport::Channel;
 
 /// Idle data channels the server holds per session; extra ones are closed.
 const MAX_IDLE_CHANNELS: usize = 64;
+/// How long a client asked to claim again may take before the server ends its session.
+pub(super) const RECLAIM_GRACE: Duration = Duration::from_secs(10);
 
 /// Why no data channel could be had.
 #[derive(Debug, thiserror::Error)]
@@ -93,6 +97,24 @@ impl ServerSession {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(reason.to_owned());
         self.cancel.cancel();
+    }
+
+    /// Asks the client to establish a new session, claiming its services again, and to end
+    /// this one; ends it after [`RECLAIM_GRACE`] if the client does not (an older client,
+    /// or one that cannot get a new session).
+    pub(super) fn reclaim(self: &Arc<Self>, tasks: &TaskTracker) {
+        let reason = "the server's config changed what this session serves".to_owned();
+        // Full queue: the session is already wedged; the deadline below ends it.
+        let _ = self.control.try_send(ControlMessage::Reclaim { reason });
+        let session = Arc::clone(self);
+        tasks.spawn(async move {
+            tokio::select! {
+                () = session.cancel.cancelled() => {}
+                () = tokio::time::sleep(RECLAIM_GRACE) => {
+                    session.close("the server's config changed; this session was not replaced in time");
+                }
+            }
+        });
     }
 
     /// The goodbye's reason: the one given to [`ServerSession::close`], else shutdown.
