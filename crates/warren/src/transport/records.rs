@@ -247,6 +247,12 @@ impl<R: ReadReady> RecordReader<R> {
         }
     }
 
+    /// Whether a read buffer is held (an idle channel must hold none).
+    #[cfg(test)]
+    pub(crate) fn holds_buffer(&self) -> bool {
+        !self.buf.is_empty()
+    }
+
     /// Hands the (empty) buffer back to the pool.
     fn release(&mut self) {
         buffers::give_read(std::mem::take(&mut self.buf));
