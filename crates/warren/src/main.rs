@@ -35,6 +35,11 @@ struct Cli {
     /// Log format.
     #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
     log_format: LogFormat,
+    /// Threads that run tunnels: 1 runs everything on one thread, which has the fewest
+    /// wake-ups per hop (lowest latency); more spread busy streams over cores. Default: one
+    /// per core.
+    #[arg(long, global = true, env = "WARREN_WORKERS", value_name = "N")]
+    workers: Option<std::num::NonZeroUsize>,
     #[command(subcommand)]
     command: Command,
 }
@@ -203,6 +208,25 @@ enum Command {
     },
 }
 
+/// The async runtime: one thread for `--workers 1` (no cross-thread wake-ups at all), else
+/// a work-stealing pool of that many workers (one per core by default).
+fn build_runtime(
+    workers: Option<std::num::NonZeroUsize>,
+) -> std::io::Result<tokio::runtime::Runtime> {
+    match workers.map(std::num::NonZeroUsize::get) {
+        Some(1) => tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build(),
+        Some(n) => tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(n)
+            .enable_all()
+            .build(),
+        None => tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build(),
+    }
+}
+
 /// How `main` ends: maps to the documented exit codes.
 enum Outcome {
     /// Exit 0.
@@ -220,10 +244,7 @@ fn main() -> ExitCode {
         return ExitCode::from(2);
     }
     raise_open_file_limit();
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let runtime = match build_runtime(cli.workers) {
         Ok(runtime) => runtime,
         Err(e) => {
             eprintln!("error: cannot start the async runtime: {e}");

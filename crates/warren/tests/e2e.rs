@@ -140,6 +140,44 @@ async fn every_cipher_carries_random_payloads_both_ways() {
     }
 }
 
+/// `--workers 1` (server) and `WARREN_WORKERS=1` (client) run each side on one thread (a
+/// current-thread runtime): everything still flows, many visitors at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_worker_thread_per_side_carries_random_payloads_both_ways() {
+    let dir = TestDir::new("one-worker");
+    let (target, mut served) = hashing_target(MIB / 2).await;
+    let setup = Setup::default();
+    let ports = Ports::pick();
+    let probe_target = echo_target().await;
+    let server_config = dir.write("server.toml", &server_toml(&setup, ports));
+    let client_config = dir.write(
+        "client.toml",
+        &client_toml(&setup, ports, target, probe_target),
+    );
+    let server = Proc::warren(
+        &dir,
+        "server",
+        &["--workers", "1", "server", server_config.to_str().unwrap()],
+        &[("WARREN_PSK", PSK)],
+    );
+    let client = Proc::warren(
+        &dir,
+        "client",
+        &["client", client_config.to_str().unwrap()],
+        &[("WARREN_PSK", PSK), ("WARREN_WORKERS", "1")],
+    );
+    let mut tunnel = Tunnel {
+        server,
+        client,
+        ports,
+        server_config,
+        client_config,
+        setup,
+    };
+    tunnel.wait_ready().await;
+    hashed_transfers(tunnel.service(), &mut served, 16, MIB / 2, MIB / 2).await;
+}
+
 // ---------------------------------------------------------------------------------------
 // Refusals
 

@@ -22,6 +22,9 @@ use crate::relay;
 use crate::transport::records::Record;
 use crate::transport::{Channel, preamble, tcp};
 
+/// How long sending a stream's last staged record may take when the channel is not reused.
+const FLUSH_TIMEOUT: Duration = Duration::from_secs(1);
+
 /// How long dialing a service's target may take.
 const TARGET_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -91,6 +94,8 @@ async fn run_channel(
         // Back to the pool only if it has room, and only once the server knows: it hands
         // the channel out again only after this "idle again" notice.
         let Ok(permit) = Arc::clone(&session.pool_slots).try_acquire_owned() else {
+            // The stream's last `End` may still be staged: the server must see it.
+            let _ = tokio::time::timeout(FLUSH_TIMEOUT, channel.writer.flush_staged()).await;
             return;
         };
         if !relay::announce_idle(&mut channel.writer).await {
@@ -199,7 +204,8 @@ async fn serve_stream(
             .open(meter, &service, peer, LocalEnd::Target)
     });
     let byte_meter = listed.as_ref().map(|(byte_meter, _)| byte_meter);
-    match relay::pump_metered(target, &mut channel, &shared.cancel, byte_meter).await {
+    // The last `End` is staged: it leaves with the idle notice (see `run_channel`).
+    match relay::pump_for_reuse(target, &mut channel, &shared.cancel, byte_meter).await {
         Ok(moved) => {
             debug!(event = "stream_closed", %service, up = moved.to_tunnel, down = moved.to_local, "stream done");
             Some(channel)

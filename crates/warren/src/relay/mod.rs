@@ -13,8 +13,8 @@
 pub mod udp;
 
 use std::io;
-
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
@@ -109,10 +109,47 @@ pub async fn pump(
 /// # Errors
 /// As [`pump`].
 pub async fn pump_metered(
+    local: TcpStream,
+    channel: &mut Channel,
+    cancel: &CancellationToken,
+    meter: Option<&Meter>,
+) -> Result<Transferred, RelayError> {
+    pump_inner(local, channel, cancel, meter, LastEnd::Send).await
+}
+
+/// [`pump_metered`] for a channel the caller means to reuse: the `End` record of the
+/// direction that finishes last is staged instead of sent, so it leaves in one segment with
+/// the caller's [`announce_idle`] (one write and one wake-up of the peer fewer per stream).
+/// After `Ok`, the caller must send something or call
+/// [`RecordWriter::flush_staged`] before it drops the channel, or the peer never sees that
+/// `End`.
+///
+/// # Errors
+/// As [`pump`].
+pub async fn pump_for_reuse(
+    local: TcpStream,
+    channel: &mut Channel,
+    cancel: &CancellationToken,
+    meter: Option<&Meter>,
+) -> Result<Transferred, RelayError> {
+    pump_inner(local, channel, cancel, meter, LastEnd::Stage).await
+}
+
+/// What the direction that finishes last does with its `End` record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum LastEnd {
+    /// Sends it at once.
+    Send,
+    /// Stages it for the caller's next write ([`pump_for_reuse`]).
+    Stage,
+}
+
+async fn pump_inner(
     mut local: TcpStream,
     channel: &mut Channel,
     cancel: &CancellationToken,
     meter: Option<&Meter>,
+    last_end: LastEnd,
 ) -> Result<Transferred, RelayError> {
     let Channel { reader, writer } = channel;
     // Until the stream ends cleanly, closing `local` means a reset: if this process dies
@@ -124,9 +161,11 @@ pub async fn pump_metered(
         let (mut local_read, mut local_write) = local.split();
         let up_tally = Tally::new(&mut moved.to_tunnel, meter, Towards::Tunnel);
         let down_tally = Tally::new(&mut moved.to_local, meter, Towards::Local);
+        // Set once the tunnel-to-local direction has ended: the other one then ends last.
+        let down_ended = AtomicBool::new(false);
         let both = async {
-            let up = local_to_tunnel(&mut local_read, writer, up_tally);
-            let down = tunnel_to_local(reader, &mut local_write, down_tally);
+            let up = local_to_tunnel(&mut local_read, writer, up_tally, (last_end, &down_ended));
+            let down = tunnel_to_local(reader, &mut local_write, down_tally, &down_ended);
             tokio::try_join!(up, down).map(|_| ())
         };
         tokio::select! {
@@ -159,7 +198,8 @@ pub async fn pump_metered(
 const IDLE_NOTICE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Client side of channel reuse: after a clean stream, tells the server (an empty `Control`
-/// record) that this end is idle again too. `false` if the channel failed.
+/// record) that this end is idle again too, in one write with the `End` that
+/// [`pump_for_reuse`] may have staged. `false` if the channel failed.
 pub async fn announce_idle(writer: &mut RecordWriter<tokio::net::tcp::OwnedWriteHalf>) -> bool {
     writer.send(RecordKind::Control, &[]).await.is_ok()
 }
@@ -169,10 +209,13 @@ pub async fn announce_idle(writer: &mut RecordWriter<tokio::net::tcp::OwnedWrite
 /// finished (say, the target reset while the last bytes were written) answers `Close` or
 /// nothing instead, and must not carry another visitor.
 pub async fn await_idle(reader: &mut RecordReader<tokio::net::tcp::OwnedReadHalf>) -> bool {
-    matches!(
+    let idle = matches!(
         tokio::time::timeout(IDLE_NOTICE_TIMEOUT, reader.read()).await,
         Ok(Ok(Some(Record::Control([]))))
-    )
+    );
+    // The notice came with the read buffer; a pooled channel holds none while it waits.
+    reader.shrink();
+    idle
 }
 
 /// Which way a direction's bytes go.
@@ -213,11 +256,16 @@ async fn local_to_tunnel(
     local: &mut ReadHalf<'_>,
     writer: &mut RecordWriter<tokio::net::tcp::OwnedWriteHalf>,
     mut tally: Tally<'_>,
+    (last_end, down_ended): (LastEnd, &AtomicBool),
 ) -> Result<(), RelayError> {
     loop {
         match writer.send_from(&*local).await {
             Ok(0) => {
-                writer.send(RecordKind::End, &[]).await?;
+                if last_end == LastEnd::Stage && down_ended.load(Ordering::Relaxed) {
+                    writer.stage(RecordKind::End, &[])?;
+                } else {
+                    writer.send(RecordKind::End, &[]).await?;
+                }
                 return Ok(());
             }
             Ok(n) => tally.add(n),
@@ -231,11 +279,13 @@ async fn tunnel_to_local(
     reader: &mut RecordReader<tokio::net::tcp::OwnedReadHalf>,
     local: &mut WriteHalf<'_>,
     mut tally: Tally<'_>,
+    ended: &AtomicBool,
 ) -> Result<(), RelayError> {
     loop {
         let record = reader.read().await?;
         if deliver(record, local, &mut tally).await? == Flow::Ended {
             reader.shrink();
+            ended.store(true, Ordering::Relaxed);
             return Ok(());
         }
     }
@@ -271,5 +321,120 @@ async fn deliver(
         )),
         Some(Record::Control(_) | Record::Datagram(_)) => Err(RelayError::Protocol),
         None => Err(RelayError::TunnelCut),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpListener;
+    use warren_proto::CipherSuite;
+
+    use super::*;
+    use crate::crypto::record::{DirectionKeys, Opener, Sealer};
+
+    const SUITE: CipherSuite = CipherSuite::Aes128Gcm;
+
+    fn keys(label: &[u8]) -> DirectionKeys {
+        DirectionKeys::derive(SUITE, &[9u8; 32], label)
+    }
+
+    async fn pair() -> (TcpStream, TcpStream) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let near = TcpStream::connect(listener.local_addr().unwrap())
+            .await
+            .unwrap();
+        let (far, _) = listener.accept().await.unwrap();
+        (near, far)
+    }
+
+    /// Both ends of a channel: ours (for the pump) and the peer's.
+    async fn channels() -> (Channel, Channel) {
+        let (ours, theirs) = pair().await;
+        let ours = Channel::new(
+            ours,
+            Sealer::new(SUITE, keys(b"up")),
+            Opener::new(SUITE, keys(b"down")),
+        );
+        let theirs = Channel::new(
+            theirs,
+            Sealer::new(SUITE, keys(b"down")),
+            Opener::new(SUITE, keys(b"up")),
+        );
+        (ours, theirs)
+    }
+
+    /// The peer half-closes first, then the local side ends: the local side's `End` is the
+    /// last one, and `pump_for_reuse` stages it.
+    async fn stream_that_ends_locally_last(
+        ours: &mut Channel,
+        theirs: &mut Channel,
+    ) -> Result<Transferred, RelayError> {
+        let (mut app, local) = pair().await;
+        theirs.writer.send(RecordKind::Data, b"ping").await.unwrap();
+        theirs.writer.send(RecordKind::End, &[]).await.unwrap();
+        let app_side = async {
+            let mut got = Vec::new();
+            app.read_to_end(&mut got).await.unwrap();
+            assert_eq!(got, b"ping");
+            app.write_all(b"pong").await.unwrap();
+            drop(app);
+        };
+        let cancel = CancellationToken::new();
+        let (moved, ()) = tokio::join!(pump_for_reuse(local, ours, &cancel, None), app_side);
+        moved
+    }
+
+    #[tokio::test]
+    async fn the_last_end_leaves_with_the_idle_notice() {
+        let (mut ours, mut theirs) = channels().await;
+        let moved = stream_that_ends_locally_last(&mut ours, &mut theirs)
+            .await
+            .unwrap();
+        assert_eq!((moved.to_tunnel, moved.to_local), (4, 4));
+        assert_eq!(
+            theirs.reader.read().await.unwrap(),
+            Some(Record::Data(b"pong"))
+        );
+        assert!(announce_idle(&mut ours.writer).await);
+        assert_eq!(theirs.reader.read().await.unwrap(), Some(Record::End));
+        assert!(await_idle(&mut theirs.reader).await);
+        assert!(
+            !theirs.reader.holds_buffer(),
+            "a channel back in the pool kept its read buffer"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_staged_end_is_sent_by_a_flush() {
+        let (mut ours, mut theirs) = channels().await;
+        stream_that_ends_locally_last(&mut ours, &mut theirs)
+            .await
+            .unwrap();
+        ours.writer.flush_staged().await.unwrap();
+        drop(ours);
+        assert_eq!(
+            theirs.reader.read().await.unwrap(),
+            Some(Record::Data(b"pong"))
+        );
+        assert_eq!(theirs.reader.read().await.unwrap(), Some(Record::End));
+        assert_eq!(theirs.reader.read().await.unwrap(), None);
+    }
+
+    #[tokio::test]
+    async fn pump_sends_the_last_end_at_once() {
+        let (mut ours, mut theirs) = channels().await;
+        let (mut app, local) = pair().await;
+        theirs.writer.send(RecordKind::End, &[]).await.unwrap();
+        let app_side = async {
+            let mut got = Vec::new();
+            app.read_to_end(&mut got).await.unwrap();
+            drop(app);
+        };
+        let cancel = CancellationToken::new();
+        let (moved, ()) = tokio::join!(pump(local, &mut ours, &cancel), app_side);
+        moved.unwrap();
+        // Nothing staged: the End is already on its way without another write.
+        assert_eq!(theirs.reader.read().await.unwrap(), Some(Record::End));
     }
 }

@@ -1034,7 +1034,7 @@ async fn serve_visitors(
                     tcp::reset(visitor);
                     continue;
                 };
-                tcp::tune(&visitor);
+                tcp::tune_peer(&visitor, peer);
                 let slot = Arc::clone(&slot);
                 let cancel = slot.stop.clone();
                 let telemetry = Arc::clone(&shared.telemetry);

@@ -13,7 +13,7 @@ use std::future::Future;
 use std::io;
 
 use bytes::BufMut;
-use tokio::io::{AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncWrite, AsyncWriteExt, Interest};
 use tokio::net::TcpStream;
 use tokio::net::tcp::{OwnedReadHalf, ReadHalf};
 
@@ -27,7 +27,8 @@ use crate::crypto::record::{
 pub trait ReadReady {
     /// Waits until the socket is (probably) readable. Cancel safe.
     fn readable(&self) -> impl Future<Output = io::Result<()>> + Send;
-    /// Reads what is there now, or fails with `WouldBlock`.
+    /// Reads what is there now, or fails with `WouldBlock`. A read that leaves room in `buf`
+    /// has drained the socket, so the next call fails with `WouldBlock` without a syscall.
     fn try_read(&self, buf: &mut [u8]) -> io::Result<usize>;
     /// Like `try_read`, into a buffer's spare capacity.
     fn try_read_buf<B: BufMut>(&self, buf: &mut B) -> io::Result<usize>;
@@ -38,10 +39,12 @@ impl ReadReady for TcpStream {
         TcpStream::readable(self)
     }
     fn try_read(&self, buf: &mut [u8]) -> io::Result<usize> {
-        TcpStream::try_read(self, buf)
+        let want = buf.len();
+        read_draining(self, want, || TcpStream::try_read(self, buf))
     }
     fn try_read_buf<B: BufMut>(&self, buf: &mut B) -> io::Result<usize> {
-        TcpStream::try_read_buf(self, buf)
+        let want = buf.remaining_mut();
+        read_draining(self, want, || TcpStream::try_read_buf(self, buf))
     }
 }
 
@@ -50,10 +53,10 @@ impl ReadReady for OwnedReadHalf {
         OwnedReadHalf::readable(self)
     }
     fn try_read(&self, buf: &mut [u8]) -> io::Result<usize> {
-        OwnedReadHalf::try_read(self, buf)
+        ReadReady::try_read(self.as_ref(), buf)
     }
     fn try_read_buf<B: BufMut>(&self, buf: &mut B) -> io::Result<usize> {
-        OwnedReadHalf::try_read_buf(self, buf)
+        ReadReady::try_read_buf(self.as_ref(), buf)
     }
 }
 
@@ -62,10 +65,43 @@ impl ReadReady for ReadHalf<'_> {
         self.as_ref().readable()
     }
     fn try_read(&self, buf: &mut [u8]) -> io::Result<usize> {
-        self.as_ref().try_read(buf)
+        ReadReady::try_read(self.as_ref(), buf)
     }
     fn try_read_buf<B: BufMut>(&self, buf: &mut B) -> io::Result<usize> {
-        self.as_ref().try_read_buf(buf)
+        ReadReady::try_read_buf(self.as_ref(), buf)
+    }
+}
+
+/// Runs `read` (a `try_read` of at most `want` bytes) and, when it returns fewer bytes
+/// than asked for, marks `stream` as not readable: the socket is drained, and the next
+/// bytes raise a fresh (edge-triggered) readiness event. Without this, every read that
+/// empties the socket is followed by one more that fails with `EAGAIN` just to learn
+/// that: one wasted syscall per hop of every round trip. tokio's own `AsyncRead` for
+/// `TcpStream` does the same; `try_io` clears readiness only if no new event came in
+/// since the read began, and never clears "read closed", so neither new bytes nor an EOF
+/// can be missed.
+fn read_draining(
+    stream: &TcpStream,
+    want: usize,
+    read: impl FnOnce() -> io::Result<usize>,
+) -> io::Result<usize> {
+    if cfg!(windows) {
+        // Level-triggered there: a short read says nothing about what is left.
+        return read();
+    }
+    let mut short = None;
+    let outcome = stream.try_io(Interest::READABLE, || {
+        let n = read()?;
+        if n > 0 && n < want {
+            short = Some(n);
+            // Makes `try_io` clear the readiness it saw before the read.
+            return Err(io::ErrorKind::WouldBlock.into());
+        }
+        Ok(n)
+    });
+    match short {
+        Some(n) => Ok(n),
+        None => outcome,
     }
 }
 
@@ -209,6 +245,12 @@ impl<R: ReadReady> RecordReader<R> {
         if self.start == self.end && !self.buf.is_empty() {
             self.release();
         }
+    }
+
+    /// Whether a read buffer is held (an idle channel must hold none).
+    #[cfg(test)]
+    pub(crate) fn holds_buffer(&self) -> bool {
+        !self.buf.is_empty()
     }
 
     /// Hands the (empty) buffer back to the pool.
