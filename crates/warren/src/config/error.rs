@@ -109,6 +109,9 @@ impl fmt::Display for ConfigErrors {
                         "make the file readable by the user that runs warren (and keep it unreadable for others: it holds secrets)"
                     }
                     io::ErrorKind::InvalidData => "save the file as UTF-8",
+                    io::ErrorKind::FileTooLarge => {
+                        "a config is a few KiB: check that the path names the config file"
+                    }
                     _ => "check that the path names a readable file",
                 };
                 write!(

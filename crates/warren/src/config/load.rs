@@ -1126,5 +1126,11 @@ udp_max_sessions = 1
         );
         assert!(shown.contains("hint: check the path"), "{shown}");
         assert!(matches!(error, ConfigErrors::Read { .. }));
+
+        // Something endless is refused after a bounded read, not read into memory.
+        let error = Config::load(std::path::Path::new("/dev/zero")).expect_err("not a config");
+        let shown = error.to_string();
+        assert!(shown.contains("larger than 1024 KiB"), "{shown}");
+        assert!(shown.contains("hint: a config is a few KiB"), "{shown}");
     }
 }

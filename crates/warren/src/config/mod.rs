@@ -81,7 +81,7 @@ impl Config {
     /// [`ConfigErrors::Read`] if the file cannot be read, [`ConfigErrors::Invalid`] with
     /// every problem found otherwise.
     pub fn load(path: &Path) -> Result<Config, ConfigErrors> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigErrors::Read {
+        let text = read_capped(path).map_err(|source| ConfigErrors::Read {
             path: path.to_owned(),
             source,
         })?;
@@ -99,6 +99,26 @@ impl Config {
             Config::Client(client) => client.validate(),
         }
     }
+}
+
+/// Largest config file read. Configs are a few KiB; a path that names something huge or
+/// endless (a device, a log file) is refused instead of read into memory.
+pub const MAX_CONFIG_LEN: u64 = 1 << 20;
+
+/// Reads a config file of at most [`MAX_CONFIG_LEN`] bytes.
+fn read_capped(path: &Path) -> std::io::Result<String> {
+    use std::io::Read;
+    let mut text = String::new();
+    std::fs::File::open(path)?
+        .take(MAX_CONFIG_LEN + 1)
+        .read_to_string(&mut text)?;
+    if text.len() as u64 > MAX_CONFIG_LEN {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::FileTooLarge,
+            format!("it is larger than {} KiB", MAX_CONFIG_LEN / 1024),
+        ));
+    }
+    Ok(text)
 }
 
 /// The error for a file of the other side, e.g. a client file given to the server.
