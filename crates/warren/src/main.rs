@@ -555,10 +555,12 @@ fn ping_target(
             .parse()
             .map_err(|e| format!("invalid --remote {remote:?}: {e}; write HOST:PORT"))?;
         let psk = match psk_file {
-            Some(path) => std::fs::read_to_string(&path)
-                .map_err(|e| format!("cannot read --psk-file {}: {e}", path.display()))?
-                .trim()
-                .to_owned(),
+            Some(path) => {
+                warren::config::read_text_file(&path, warren::config::MAX_SECRET_FILE_LEN)
+                    .map_err(|e| format!("cannot read --psk-file {}: {e}", path.display()))?
+            }
+            .trim()
+            .to_owned(),
             None => std::env::var("WARREN_PSK").map_err(|_| {
                 "--remote needs the PSK: set WARREN_PSK or pass --psk-file FILE".to_owned()
             })?,

@@ -89,7 +89,7 @@ fn secret(
         return Ok(Secret::new(value));
     }
     if let Some(path) = file {
-        let text = std::fs::read_to_string(path)
+        let text = warren::config::read_text_file(path, warren::config::MAX_SECRET_FILE_LEN)
             .map_err(|e| format!("cannot read the {what} from {}: {e}", path.display()))?;
         let value = text.lines().next().unwrap_or_default().trim().to_owned();
         if value.is_empty() {

@@ -105,17 +105,29 @@ impl Config {
 /// endless (a device, a log file) is refused instead of read into memory.
 pub const MAX_CONFIG_LEN: u64 = 1 << 20;
 
+/// Largest secret file read (`--psk-file`, `--token-file`): a secret is one line.
+pub const MAX_SECRET_FILE_LEN: u64 = 64 * 1024;
+
 /// Reads a config file of at most [`MAX_CONFIG_LEN`] bytes.
 fn read_capped(path: &Path) -> std::io::Result<String> {
+    read_text_file(path, MAX_CONFIG_LEN)
+}
+
+/// Reads a UTF-8 file of at most `max` bytes; a larger one (or an endless one, such as a
+/// device) fails with [`std::io::ErrorKind::FileTooLarge`] after reading `max + 1` bytes.
+///
+/// # Errors
+/// The file cannot be opened or read, is not UTF-8, or is larger than `max`.
+pub fn read_text_file(path: &Path, max: u64) -> std::io::Result<String> {
     use std::io::Read;
     let mut text = String::new();
     std::fs::File::open(path)?
-        .take(MAX_CONFIG_LEN + 1)
+        .take(max + 1)
         .read_to_string(&mut text)?;
-    if text.len() as u64 > MAX_CONFIG_LEN {
+    if text.len() as u64 > max {
         return Err(std::io::Error::new(
             std::io::ErrorKind::FileTooLarge,
-            format!("it is larger than {} KiB", MAX_CONFIG_LEN / 1024),
+            format!("it is larger than {} KiB", max / 1024),
         ));
     }
     Ok(text)
