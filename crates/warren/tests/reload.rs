@@ -709,3 +709,37 @@ async fn a_server_that_adds_a_claimed_service_turns_no_visitor_away() {
     tokio::time::sleep(Duration::from_millis(100)).await;
     visitors.assert_none_turned_away().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_to_an_unreachable_server_ends_the_session_and_a_good_one_comes_back() {
+    let echo = echo_target().await;
+    let web = free_port().await;
+    let (bound, server) = start_server(server_config(&server_toml(PSK, &[("web", web)], ""))).await;
+    let _stop = DropCancel(bound.shutdown_token());
+    tokio::spawn(bound.run());
+    let mut client = start_client(client_config(server, PSK, &[("web", echo)], ""));
+    client.wait_serving(1, &["web"]).await;
+
+    // Nothing listens there: the new session cannot be had, the old one ends anyway.
+    let nowhere = loopback(free_port().await);
+    client
+        .reloader
+        .apply(client_config(nowhere, PSK, &[("web", echo)], ""))
+        .await
+        .unwrap();
+    client
+        .wait_for("the old session to end", |s| !s.connected)
+        .await;
+    assert!(
+        !echoes(loopback(web)).await,
+        "no session serves web any more"
+    );
+
+    client
+        .reloader
+        .apply(client_config(server, PSK, &[("web", echo)], ""))
+        .await
+        .unwrap();
+    client.wait_serving(2, &["web"]).await;
+    assert!(echoes(loopback(web)).await);
+}

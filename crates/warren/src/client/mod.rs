@@ -899,13 +899,22 @@ async fn hold(
                     attempt.await
                 }
             };
-            // Either way the old session goes; a new one that could not be had is
-            // retried (or given up on) like any other.
-            let next = next?;
-            session.replaced.store(true, Ordering::Release);
-            session.cancel.cancel();
-            established = next;
-            break;
+            // Either way the old session goes (the new config is in force); a new one that
+            // could not be had is retried (or given up on) like any other.
+            match next {
+                Ok(next) => {
+                    session.replaced.store(true, Ordering::Release);
+                    session.cancel.cancel();
+                    established = next;
+                    break;
+                }
+                Err(failure) => {
+                    session.cancel.cancel();
+                    // Its task says goodbye and leaves `current` empty.
+                    let _ = serving.await;
+                    return Err(failure);
+                }
+            }
         }
     }
 }
