@@ -599,7 +599,6 @@ fn ping_target(
     }
 }
 
-/// Applies `-r`, `-l`, `-t`, `-x` to a loaded client config.
 /// The flags of `warren client` that override its config file (kept to re-apply them on
 /// every reload).
 struct ClientFlags {
@@ -610,47 +609,32 @@ struct ClientFlags {
 }
 
 impl ClientFlags {
+    /// Applies `-r`, `-l`, `-t`, `-x` to a loaded client config.
     fn apply(&self, config: &mut warren::ClientConfig) -> Result<(), String> {
-        client_overrides(
-            config,
-            self.server.as_deref(),
-            self.local.as_deref(),
-            self.target.as_deref(),
-            &self.overrides,
-        )
-    }
-}
-
-fn client_overrides(
-    config: &mut warren::ClientConfig,
-    server: Option<&str>,
-    local: Option<&str>,
-    target: Option<&str>,
-    overrides: &cli::ClientOverrides,
-) -> Result<(), String> {
-    if let Some(server) = server {
-        config.server = cli::server_addr(server)?;
-    }
-    if local.is_some() || target.is_some() {
-        let mut forwards = config.forwards.values_mut();
-        let (Some(forward), None) = (forwards.next(), forwards.next()) else {
-            return Err(
-                "-l and -t change the config's forward service, and it must have exactly one"
-                    .into(),
-            );
-        };
-        if let Some(local) = local {
-            forward.bind = cli::listen_addr(local)?;
+        if let Some(server) = &self.server {
+            config.server = cli::server_addr(server)?;
         }
-        if let Some(target) = target {
-            forward.target = Some(
-                target
-                    .parse()
-                    .map_err(|e| format!("invalid target {target:?}: {e}"))?,
-            );
+        if self.local.is_some() || self.target.is_some() {
+            let mut forwards = config.forwards.values_mut();
+            let (Some(forward), None) = (forwards.next(), forwards.next()) else {
+                return Err(
+                    "-l and -t change the config's forward service, and it must have exactly one"
+                        .into(),
+                );
+            };
+            if let Some(local) = &self.local {
+                forward.bind = cli::listen_addr(local)?;
+            }
+            if let Some(target) = &self.target {
+                forward.target = Some(
+                    target
+                        .parse()
+                        .map_err(|e| format!("invalid target {target:?}: {e}"))?,
+                );
+            }
         }
+        cli::apply_overrides(config, &self.overrides)
     }
-    cli::apply_overrides(config, overrides)
 }
 
 /// Runs a client; for `warren expose`, prints the public address once the server bound it.

@@ -25,6 +25,7 @@ use tokio_util::task::TaskTracker;
 use tracing::{debug, error, info, warn};
 
 use crate::config::ConfigErrors;
+use crate::config::typed::Common;
 use crate::metrics::Telemetry;
 
 /// Quiet time after the last change of the file before it is read: editors and config
@@ -68,6 +69,20 @@ impl ReloadSummary {
                 Some(_) => {}
             }
         }
+    }
+
+    /// Notes the handshake settings both sides share (PSK, transport, ciphers, `insecure`)
+    /// that changed.
+    pub(crate) fn note_handshake(&mut self, old: &Common<'_>, new: &Common<'_>) {
+        self.note_setting("psk", &old.psk, &new.psk, |_| "(secret)".to_owned());
+        self.note_setting("transport", &old.transport, &new.transport, |t| {
+            t.to_string()
+        });
+        self.note_setting("ciphers", &old.ciphers, &new.ciphers, |c| {
+            let names: Vec<String> = c.iter().map(ToString::to_string).collect();
+            names.join(",")
+        });
+        self.note_setting("insecure", &old.insecure, &new.insecure, |b| b.to_string());
     }
 
     /// Notes a setting that changed, shown with `show` (which must not reveal secrets).
@@ -126,7 +141,8 @@ pub enum ReloadError {
 /// The outcome of one reload.
 pub type ReloadResult = Result<ReloadSummary, ReloadError>;
 
-type Request<C> = (C, oneshot::Sender<ReloadResult>);
+/// A config to apply (or why the file did not load), and where the outcome goes.
+type Request<C> = (Result<C, ConfigErrors>, oneshot::Sender<ReloadResult>);
 
 /// Hands new configs to a running server or client; cheap to clone.
 ///
@@ -167,9 +183,15 @@ impl<C: Send + 'static> Reloader<C> {
     /// [`ReloadError`]: the config was refused (the running one is kept) or the side has
     /// stopped.
     pub async fn apply(&self, config: C) -> ReloadResult {
+        self.submit(Ok(config)).await
+    }
+
+    /// Queues a loaded config, or the errors of a file that did not load, so that every
+    /// outcome is logged and counted in one place ([`Requests::serve`]).
+    async fn submit(&self, loaded: Result<C, ConfigErrors>) -> ReloadResult {
         let (reply, answer) = oneshot::channel();
         self.requests
-            .send((config, reply))
+            .send((loaded, reply))
             .await
             .map_err(|_| ReloadError::Stopped(self.side))?;
         answer.await.unwrap_or(Err(ReloadError::Stopped(self.side)))
@@ -201,7 +223,7 @@ impl<C: Send + 'static> Requests<C> {
         // Listening starts now, before the side serves anyone: a SIGHUP or a file change
         // from then on is seen, and the descriptors it takes are there from the start.
         let triggers = Triggers::new(&source);
-        let from_source = FromSource::new(source, reloader, Arc::clone(telemetry));
+        let from_source = Arc::new(FromSource { source, reloader });
         tasks.spawn(watch_triggers(
             Arc::clone(&from_source) as Arc<dyn Reload>,
             triggers,
@@ -228,10 +250,13 @@ impl<C> Requests<C> {
                 () = cancel.cancelled() => return,
                 request = self.queue.recv() => request,
             };
-            let Some((config, reply)) = request else {
+            let Some((loaded, reply)) = request else {
                 return;
             };
-            let outcome = apply(config).await;
+            let outcome = match loaded {
+                Ok(config) => apply(config).await,
+                Err(errors) => Err(ReloadError::Invalid(errors)),
+            };
             telemetry.metrics.config_reloaded(outcome.is_ok());
             match &outcome {
                 Ok(summary) => info!(
@@ -335,29 +360,13 @@ pub trait Reload: Send + Sync {
 struct FromSource<C> {
     source: ConfigSource<C>,
     reloader: Reloader<C>,
-    telemetry: Arc<Telemetry>,
-}
-
-impl<C: Send + 'static> FromSource<C> {
-    fn new(source: ConfigSource<C>, reloader: Reloader<C>, telemetry: Arc<Telemetry>) -> Arc<Self> {
-        Arc::new(FromSource {
-            source,
-            reloader,
-            telemetry,
-        })
-    }
 }
 
 impl<C: Send + 'static> Reload for FromSource<C> {
     fn reload(&self) -> Pin<Box<dyn Future<Output = ReloadResult> + Send + '_>> {
         Box::pin(async move {
-            let config = (self.source.load)(&self.source.path).map_err(|errors| {
-                let error = ReloadError::Invalid(errors);
-                self.telemetry.metrics.config_reloaded(false);
-                error!(event = "reload_rejected", %error, "config reload refused");
-                error
-            })?;
-            self.reloader.apply(config).await
+            let loaded = (self.source.load)(&self.source.path);
+            self.reloader.submit(loaded).await
         })
     }
 }

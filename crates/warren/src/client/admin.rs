@@ -25,11 +25,11 @@ impl AdminSource for ClientAdmin {
 
     fn sessions(&self) -> Vec<SessionInfo> {
         self.shared
-            .admin_session
+            .current
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .iter()
-            .cloned()
+            .map(|session| session.info())
             .collect()
     }
 

@@ -404,7 +404,6 @@ impl Client {
             current: Mutex::new(None),
             telemetry,
             meters: RwLock::new(meters),
-            admin_session: Mutex::new(None),
             forwards: Mutex::new(HashMap::new()),
             restart: AtomicBool::new(false),
             restarted: Notify::new(),
@@ -521,8 +520,6 @@ struct Shared {
     telemetry: Arc<Telemetry>,
     /// Each service's counters.
     meters: RwLock<HashMap<String, ServiceMeter>>,
-    /// The current session as the admin API shows it (written at session start and end).
-    admin_session: Mutex<Option<SessionInfo>>,
     /// Forward services' local ports, by name.
     forwards: Mutex<HashMap<String, forward::Running>>,
     /// Set by a reload that needs a new session: the next one starts at once.
@@ -584,6 +581,8 @@ pub(crate) struct ClientSession {
     replaced: AtomicBool,
     /// The client's own shutdown.
     shutdown: CancellationToken,
+    /// When the server accepted the session (for the admin API).
+    since: std::time::SystemTime,
     /// Bounds channels opening or idle.
     pool_slots: Arc<Semaphore>,
     handshake_timeout: Duration,
@@ -595,6 +594,17 @@ pub(crate) struct ClientSession {
 const REPLACED_POOL_GRACE: Duration = Duration::from_secs(2);
 
 impl ClientSession {
+    /// The session as the admin API shows it.
+    fn info(&self) -> SessionInfo {
+        SessionInfo {
+            id: short_id(self.keys.session_id()),
+            peer: self.server_addr.to_string(),
+            cipher: self.keys.cipher().to_string(),
+            since: unix_seconds(self.since),
+            services: self.services.iter().cloned().collect(),
+        }
+    }
+
     /// Resolves when idle pool channels must close: at once when the session ended, a
     /// grace period later when a newer session replaced it.
     pub(crate) async fn pool_closed(&self) {
@@ -731,6 +741,7 @@ async fn establish_session(
         cancel: shared.cancel.child_token(),
         replaced: AtomicBool::new(false),
         shutdown: shared.cancel.clone(),
+        since: std::time::SystemTime::now(),
         pool_slots: Arc::new(Semaphore::new(MAX_POOLED)),
         handshake_timeout: deadline,
         keys,
@@ -788,16 +799,6 @@ async fn serve_session(shared: Arc<Shared>, established: Established) -> Session
         s.bound = bound;
     });
     shared.telemetry.metrics.session_started();
-    *shared
-        .admin_session
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner) = Some(SessionInfo {
-        id: short_id(session.keys.session_id()),
-        peer: session.server_addr.to_string(),
-        cipher: session.keys.cipher().to_string(),
-        since: unix_seconds(std::time::SystemTime::now()),
-        services: session.services.iter().cloned().collect(),
-    });
 
     let (_control_tx, control_rx) = mpsc::channel(CONTROL_QUEUE);
     for _ in 0..POOL_SIZE {
@@ -846,11 +847,6 @@ async fn serve_session(shared: Arc<Shared>, established: Established) -> Session
         .unwrap_or_else(PoisonError::into_inner);
     if current.as_ref().is_some_and(|c| Arc::ptr_eq(c, &session)) {
         current.take();
-        shared
-            .admin_session
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take();
     }
     end
 }

@@ -52,11 +52,8 @@ pub(super) async fn apply(shared: &Arc<Shared>, new: ClientConfig) -> ReloadResu
 
     // 2. Swap the config (and make room for new services' counters).
     let new_session = claims_of(&old) != claims_of(&new)
+        || !old.common().same_handshake(&new.common())
         || new.server != old.server
-        || new.psk != old.psk
-        || new.transport != old.transport
-        || new.ciphers != old.ciphers
-        || new.insecure != old.insecure
         || new.proxy != old.proxy
         || new.prefer_ipv6 != old.prefer_ipv6;
     {
@@ -121,15 +118,7 @@ pub(super) async fn apply(shared: &Arc<Shared>, new: ClientConfig) -> ReloadResu
 /// Lines for the settings that take effect without restarting anything.
 fn describe_settings(old: &ClientConfig, new: &ClientConfig, summary: &mut ReloadSummary) {
     summary.note_setting("server", &old.server, &new.server, |s| s.to_string());
-    summary.note_setting("psk", &old.psk, &new.psk, |_| "(secret)".to_owned());
-    summary.note_setting("transport", &old.transport, &new.transport, |t| {
-        t.to_string()
-    });
-    summary.note_setting("ciphers", &old.ciphers, &new.ciphers, |c| {
-        let names: Vec<String> = c.iter().map(ToString::to_string).collect();
-        names.join(",")
-    });
-    summary.note_setting("insecure", &old.insecure, &new.insecure, |b| b.to_string());
+    summary.note_handshake(&old.common(), &new.common());
     // A proxy URL may hold a password: say only that it changed.
     summary.note_setting("proxy", &old.proxy, &new.proxy, |_| "(set)".to_owned());
     summary.note_setting("prefer_ipv6", &old.prefer_ipv6, &new.prefer_ipv6, |b| {

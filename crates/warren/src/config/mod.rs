@@ -28,7 +28,7 @@ pub mod file;
 mod load;
 pub mod proxy;
 mod suggest;
-mod typed;
+pub(crate) mod typed;
 
 pub use error::{ConfigError, ConfigErrors};
 pub use typed::{

@@ -523,18 +523,7 @@ impl ServerConfig {
             errors.extend(admin.check(self.insecure));
         }
         let side = "server";
-        check_common(
-            &mut errors,
-            side,
-            Common {
-                psk: &self.psk,
-                default_token: self.default_token.as_ref(),
-                transport: self.transport,
-                ciphers: &self.ciphers,
-                handshake_timeout: self.handshake_timeout,
-                insecure: self.insecure,
-            },
-        );
+        check_common(&mut errors, side, self.common());
         check_nonzero(
             &mut errors,
             side,
@@ -639,18 +628,7 @@ impl ClientConfig {
             errors.extend(admin.check(self.insecure));
         }
         let side = "client";
-        check_common(
-            &mut errors,
-            side,
-            Common {
-                psk: &self.psk,
-                default_token: self.default_token.as_ref(),
-                transport: self.transport,
-                ciphers: &self.ciphers,
-                handshake_timeout: self.handshake_timeout,
-                insecure: self.insecure,
-            },
-        );
+        check_common(&mut errors, side, self.common());
         if self.server.port == 0 {
             errors.push(port_zero("client.server"));
         }
@@ -781,14 +759,55 @@ fn port_zero(key: &str) -> ConfigError {
         .with_hint("write the real port, e.g. \"127.0.0.1:3000\"")
 }
 
-/// The settings both sides share, borrowed for [`check_common`].
-struct Common<'a> {
-    psk: &'a Secret,
-    default_token: Option<&'a Secret>,
-    transport: Transport,
-    ciphers: &'a [CipherSuite],
-    handshake_timeout: Duration,
-    insecure: bool,
+/// The settings both sides share, borrowed: for [`check_common`], and for a reload to tell
+/// what changed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Common<'a> {
+    pub(crate) psk: &'a Secret,
+    pub(crate) default_token: Option<&'a Secret>,
+    pub(crate) transport: Transport,
+    pub(crate) ciphers: &'a [CipherSuite],
+    pub(crate) handshake_timeout: Duration,
+    pub(crate) insecure: bool,
+}
+
+impl Common<'_> {
+    /// Whether a session authenticated under `self` is authenticated the same way under
+    /// `other`: same PSK, transport, ciphers and `insecure`.
+    pub(crate) fn same_handshake(&self, other: &Common<'_>) -> bool {
+        self.psk == other.psk
+            && self.transport == other.transport
+            && self.ciphers == other.ciphers
+            && self.insecure == other.insecure
+    }
+}
+
+/// Borrows the settings both sides share.
+macro_rules! common_of {
+    ($config:expr) => {
+        Common {
+            psk: &$config.psk,
+            default_token: $config.default_token.as_ref(),
+            transport: $config.transport,
+            ciphers: &$config.ciphers,
+            handshake_timeout: $config.handshake_timeout,
+            insecure: $config.insecure,
+        }
+    };
+}
+
+impl ServerConfig {
+    /// The settings both sides share.
+    pub(crate) fn common(&self) -> Common<'_> {
+        common_of!(self)
+    }
+}
+
+impl ClientConfig {
+    /// The settings both sides share.
+    pub(crate) fn common(&self) -> Common<'_> {
+        common_of!(self)
+    }
 }
 
 /// Access to what [`check_service`] needs from either side's config.

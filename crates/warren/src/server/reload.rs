@@ -35,10 +35,7 @@ pub(super) const RECONNECT_REASON: &str =
 /// Whether a session authenticated under `old` must authenticate again under `new`: the
 /// handshake itself (PSK, transport, ciphers) changed.
 pub(super) fn handshake_changed(old: &ServerConfig, new: &ServerConfig) -> bool {
-    new.psk != old.psk
-        || new.transport != old.transport
-        || new.ciphers != old.ciphers
-        || new.insecure != old.insecure
+    !old.common().same_handshake(&new.common())
 }
 
 /// Validates `new` and applies what differs from the config in force.
@@ -81,17 +78,8 @@ pub(super) async fn apply(shared: &Arc<Shared>, new: ServerConfig) -> ReloadResu
 
     // 2. Which sessions must authenticate again, judged against the old config.
     let reauthenticate_all = handshake_changed(old, &new);
-    let mut regranted: HashSet<String> = fresh
-        .iter()
-        .map(|binding| binding.service.name.clone())
-        .collect();
-    regranted.extend(
-        current
-            .keys()
-            .filter(|name| !new.services.contains_key(*name))
-            .cloned(),
-    );
-    let changed_forwards = changed_keys(&old.forwards, &new.forwards);
+    let changed_services = differing(&old.services, &new.services);
+    let changed_forwards = differing(&old.forwards, &new.forwards);
     let declared_rules_changed = new.allow_ports != old.allow_ports
         || new.allow_bind_addrs != old.allow_bind_addrs
         || new.default_token != old.default_token;
@@ -143,12 +131,12 @@ pub(super) async fn apply(shared: &Arc<Shared>, new: ServerConfig) -> ReloadResu
             .services
             .iter()
             .any(|name| !old.services.contains_key(name));
-        let now_offered = session.unserved.iter().any(|name| {
-            new.services.get(name) != old.services.get(name)
-                || new.forwards.get(name) != old.forwards.get(name)
-        });
-        let regrant = now_offered
-            || session.services.iter().any(|name| regranted.contains(name))
+        // A changed name among what the session serves or was refused.
+        let regrant = session
+            .services
+            .iter()
+            .chain(&session.unserved)
+            .any(|name| changed_services.contains(name) || changed_forwards.contains(name))
             || session
                 .forwards
                 .values()
@@ -174,35 +162,27 @@ pub(super) async fn apply(shared: &Arc<Shared>, new: ServerConfig) -> ReloadResu
     Ok(summary)
 }
 
-/// Names present in `old` whose value is gone or different in `new`.
-fn changed_keys<V: PartialEq>(
+/// Names added, removed or changed between `old` and `new`.
+fn differing<V: PartialEq>(
     old: &BTreeMap<String, V>,
     new: &BTreeMap<String, V>,
 ) -> HashSet<String> {
-    old.iter()
-        .filter(|(name, value)| new.get(*name) != Some(*value))
-        .map(|(name, _)| name.clone())
+    old.keys()
+        .chain(new.keys())
+        .filter(|name| old.get(*name) != new.get(*name))
+        .cloned()
         .collect()
 }
 
 /// Lines for the settings that take effect without restarting anything.
 fn describe_settings(old: &ServerConfig, new: &ServerConfig, summary: &mut ReloadSummary) {
-    let secret = |_: &_| "(secret)".to_owned();
-    summary.note_setting("psk", &old.psk, &new.psk, secret);
+    summary.note_handshake(&old.common(), &new.common());
     summary.note_setting(
         "default_token",
         &old.default_token,
         &new.default_token,
         |_| "(secret)".to_owned(),
     );
-    summary.note_setting("transport", &old.transport, &new.transport, |t| {
-        t.to_string()
-    });
-    summary.note_setting("ciphers", &old.ciphers, &new.ciphers, |c| {
-        let names: Vec<String> = c.iter().map(ToString::to_string).collect();
-        names.join(",")
-    });
-    summary.note_setting("insecure", &old.insecure, &new.insecure, |b| b.to_string());
     summary.note_setting(
         "heartbeat_interval",
         &old.heartbeat_interval,
