@@ -32,8 +32,15 @@ use crate::cipher::{self, CipherSuite};
 /// Noise protocol name of the control-channel handshake.
 pub const NOISE_PARAMS: &str = "Noise_NNpsk0_25519_ChaChaPoly_BLAKE2s";
 
-/// Wire protocol version carried in [`ClientInit`].
-pub const PROTOCOL_VERSION: u16 = 1;
+/// Wire protocol version carried in [`ClientInit`]: what this build speaks as a client.
+///
+/// v2 sends the hello in parts (`HelloPart`), can probe without claiming, carries balancing
+/// weights and health, and gets a `Refuse` with the reason instead of a silent close.
+pub const PROTOCOL_VERSION: u16 = 2;
+
+/// Oldest client version a server still accepts (v1 clients keep working against a v2
+/// server; a v2 client gets a clear version refusal from a v1 server).
+pub const MIN_PROTOCOL_VERSION: u16 = 1;
 
 /// Largest preamble or handshake reply frame body accepted (bytes after the length prefix).
 pub const MAX_PREAMBLE_LEN: usize = 1024;
@@ -111,6 +118,8 @@ fn names(suites: &[CipherSuite]) -> String {
 /// What a finished handshake hands to the record layer.
 #[derive(Clone, PartialEq, Eq)]
 pub struct Established {
+    /// The protocol version both sides speak on this session (the client's).
+    pub version: u16,
     /// The negotiated record cipher.
     pub cipher: CipherSuite,
     /// The session id the server assigned.
@@ -205,6 +214,7 @@ fn noise_builder(psk: &[u8; 32]) -> Result<snow::Builder<'_>, HandshakeError> {
 
 fn established(
     state: &mut snow::HandshakeState,
+    version: u16,
     cipher: CipherSuite,
     session_id: SessionId,
 ) -> Result<Established, HandshakeError> {
@@ -214,6 +224,7 @@ fn established(
     let mut handshake_hash = [0u8; 32];
     handshake_hash.copy_from_slice(state.get_handshake_hash());
     Ok(Established {
+        version,
         cipher,
         session_id,
         handshake_hash,
@@ -224,6 +235,7 @@ fn established(
 /// The client's half of the control-channel handshake.
 pub struct ClientHandshake {
     state: snow::HandshakeState,
+    version: u16,
 }
 
 impl ClientHandshake {
@@ -235,11 +247,23 @@ impl ClientHandshake {
         psk: &[u8; 32],
         ciphers: &[CipherSuite],
     ) -> Result<(Self, Vec<u8>), HandshakeError> {
+        Self::start_version(psk, ciphers, PROTOCOL_VERSION)
+    }
+
+    /// [`ClientHandshake::start`] speaking protocol `version` (tests of older peers).
+    ///
+    /// # Errors
+    /// Only [`HandshakeError::Internal`].
+    pub fn start_version(
+        psk: &[u8; 32],
+        ciphers: &[CipherSuite],
+        version: u16,
+    ) -> Result<(Self, Vec<u8>), HandshakeError> {
         let mut state = noise_builder(psk)?
             .build_initiator()
             .map_err(|e| HandshakeError::Internal(e.to_string()))?;
         let init = crate::message::encode(&ClientInit {
-            version: PROTOCOL_VERSION,
+            version,
             ciphers: ciphers.to_vec(),
         });
         let mut body = vec![0u8; MAX_PREAMBLE_LEN];
@@ -248,7 +272,7 @@ impl ClientHandshake {
             .write_message(&init, &mut body[1..])
             .map_err(|e| HandshakeError::Internal(e.to_string()))?;
         body.truncate(1 + n);
-        Ok((ClientHandshake { state }, frame(&body)))
+        Ok((ClientHandshake { state, version }, frame(&body)))
     }
 
     /// Handles the server's reply frame body (after its length prefix).
@@ -267,7 +291,7 @@ impl ClientHandshake {
             postcard::from_bytes(&payload[..n]).map_err(|_| HandshakeError::Malformed)?;
         match init {
             ServerInit::Accept { cipher, session_id } => {
-                established(&mut self.state, cipher, session_id)
+                established(&mut self.state, self.version, cipher, session_id)
             }
             ServerInit::Refuse(refusal) => Err(HandshakeError::Refused(refusal)),
         }
@@ -308,7 +332,7 @@ pub fn server_handshake(
     if init.ciphers.len() > 16 {
         return Err(HandshakeError::Malformed);
     }
-    let decision = if init.version != PROTOCOL_VERSION {
+    let decision = if !(MIN_PROTOCOL_VERSION..=PROTOCOL_VERSION).contains(&init.version) {
         Err(Refusal::Version {
             server: PROTOCOL_VERSION,
         })
@@ -330,7 +354,7 @@ pub fn server_handshake(
         .map_err(|e| HandshakeError::Internal(e.to_string()))?;
     let reply = frame(&body[..n]);
     let result = match decision {
-        Ok(cipher) => Ok(established(&mut state, cipher, session_id)?),
+        Ok(cipher) => Ok(established(&mut state, init.version, cipher, session_id)?),
         Err(refusal) => Err(refusal),
     };
     Ok(ServerHandshakeOutcome { reply, result })

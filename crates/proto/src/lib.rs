@@ -4,6 +4,7 @@
 //! machine over bytes, taking `now` (and, except for snow's ephemeral keys, randomness) from
 //! the caller, so it can be unit-tested on a virtual clock and fuzzed without a network.
 //!
+//! * [`balance`]: the set of sessions serving a service and how visitors are spread.
 //! * [`cipher`]: cipher suites and their negotiation.
 //! * [`handshake`]: connection preambles, the Noise handshake, data channel hellos.
 //! * [`message`]: control messages and their size-capped codec.
@@ -12,6 +13,7 @@
 //!
 //! The wire format is described in `docs/protocol.md`.
 
+pub mod balance;
 pub mod cipher;
 pub mod handshake;
 pub mod liveness;

@@ -9,14 +9,23 @@
 //!
 //! ```text
 //! client                                   server
-//!   Hello { services + token proofs }  ->
+//!   HelloPart { mode, claims, more }   ->   (v2: as many parts as the claims need)
+//!                                       <-  HelloReplyPart { verdicts, more }
+//!                                       <-  Refuse { reason, retry }  (instead, then close)
+//!   Hello { services + token proofs }  ->   (v1: one message)
 //!                                       <-  HelloReply { one verdict per service }
 //!                                       <-  Ping { seq }      (every heartbeat_interval)
 //!   Pong { seq }                       ->
 //!                                       <-  NeedChannels { count }  (pool ran dry)
 //!                                       <-  Reclaim { reason }  (claim again: config changed)
+//!   Health { services, ready }        ->   (v2: targets failed or recovered)
 //!   Goodbye { reason }                <->   (orderly shutdown, either side)
 //! ```
+//!
+//! A v2 hello travels in parts ([`hello_parts`]) so that a client with thousands of
+//! services never meets the size cap; the server collects them ([`HelloAssembler`]) and
+//! judges them all at once, so the hello stays one atomic decision. The reply comes back
+//! the same way ([`reply_parts`], [`ReplyAssembler`]).
 //!
 //! On a data channel the opener's first record is an [`StreamOpen`], then data records.
 
@@ -27,8 +36,16 @@ use serde::{Deserialize, Serialize};
 /// Largest encoded control message we accept. Hellos with a few hundred services fit easily.
 pub const MAX_CONTROL_LEN: usize = 16 * 1024;
 
-/// Most services one client may claim in one hello: bounds the server's work per hello.
+/// Most claims (or verdicts, or names) in one control message.
 pub const MAX_SERVICES_PER_SESSION: usize = 256;
+
+/// Most claims one v2 hello may make across all its parts: bounds the server's work and
+/// memory per hello (a claim costs the server ~200 bytes while the hello is judged).
+pub const MAX_CLAIMS_PER_HELLO: usize = 16_384;
+
+/// What a message part may hold in encoded claims, verdicts or names: the size cap less
+/// room for the message's own framing.
+const PART_BUDGET: usize = MAX_CONTROL_LEN - 256;
 
 /// Longest service name, in bytes.
 pub const MAX_SERVICE_NAME_LEN: usize = 64;
@@ -86,6 +103,28 @@ pub enum ClaimKind {
         /// Where the client wants visitors to send datagrams at the server.
         remote_bind: SocketAddr,
     },
+}
+
+/// What a v2 hello asks of the server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum HelloMode {
+    /// Serve the accepted services: a client.
+    Serve,
+    /// Judge every claim and answer, but serve nothing and take nothing over: `warren
+    /// doctor` and `warren ping` prove tokens without changing what the server serves.
+    Probe,
+}
+
+/// A claim in a v2 hello: the v1 claim plus how the client wants to be balanced.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HelloClaim {
+    /// Name, token proof and direction, as in v1.
+    pub claim: ServiceClaim,
+    /// This client's relative share of the service's visitors (1 when unset).
+    pub weight: u16,
+    /// `false` when the client's health check already finds the target down: the server
+    /// registers the session but picks it only after a [`ControlMessage::Health`] says so.
+    pub ready: bool,
 }
 
 /// Which transport protocol a claimed service carries.
@@ -173,6 +212,41 @@ pub enum ControlMessage {
         /// Why, for the client's log.
         reason: String,
     },
+    /// Client → server (protocol v2): one part of the hello. Parts follow each other with
+    /// `more = true` until the last; every part carries the same `mode`.
+    HelloPart {
+        /// Serve or only probe.
+        mode: HelloMode,
+        /// Some of the claims, in order.
+        claims: Vec<HelloClaim>,
+        /// Whether more parts follow.
+        more: bool,
+    },
+    /// Server → client (protocol v2): one part of the reply, verdicts in claim order.
+    HelloReplyPart {
+        /// Some of the verdicts, in order.
+        verdicts: Vec<Verdict>,
+        /// Whether more parts follow.
+        more: bool,
+    },
+    /// Server → client (protocol v2), instead of a reply: the server will not serve this
+    /// client and closes; the reason names the problem and its fix.
+    Refuse {
+        /// For the client's log.
+        reason: String,
+        /// Whether trying again later may work (the server is full), or only a change of
+        /// config or version will (too large, protocol violation).
+        retry: bool,
+    },
+    /// Client → server (protocol v2): the targets of these services stopped (`ready =
+    /// false`) or started (`true`) passing their health check; the server stops or resumes
+    /// picking this session for their visitors.
+    Health {
+        /// Service names the client claimed.
+        services: Vec<String>,
+        /// The new state.
+        ready: bool,
+    },
 }
 
 /// First record on a data channel: which service this stream belongs to.
@@ -246,28 +320,32 @@ pub fn decode_control(bytes: &[u8]) -> Result<ControlMessage, DecodeError> {
     if let ControlMessage::Hello { services } = &message {
         check_len("services", services.len(), MAX_SERVICES_PER_SESSION)?;
         for claim in services {
-            check_len("service name", claim.name.len(), MAX_SERVICE_NAME_LEN)?;
-            if let ClaimKind::Forward {
-                target: Some(target),
-            }
-            | ClaimKind::ForwardUdp {
-                target: Some(target),
-            } = &claim.kind
-            {
-                check_len("target", target.len(), MAX_TARGET_LEN)?;
-            }
+            check_claim(claim)?;
         }
     }
     if let ControlMessage::HelloReply { verdicts } = &message {
-        check_len("verdicts", verdicts.len(), MAX_SERVICES_PER_SESSION)?;
-        for verdict in verdicts {
-            if let Verdict::Denied { reason } = verdict {
-                check_len("reason", reason.len(), MAX_REASON_LEN)?;
+        check_verdicts(verdicts)?;
+    }
+    match &message {
+        ControlMessage::HelloPart { claims, .. } => {
+            check_len("services", claims.len(), MAX_SERVICES_PER_SESSION)?;
+            for claim in claims {
+                check_claim(&claim.claim)?;
             }
         }
-    }
-    if let ControlMessage::Goodbye { reason } = &message {
-        check_len("reason", reason.len(), 1024)?;
+        ControlMessage::HelloReplyPart { verdicts, .. } => check_verdicts(verdicts)?,
+        ControlMessage::Goodbye { reason }
+        | ControlMessage::Reclaim { reason }
+        | ControlMessage::Refuse { reason, .. } => {
+            check_len("reason", reason.len(), MAX_REASON_LEN)?
+        }
+        ControlMessage::Health { services, .. } => {
+            check_len("services", services.len(), MAX_SERVICES_PER_SESSION)?;
+            for name in services {
+                check_len("service name", name.len(), MAX_SERVICE_NAME_LEN)?;
+            }
+        }
+        _ => {}
     }
     Ok(message)
 }
@@ -290,6 +368,184 @@ fn decode<'a, T: Deserialize<'a>>(bytes: &'a [u8]) -> Result<T, DecodeError> {
         });
     }
     postcard::from_bytes(bytes).map_err(DecodeError::Malformed)
+}
+
+fn check_claim(claim: &ServiceClaim) -> Result<(), DecodeError> {
+    check_len("service name", claim.name.len(), MAX_SERVICE_NAME_LEN)?;
+    if let ClaimKind::Forward {
+        target: Some(target),
+    }
+    | ClaimKind::ForwardUdp {
+        target: Some(target),
+    } = &claim.kind
+    {
+        check_len("target", target.len(), MAX_TARGET_LEN)?;
+    }
+    Ok(())
+}
+
+fn check_verdicts(verdicts: &[Verdict]) -> Result<(), DecodeError> {
+    check_len("verdicts", verdicts.len(), MAX_SERVICES_PER_SESSION)?;
+    for verdict in verdicts {
+        if let Verdict::Denied { reason } = verdict {
+            check_len("reason", reason.len(), MAX_REASON_LEN)?;
+        }
+    }
+    Ok(())
+}
+
+/// Splits `items` into runs that each encode within the part budget and the per-message
+/// count, keeping order; always at least one (possibly empty) run.
+fn split_parts<T: Serialize>(items: Vec<T>) -> Vec<Vec<T>> {
+    let mut parts = vec![Vec::new()];
+    let mut used = 0;
+    for item in items {
+        let size = encode(&item).len();
+        let last = parts.last_mut().expect("never empty");
+        if !last.is_empty() && (used + size > PART_BUDGET || last.len() >= MAX_SERVICES_PER_SESSION)
+        {
+            parts.push(Vec::new());
+            used = 0;
+        }
+        used += size;
+        parts.last_mut().expect("never empty").push(item);
+    }
+    parts
+}
+
+/// A v2 hello as the control messages that carry it, each under [`MAX_CONTROL_LEN`].
+pub fn hello_parts(mode: HelloMode, claims: Vec<HelloClaim>) -> Vec<ControlMessage> {
+    let parts = split_parts(claims);
+    let count = parts.len();
+    parts
+        .into_iter()
+        .enumerate()
+        .map(|(i, claims)| ControlMessage::HelloPart {
+            mode,
+            claims,
+            more: i + 1 < count,
+        })
+        .collect()
+}
+
+/// A v2 hello reply as the control messages that carry it.
+pub fn reply_parts(verdicts: Vec<Verdict>) -> Vec<ControlMessage> {
+    let parts = split_parts(verdicts);
+    let count = parts.len();
+    parts
+        .into_iter()
+        .enumerate()
+        .map(|(i, verdicts)| ControlMessage::HelloReplyPart {
+            verdicts,
+            more: i + 1 < count,
+        })
+        .collect()
+}
+
+/// A health change as the control messages that carry it.
+pub fn health_parts(services: Vec<String>, ready: bool) -> Vec<ControlMessage> {
+    split_parts(services)
+        .into_iter()
+        .filter(|part| !part.is_empty())
+        .map(|services| ControlMessage::Health { services, ready })
+        .collect()
+}
+
+/// Why a multi-part hello or reply was not accepted.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum AssembleError {
+    /// More claims than [`MAX_CLAIMS_PER_HELLO`].
+    #[error(
+        "the hello claims more than {max} services; split them over several clients (or raise the limit in a newer Warren)"
+    )]
+    TooManyClaims {
+        /// The limit.
+        max: usize,
+    },
+    /// A part's mode differs from the first part's.
+    #[error("the hello's parts disagree about their mode")]
+    ModeChanged,
+    /// The reply has more or fewer verdicts than the hello had claims.
+    #[error("the reply has {got} verdicts for {expected} claims")]
+    VerdictCount {
+        /// Verdicts received so far.
+        got: usize,
+        /// Claims sent.
+        expected: usize,
+    },
+}
+
+/// Collects the parts of a v2 hello, within [`MAX_CLAIMS_PER_HELLO`].
+#[derive(Debug, Default)]
+pub struct HelloAssembler {
+    mode: Option<HelloMode>,
+    claims: Vec<HelloClaim>,
+}
+
+impl HelloAssembler {
+    /// Takes one part; returns the whole hello once the last part is in.
+    ///
+    /// # Errors
+    /// [`AssembleError`] for too many claims or parts that disagree about the mode.
+    pub fn push(
+        &mut self,
+        mode: HelloMode,
+        claims: Vec<HelloClaim>,
+        more: bool,
+    ) -> Result<Option<(HelloMode, Vec<HelloClaim>)>, AssembleError> {
+        if *self.mode.get_or_insert(mode) != mode {
+            return Err(AssembleError::ModeChanged);
+        }
+        if self.claims.len() + claims.len() > MAX_CLAIMS_PER_HELLO {
+            return Err(AssembleError::TooManyClaims {
+                max: MAX_CLAIMS_PER_HELLO,
+            });
+        }
+        self.claims.extend(claims);
+        if more {
+            return Ok(None);
+        }
+        Ok(Some((mode, std::mem::take(&mut self.claims))))
+    }
+}
+
+/// Collects the parts of a v2 hello reply, expecting one verdict per claim sent.
+#[derive(Debug)]
+pub struct ReplyAssembler {
+    expected: usize,
+    verdicts: Vec<Verdict>,
+}
+
+impl ReplyAssembler {
+    /// Expects `expected` verdicts.
+    pub fn new(expected: usize) -> Self {
+        ReplyAssembler {
+            expected,
+            verdicts: Vec::new(),
+        }
+    }
+
+    /// Takes one part; returns every verdict once the last part is in.
+    ///
+    /// # Errors
+    /// [`AssembleError::VerdictCount`] when the parts hold more or fewer verdicts than
+    /// expected.
+    pub fn push(
+        &mut self,
+        verdicts: Vec<Verdict>,
+        more: bool,
+    ) -> Result<Option<Vec<Verdict>>, AssembleError> {
+        let got = self.verdicts.len() + verdicts.len();
+        if got > self.expected || (!more && got != self.expected) {
+            return Err(AssembleError::VerdictCount {
+                got,
+                expected: self.expected,
+            });
+        }
+        self.verdicts.extend(verdicts);
+        Ok((!more).then(|| std::mem::take(&mut self.verdicts)))
+    }
 }
 
 fn check_len(field: &'static str, len: usize, max: usize) -> Result<(), DecodeError> {
@@ -330,15 +586,45 @@ mod tests {
             ".{0,100}".prop_map(|reason| Verdict::Denied { reason }),
         ];
         prop_oneof![
-            prop::collection::vec(claim, 0..20)
+            prop::collection::vec(claim.clone(), 0..20)
                 .prop_map(|services| ControlMessage::Hello { services }),
-            prop::collection::vec(verdict, 0..20)
+            prop::collection::vec(verdict.clone(), 0..20)
                 .prop_map(|verdicts| ControlMessage::HelloReply { verdicts }),
             any::<u64>().prop_map(|seq| ControlMessage::Ping { seq }),
             any::<u64>().prop_map(|seq| ControlMessage::Pong { seq }),
             any::<u16>().prop_map(|count| ControlMessage::NeedChannels { count }),
             ".{0,100}".prop_map(|reason| ControlMessage::Goodbye { reason }),
             ".{0,100}".prop_map(|reason| ControlMessage::Reclaim { reason }),
+            (
+                prop::collection::vec((claim, any::<u16>(), any::<bool>()), 0..20),
+                any::<bool>(),
+                any::<bool>()
+            )
+                .prop_map(|(claims, probe, more)| ControlMessage::HelloPart {
+                    mode: if probe {
+                        HelloMode::Probe
+                    } else {
+                        HelloMode::Serve
+                    },
+                    claims: claims
+                        .into_iter()
+                        .map(|(claim, weight, ready)| HelloClaim {
+                            claim,
+                            weight,
+                            ready
+                        })
+                        .collect(),
+                    more,
+                }),
+            (prop::collection::vec(verdict, 0..20), any::<bool>())
+                .prop_map(|(verdicts, more)| ControlMessage::HelloReplyPart { verdicts, more }),
+            (".{0,100}", any::<bool>())
+                .prop_map(|(reason, retry)| ControlMessage::Refuse { reason, retry }),
+            (
+                prop::collection::vec("[a-z0-9-]{1,64}", 0..20),
+                any::<bool>()
+            )
+                .prop_map(|(services, ready)| ControlMessage::Health { services, ready }),
         ]
     }
 
@@ -390,6 +676,145 @@ mod tests {
             decode_control(&big),
             Err(DecodeError::TooLarge { .. })
         ));
+    }
+
+    fn hello_claim(i: usize, name_len: usize) -> HelloClaim {
+        let mut name = format!("svc{i}-");
+        name.extend(std::iter::repeat_n(
+            'x',
+            name_len.saturating_sub(name.len()),
+        ));
+        HelloClaim {
+            claim: ServiceClaim {
+                name,
+                proof: [7; PROOF_LEN],
+                kind: ClaimKind::Forward {
+                    target: Some("a-rather-long-target-name.example.com:65535".into()),
+                },
+            },
+            weight: 1,
+            ready: true,
+        }
+    }
+
+    #[test]
+    fn ten_thousand_claims_travel_in_parts_under_the_cap() {
+        let claims: Vec<HelloClaim> = (0..10_000)
+            .map(|i| hello_claim(i, MAX_SERVICE_NAME_LEN))
+            .collect();
+        let parts = hello_parts(HelloMode::Serve, claims.clone());
+        assert!(parts.len() > 40, "{} parts", parts.len());
+        let mut assembler = HelloAssembler::default();
+        let mut whole = None;
+        for (i, part) in parts.iter().enumerate() {
+            let bytes = encode(part);
+            assert!(
+                bytes.len() <= MAX_CONTROL_LEN,
+                "part {i}: {} bytes",
+                bytes.len()
+            );
+            let Ok(ControlMessage::HelloPart { mode, claims, more }) = decode_control(&bytes)
+            else {
+                panic!("part {i} did not decode");
+            };
+            assert_eq!(more, i + 1 < parts.len());
+            whole = assembler.push(mode, claims, more).expect("within bounds");
+        }
+        assert_eq!(whole, Some((HelloMode::Serve, claims)));
+    }
+
+    #[test]
+    fn an_empty_hello_is_one_part() {
+        let parts = hello_parts(HelloMode::Probe, Vec::new());
+        assert_eq!(
+            parts,
+            vec![ControlMessage::HelloPart {
+                mode: HelloMode::Probe,
+                claims: Vec::new(),
+                more: false
+            }]
+        );
+        assert_eq!(health_parts(Vec::new(), true), Vec::new());
+    }
+
+    #[test]
+    fn replies_travel_in_parts_and_must_match_the_claims() {
+        let verdicts: Vec<Verdict> = (0..3000)
+            .map(|i| Verdict::Denied {
+                reason: format!("{i}: {}", "r".repeat(200)),
+            })
+            .collect();
+        let parts = reply_parts(verdicts.clone());
+        assert!(parts.len() > 10);
+        let mut assembler = ReplyAssembler::new(3000);
+        let mut whole = None;
+        for part in parts {
+            let bytes = encode(&part);
+            assert!(bytes.len() <= MAX_CONTROL_LEN);
+            let Ok(ControlMessage::HelloReplyPart { verdicts, more }) = decode_control(&bytes)
+            else {
+                panic!("bad part");
+            };
+            whole = assembler.push(verdicts, more).expect("counts match");
+        }
+        assert_eq!(whole, Some(verdicts));
+        let mut short = ReplyAssembler::new(2);
+        assert_eq!(
+            short.push(vec![Verdict::Refused], false),
+            Err(AssembleError::VerdictCount {
+                got: 1,
+                expected: 2
+            })
+        );
+        let mut long = ReplyAssembler::new(1);
+        assert!(long.push(vec![Verdict::Refused; 2], true).is_err());
+    }
+
+    #[test]
+    fn the_assembler_bounds_the_whole_hello() {
+        let mut assembler = HelloAssembler::default();
+        let part: Vec<HelloClaim> = (0..MAX_SERVICES_PER_SESSION)
+            .map(|i| hello_claim(i, 4))
+            .collect();
+        let mut result = Ok(None);
+        for _ in 0..=(MAX_CLAIMS_PER_HELLO / MAX_SERVICES_PER_SESSION) {
+            result = assembler.push(HelloMode::Serve, part.clone(), true);
+            if result.is_err() {
+                break;
+            }
+        }
+        assert_eq!(
+            result,
+            Err(AssembleError::TooManyClaims {
+                max: MAX_CLAIMS_PER_HELLO
+            })
+        );
+        let mut assembler = HelloAssembler::default();
+        assert_eq!(assembler.push(HelloMode::Serve, Vec::new(), true), Ok(None));
+        assert_eq!(
+            assembler.push(HelloMode::Probe, Vec::new(), false),
+            Err(AssembleError::ModeChanged)
+        );
+    }
+
+    #[test]
+    fn new_variants_keep_the_old_indices() {
+        // Appended at the end: a v1 peer's messages keep their encodings.
+        let index = |message: ControlMessage| encode(&message)[0];
+        assert_eq!(index(ControlMessage::Ping { seq: 0 }), 2);
+        assert_eq!(
+            index(ControlMessage::Reclaim {
+                reason: String::new()
+            }),
+            6
+        );
+        assert_eq!(
+            index(ControlMessage::Health {
+                services: Vec::new(),
+                ready: true
+            }),
+            10
+        );
     }
 
     #[test]

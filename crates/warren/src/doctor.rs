@@ -16,7 +16,7 @@ use std::time::{Duration, SystemTime};
 use serde::Serialize;
 use tokio::time::Instant;
 use warren_proto::CipherSuite;
-use warren_proto::message::Verdict;
+use warren_proto::message::{HelloMode, Verdict};
 
 use crate::client::establish::{self, EstablishError};
 use crate::config::HostPort;
@@ -241,14 +241,18 @@ async fn diagnose_client(report: &mut Report, config: &ClientConfig) {
             ),
     );
     clock(report).await;
-    resolve(report, "server address", &config.server.to_string()).await;
+    for server in config.servers() {
+        resolve(report, "server address", &server.to_string()).await;
+    }
     let proxy = match proxy(report, config).await {
         ProxyCheck::Direct => None,
         ProxyCheck::Through(url) => Some(url),
         // The handshake would fail for the same reason; the proxy line already says why.
         ProxyCheck::Broken => return finish_client(report, config).await,
     };
-    handshake(report, config, proxy.as_ref()).await;
+    for server in config.servers() {
+        handshake(report, config, server, proxy.as_ref()).await;
+    }
     finish_client(report, config).await;
 }
 
@@ -260,6 +264,18 @@ async fn finish_client(report: &mut Report, config: &ClientConfig) {
             service.target, service.name
         );
         target(report, &service.name, service.kind, &service.target, &fix).await;
+        if let Some(check) = &service.health_check {
+            let what = format!("health {}", service.name);
+            match crate::client::health_check_once(check, &service.target).await {
+                Ok(()) => report.push(Status::Ok, what, "the target passes its health check"),
+                Err(error) => report.push_fix(
+                    Status::Fail,
+                    what,
+                    format!("the target fails its health check: {error}"),
+                    "while it fails, the servers send this client none of the service's visitors; fix the target or its health_check",
+                ),
+            }
+        }
     }
     for forward in config.forwards.values() {
         let what = format!("forward {} port", forward.name);
@@ -538,7 +554,15 @@ async fn resolve(report: &mut Report, what: &str, host_port: &str) {
     }
 }
 
-async fn handshake(report: &mut Report, config: &ClientConfig, proxy: Option<&ProxyUrl>) {
+/// Handshake and hello with one server. The hello only probes: the server judges every
+/// claim and answers, but serves nothing through this session and takes nothing from a
+/// client that is running, so doctor is safe on a live setup.
+async fn handshake(
+    report: &mut Report,
+    config: &ClientConfig,
+    target: &HostPort,
+    proxy: Option<&ProxyUrl>,
+) {
     let ciphers = match config.transport {
         Transport::Tcp => vec![CipherSuite::None],
         _ => config.ciphers.clone(),
@@ -548,19 +572,25 @@ async fn handshake(report: &mut Report, config: &ClientConfig, proxy: Option<&Pr
     let dial = async {
         match proxy {
             Some(url) => {
-                Ok(
-                    transport::proxy::connect(url, &config.server, deadline, family(config))
-                        .await?,
-                )
+                Ok(transport::proxy::connect(url, target, deadline, family(config)).await?)
             }
-            None => tcp::connect_preferring(&config.server, deadline, family(config)).await,
+            None => tcp::connect_preferring(target, deadline, family(config)).await,
         }
     };
     let server = match proxy {
-        Some(url) => format!("{} via {url}", config.server),
-        None => config.server.to_string(),
+        Some(url) => format!("{target} via {url}"),
+        None => target.to_string(),
     };
-    match establish::establish(dial, &server, &config.psk, &ciphers, &claims, deadline).await {
+    let hello = establish::establish(
+        dial,
+        &server,
+        &config.psk,
+        &ciphers,
+        &claims,
+        HelloMode::Probe,
+        deadline,
+    );
+    match hello.await {
         Ok(session) => {
             report.push(
                 Status::Ok,
@@ -570,7 +600,7 @@ async fn handshake(report: &mut Report, config: &ClientConfig, proxy: Option<&Pr
                     "{}: cipher {}, connect {}, handshake {}, hello {}",
                     match proxy {
                         Some(_) => server.clone(),
-                        None => format!("{} ({})", config.server, session.server_addr),
+                        None => format!("{target} ({})", session.server_addr),
                     },
                     session.keys.cipher(),
                     ms(session.connect_time),
@@ -578,8 +608,13 @@ async fn handshake(report: &mut Report, config: &ClientConfig, proxy: Option<&Pr
                     ms(session.hello_time)
                 ),
             );
+            let several = config.servers().len() > 1;
             for (claim, verdict) in claims.iter().zip(&session.verdicts) {
-                let name = claim.name;
+                let name = if several {
+                    format!("{} at {target}", claim.name)
+                } else {
+                    claim.name.to_owned()
+                };
                 match verdict {
                     Verdict::Accepted { bound: None } => report.push(
                         Status::Ok,
@@ -612,9 +647,11 @@ async fn handshake(report: &mut Report, config: &ClientConfig, proxy: Option<&Pr
         Err(error) => {
             let fix = match &error {
                 EstablishError::Connect { .. } => format!(
-                    "is the server running and listening on {}? check `server` in [client], firewalls, and the server's `bind`",
-                    config.server
+                    "is the server running and listening on {target}? check `server` in [client], firewalls, and the server's `bind`"
                 ),
+                EstablishError::HelloRefused { .. } => {
+                    "see the server's reason; upgrading the older side usually fixes it".to_owned()
+                }
                 EstablishError::ClosedDuringHandshake { .. } | EstablishError::HandshakeTimeout { .. } => {
                     "wrong PSK: set the same `psk` (e.g. the same WARREN_PSK) on server and client; also check transport".to_owned()
                 }
@@ -626,7 +663,7 @@ async fn handshake(report: &mut Report, config: &ClientConfig, proxy: Option<&Pr
             report.push_fix(
                 Status::Fail,
                 "handshake",
-                format!("with {}: {error}", config.server),
+                format!("with {target}: {error}"),
                 fix,
             );
         }

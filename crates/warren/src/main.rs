@@ -501,48 +501,53 @@ async fn ping(
     count: u32,
     interval_ms: u64,
 ) -> Outcome {
-    let target = match ping_target(config, remote, psk_file) {
-        Ok(target) => target,
+    let targets = match ping_targets(config, remote, psk_file) {
+        Ok(targets) => targets,
         Err(message) => {
             eprintln!("error: {message}");
             return Outcome::BadConfig;
         }
     };
-    println!("PING {} ({} probes)", target.server, count);
-    let mut probes = Vec::new();
-    for seq in 1..=u64::from(count) {
-        match warren::ping::probe(&target, seq).await {
-            Ok(probe) => {
-                println!(
-                    "probe {seq}: connect {}, handshake {}, rtt {} ({})",
-                    warren::doctor::ms(probe.connect),
-                    warren::doctor::ms(probe.handshake),
-                    warren::doctor::ms(probe.rtt),
-                    probe.cipher
-                );
-                probes.push(probe);
+    let mut outcome = Outcome::Clean;
+    for (i, target) in targets.iter().enumerate() {
+        if i > 0 {
+            println!();
+        }
+        println!("PING {} ({} probes)", target.server, count);
+        let mut probes = Vec::new();
+        for seq in 1..=u64::from(count) {
+            match warren::ping::probe(target, seq).await {
+                Ok(probe) => {
+                    println!(
+                        "probe {seq}: connect {}, handshake {}, rtt {} ({})",
+                        warren::doctor::ms(probe.connect),
+                        warren::doctor::ms(probe.handshake),
+                        warren::doctor::ms(probe.rtt),
+                        probe.cipher
+                    );
+                    probes.push(probe);
+                }
+                Err(error) => println!("probe {seq}: failed: {error}"),
             }
-            Err(error) => println!("probe {seq}: failed: {error}"),
+            if seq < u64::from(count) {
+                tokio::time::sleep(std::time::Duration::from_millis(interval_ms)).await;
+            }
         }
-        if seq < u64::from(count) {
-            tokio::time::sleep(std::time::Duration::from_millis(interval_ms)).await;
+        print!("{}", warren::ping::summary(&probes, count as usize));
+        if probes.is_empty() {
+            outcome = Outcome::Failed;
         }
     }
-    print!("{}", warren::ping::summary(&probes, count as usize));
-    if probes.is_empty() {
-        Outcome::Failed
-    } else {
-        Outcome::Clean
-    }
+    outcome
 }
 
-/// Where `warren ping` goes: a config's server, or `-r` with a PSK from a file or the
-/// environment.
-fn ping_target(
+/// Where `warren ping` goes: a client config's servers (every one), a server config's own
+/// port, or `-r` with a PSK from a file or the environment.
+fn ping_targets(
     config: Option<PathBuf>,
     remote: Option<String>,
     psk_file: Option<PathBuf>,
-) -> Result<warren::ping::PingTarget, String> {
+) -> Result<Vec<warren::ping::PingTarget>, String> {
     use warren::config::{HostPort, Transport, has_aes_hardware};
     use warren::crypto::secret::Secret;
     let transport_ciphers =
@@ -565,21 +570,28 @@ fn ping_target(
                 "--remote needs the PSK: set WARREN_PSK or pass --psk-file FILE".to_owned()
             })?,
         };
-        return Ok(warren::ping::PingTarget {
+        return Ok(vec![warren::ping::PingTarget {
             server,
             psk: Secret::new(psk),
             ciphers: warren::CipherSuite::default_preference(has_aes_hardware()),
             deadline: warren::config::DEFAULT_HANDSHAKE_TIMEOUT,
-        });
+        }]);
     }
     let path = config.unwrap_or_else(|| PathBuf::from("warren.toml"));
     match load(&path).map_err(|e| e.to_string())? {
-        Config::Client(client) => Ok(warren::ping::PingTarget {
-            server: client.server,
-            psk: client.psk,
-            ciphers: transport_ciphers(client.transport, client.ciphers),
-            deadline: client.handshake_timeout,
-        }),
+        Config::Client(client) => {
+            let ciphers = transport_ciphers(client.transport, client.ciphers.clone());
+            Ok(client
+                .servers()
+                .into_iter()
+                .map(|server| warren::ping::PingTarget {
+                    server: server.clone(),
+                    psk: client.psk.clone(),
+                    ciphers: ciphers.clone(),
+                    deadline: client.handshake_timeout,
+                })
+                .collect())
+        }
         Config::Server(server) => {
             let mut addr = server.bind;
             if addr.ip().is_unspecified() {
@@ -589,12 +601,12 @@ fn ping_target(
                     std::net::Ipv6Addr::LOCALHOST.into()
                 });
             }
-            Ok(warren::ping::PingTarget {
+            Ok(vec![warren::ping::PingTarget {
                 server: HostPort::from(addr),
                 psk: server.psk,
                 ciphers: transport_ciphers(server.transport, server.ciphers),
                 deadline: server.handshake_timeout,
-            })
+            }])
         }
     }
 }
@@ -612,7 +624,9 @@ impl ClientFlags {
     /// Applies `-r`, `-l`, `-t`, `-x` to a loaded client config.
     fn apply(&self, config: &mut warren::ClientConfig) -> Result<(), String> {
         if let Some(server) = &self.server {
+            // `-r` names the one server to use, instead of the file's list.
             config.server = cli::server_addr(server)?;
+            config.more_servers.clear();
         }
         if self.local.is_some() || self.target.is_some() {
             let mut forwards = config.forwards.values_mut();

@@ -24,6 +24,10 @@
 //! | `warren_config_reloads_total` | counter | `result` (`applied`, `refused`) |
 //! | `warren_udp_sessions_active` | gauge | `service` |
 //! | `warren_udp_datagrams_total` | counter | `service`, `direction` |
+//! | `warren_service_retries_total` | counter | `service` (server: visitors handed on to another session) |
+//! | `warren_service_sessions` | gauge | `service`, `state` (`ready`, `withdrawn`; server: sessions serving it) |
+//! | `warren_session_streams` | gauge | `session`, `peer` (server: open streams per session; client: `peer` is the server) |
+//! | `warren_health_checks_total` | counter | `service`, `state` (client: health-check transitions to `up` / `down`) |
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -68,6 +72,20 @@ struct ReasonLabel {
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ResultLabel {
     result: &'static str,
+}
+
+/// Labels of per-service, per-state metrics.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StateLabel {
+    service: String,
+    state: &'static str,
+}
+
+/// Labels of per-session metrics.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct SessionLabel {
+    session: String,
+    peer: String,
 }
 
 /// Labels of `warren_build_info`.
@@ -134,6 +152,10 @@ pub struct Metrics {
     config_reloads: Family<ResultLabel, Counter>,
     udp_active: Family<ServiceLabel, Gauge>,
     udp_datagrams: Family<DirectionLabel, Counter>,
+    retries: Family<ServiceLabel, Counter>,
+    serving_sessions: Family<StateLabel, Gauge>,
+    session_streams: Family<SessionLabel, Gauge>,
+    health_checks: Family<StateLabel, Counter>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -172,8 +194,32 @@ impl Metrics {
             config_reloads: Family::default(),
             udp_active: Family::default(),
             udp_datagrams: Family::default(),
+            retries: Family::default(),
+            serving_sessions: Family::default(),
+            session_streams: Family::default(),
+            health_checks: Family::default(),
             registry: Registry::default(),
         };
+        registry.register(
+            "service_retries",
+            "Server: visitors a failed session handed on to another session before any byte went back",
+            metrics.retries.clone(),
+        );
+        registry.register(
+            "service_sessions",
+            "Server: sessions serving each service (withdrawn: the client's health check fails)",
+            metrics.serving_sessions.clone(),
+        );
+        registry.register(
+            "session_streams",
+            "Open streams per session",
+            metrics.session_streams.clone(),
+        );
+        registry.register(
+            "health_checks",
+            "Client: target health-check transitions (up, down)",
+            metrics.health_checks.clone(),
+        );
         registry.register(
             "service_bytes",
             "Bytes relayed per service, counted as they flow (in: visitor to target, out: back)",
@@ -258,6 +304,7 @@ impl Metrics {
             direction,
         };
         ServiceMeter {
+            retries: self.retries.get_or_create_owned(&label),
             bytes_in: self.bytes.get_or_create_owned(&direction("in")),
             bytes_out: self.bytes.get_or_create_owned(&direction("out")),
             active: self.active.get_or_create_owned(&label),
@@ -309,6 +356,38 @@ impl Metrics {
             .inc();
     }
 
+    /// Sets how many sessions serve `service`, ready and withdrawn (before a scrape).
+    pub fn set_serving(&self, service: &str, ready: usize, withdrawn: usize) {
+        for (state, value) in [("ready", ready), ("withdrawn", withdrawn)] {
+            self.serving_sessions
+                .get_or_create(&StateLabel {
+                    service: service.to_owned(),
+                    state,
+                })
+                .set(i64::try_from(value).unwrap_or(i64::MAX));
+        }
+    }
+
+    /// Replaces the per-session stream gauges (before a scrape): `(session, peer, open)`.
+    pub fn set_session_streams(&self, sessions: impl IntoIterator<Item = (String, String, u64)>) {
+        self.session_streams.clear();
+        for (session, peer, open) in sessions {
+            self.session_streams
+                .get_or_create(&SessionLabel { session, peer })
+                .set(i64::try_from(open).unwrap_or(i64::MAX));
+        }
+    }
+
+    /// Counts a health-check transition of `service` to up or down.
+    pub fn health_changed(&self, service: &str, up: bool) {
+        self.health_checks
+            .get_or_create(&StateLabel {
+                service: service.to_owned(),
+                state: if up { "up" } else { "down" },
+            })
+            .inc();
+    }
+
     /// Sets a UDP service's gauges and counters from its stats (called before a scrape).
     pub fn set_udp(&self, service: &str, active: i64, to_tunnel: u64, from_tunnel: u64) {
         self.udp_active
@@ -339,6 +418,7 @@ fn side_name(side: Side) -> &'static str {
 /// Handles on one service's counters (clones share the same atomics).
 #[derive(Debug, Clone)]
 pub struct ServiceMeter {
+    retries: Counter,
     bytes_in: Counter,
     bytes_out: Counter,
     active: Gauge,
@@ -356,6 +436,16 @@ impl ServiceMeter {
     /// Counts a failed connection.
     pub fn error(&self) {
         self.errors.inc();
+    }
+
+    /// Counts a visitor handed on to another session after the first one failed it.
+    pub fn retried(&self) {
+        self.retries.inc();
+    }
+
+    /// Visitors handed on to another session since start.
+    pub fn retries(&self) -> u64 {
+        self.retries.get()
     }
 
     /// Bytes visitor → target so far.

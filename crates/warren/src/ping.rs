@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 use warren_proto::CipherSuite;
+use warren_proto::message::HelloMode;
 
 use crate::client::establish::{self, EstablishError};
 use crate::config::HostPort;
@@ -56,6 +57,7 @@ pub async fn probe(target: &PingTarget, seq: u64) -> Result<Probe, EstablishErro
         &target.psk,
         &target.ciphers,
         &[],
+        HelloMode::Probe,
         target.deadline,
     )
     .await?;

@@ -24,7 +24,7 @@ use tokio::net::TcpStream;
 use tokio::time::Instant;
 use warren::crypto::record::{MAX_PAYLOAD, RecordKind};
 use warren::server::pending::{MAX_PENDING_HANDSHAKES, MAX_PENDING_PER_IP};
-use warren_proto::message::{ControlMessage, Verdict};
+use warren_proto::message::{self, ControlMessage, Verdict};
 
 /// The `probe` service's own token in [`token_setup`].
 const PROBE_TOKEN: &str = "probe-token-0123456789-abcdefgh";
@@ -342,13 +342,23 @@ async fn after_the_handshake_bad_records_replays_and_wrong_tokens_get_no_session
     while let Some(done) = cuts.join_next().await {
         done.expect("truncated hello");
     }
+    // An authentic but oversized hello comes from a peer that proved the PSK: it is told
+    // why (a v1 peer reads a goodbye) before the server closes.
     let mut big = RawClient::handshake(addr, PSK).await;
     let oversized = big.seal(RecordKind::Control, &random(20 * 1024));
     big.send_raw(&oversized).await.expect("send");
-    let (got, closed) = drain(&mut big.stream, five).await;
+    let told = big.recv(five).await.map(|(_, body)| message::decode_control(&body));
+    match told {
+        Some(Ok(ControlMessage::Goodbye { reason })) => assert!(
+            reason.contains("exceeds the limit") && reason.contains("upgrade"),
+            "{reason}"
+        ),
+        other => panic!("an oversized hello got {other:?}, not a reason"),
+    }
+    let (rest, closed) = drain(&mut big.stream, five).await;
     assert!(
-        got.is_empty() && closed,
-        "oversized control message answered"
+        rest.is_empty() && closed,
+        "oversized hello: session kept open"
     );
 
     // A replay of a whole recorded session (message 1, hello): the server cannot tell the

@@ -62,6 +62,28 @@ pub struct SessionInfo {
     pub since: u64,
     /// Services the session serves.
     pub services: Vec<String>,
+    /// Streams open on the session now.
+    pub open_streams: u64,
+    /// Client side: the server this session is with, as configured.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub server: Option<String>,
+}
+
+/// One session serving a service (server side of `/api/v1/services`).
+#[derive(Debug, Clone, Serialize)]
+pub struct ServingSession {
+    /// Short session id.
+    pub session: String,
+    /// The client's address.
+    pub peer: String,
+    /// Its share of the service's visitors.
+    pub weight: u32,
+    /// `false` while the client reports the service's target unhealthy (never picked).
+    pub ready: bool,
+    /// The service's streams open on it now.
+    pub open_streams: u32,
+    /// The service's visitors it was picked for since it joined.
+    pub picked: u64,
 }
 
 /// One entry of `/api/v1/services`.
@@ -84,6 +106,18 @@ pub struct ServiceInfo {
     pub bytes_out: u64,
     /// Failed connections.
     pub errors: u64,
+    /// Server: how visitors are spread over the sessions serving the service.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub load_balance: Option<&'static str>,
+    /// Server: the sessions serving the service, in the order they joined.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sessions: Option<Vec<ServingSession>>,
+    /// Server: visitors a failed session handed on to another one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub retries: Option<u64>,
+    /// Client: `up`, `down` or `unchecked` (the target's health check).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub health: Option<&'static str>,
 }
 
 /// The body of every error answer.

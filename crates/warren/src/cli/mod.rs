@@ -214,6 +214,8 @@ pub fn expose_config(
             token,
             remote_bind: Some(remote_bind),
             proxy_protocol,
+            weight: 1,
+            health_check: None,
         },
     );
     config

@@ -1,6 +1,6 @@
 //! The client's view for the admin API: its session and services.
 
-use std::sync::{Arc, PoisonError};
+use std::sync::Arc;
 
 use super::Shared;
 use crate::admin::{AdminSource, ServiceInfo, SessionInfo};
@@ -25,9 +25,7 @@ impl AdminSource for ClientAdmin {
 
     fn sessions(&self) -> Vec<SessionInfo> {
         self.shared
-            .current
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
+            .sessions_now()
             .iter()
             .map(|session| session.info())
             .collect()
@@ -60,6 +58,10 @@ impl AdminSource for ClientAdmin {
                     bytes_in: meter.bytes_in(),
                     bytes_out: meter.bytes_out(),
                     errors: meter.errors(),
+                    load_balance: None,
+                    sessions: None,
+                    retries: None,
+                    health: Some(self.shared.health.state(&service.name)),
                 }
             })
             .collect()

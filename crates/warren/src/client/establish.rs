@@ -11,7 +11,9 @@ use tokio::net::TcpStream;
 use tokio::time::Instant;
 use warren_proto::CipherSuite;
 use warren_proto::handshake::{HandshakeError, Refusal};
-use warren_proto::message::{ClaimKind, ControlMessage, ServiceClaim, Verdict};
+use warren_proto::message::{
+    self, ClaimKind, ControlMessage, HelloClaim, HelloMode, ReplyAssembler, ServiceClaim, Verdict,
+};
 
 use crate::Side;
 use crate::crypto::keys::{self, SessionKeys};
@@ -88,6 +90,14 @@ pub enum EstablishError {
     /// The hello exchange failed.
     #[error("hello failed: {0}")]
     Hello(String),
+    /// The server proved it knows the PSK, then refused the hello and said why.
+    #[error("the server refused the hello: {reason}")]
+    HelloRefused {
+        /// The server's reason (with its fix).
+        reason: String,
+        /// Whether trying again later may work.
+        retry: bool,
+    },
 }
 
 /// One service a hello claims: its name, the token to prove, and how it is served.
@@ -99,12 +109,17 @@ pub struct Claim<'a> {
     pub token: &'a Secret,
     /// Reverse, forward or client-declared.
     pub kind: ClaimKind,
+    /// This client's share of the service's visitors.
+    pub weight: u16,
+    /// `false` to join the service withdrawn (its target fails its health check).
+    pub ready: bool,
 }
 
 /// Connects with `dial` (directly or through a proxy; `server` names it in messages), runs
-/// the handshake offering `ciphers`, and sends a hello with `claims`. Zero claims make a
-/// probe session (serves nothing, answers pings). One `deadline` bounds each of connect,
-/// handshake and hello.
+/// the handshake offering `ciphers`, and sends a hello with `claims` in as many parts as
+/// they need. [`HelloMode::Probe`] (or zero claims) makes a probe session: the server judges
+/// the claims but serves nothing and takes nothing over; the session answers pings. One
+/// `deadline` bounds each of connect, handshake and hello.
 ///
 /// # Errors
 /// [`EstablishError`], naming the step that failed.
@@ -114,6 +129,7 @@ pub async fn establish(
     psk: &Secret,
     ciphers: &[CipherSuite],
     claims: &[Claim<'_>],
+    mode: HelloMode,
     deadline: Duration,
 ) -> Result<EstablishedSession, EstablishError> {
     let noise_psk = keys::noise_psk(psk);
@@ -162,29 +178,22 @@ pub async fn establish(
     let keys = SessionKeys::new(&established);
     let (sealer, opener) = keys.control_channel(Side::Client);
     let mut channel = Channel::new(stream, sealer, opener);
-    let claims: Vec<ServiceClaim> = claims
+    let claims: Vec<HelloClaim> = claims
         .iter()
-        .map(|claim| ServiceClaim {
-            name: claim.name.to_owned(),
-            proof: keys::token_proof(claim.token, keys.handshake_hash(), claim.name),
-            kind: claim.kind.clone(),
+        .map(|claim| HelloClaim {
+            claim: ServiceClaim {
+                name: claim.name.to_owned(),
+                proof: keys::token_proof(claim.token, keys.handshake_hash(), claim.name),
+                kind: claim.kind.clone(),
+            },
+            weight: claim.weight,
+            ready: claim.ready,
         })
         .collect();
-    let expected = claims.len();
     let started = Instant::now();
-    let hello = async {
-        control::send_control(&mut channel, &ControlMessage::Hello { services: claims }).await?;
-        control::recv_control(&mut channel).await
-    };
-    let verdicts = match tokio::time::timeout(deadline, hello).await {
+    let verdicts = match tokio::time::timeout(deadline, hello(&mut channel, mode, claims)).await {
         Err(_) => return Err(EstablishError::HelloTimeout),
-        Ok(Err(end)) => return Err(EstablishError::Hello(end.to_string())),
-        Ok(Ok(ControlMessage::HelloReply { verdicts })) if verdicts.len() == expected => verdicts,
-        Ok(Ok(other)) => {
-            return Err(EstablishError::Hello(format!(
-                "unexpected answer to hello: {other:?}"
-            )));
-        }
+        Ok(result) => result?,
     };
     Ok(EstablishedSession {
         channel,
@@ -195,6 +204,45 @@ pub async fn establish(
         handshake_time,
         hello_time: started.elapsed(),
     })
+}
+
+/// Sends the hello in parts and collects the verdicts (one per claim, in order).
+async fn hello(
+    channel: &mut Channel,
+    mode: HelloMode,
+    claims: Vec<HelloClaim>,
+) -> Result<Vec<Verdict>, EstablishError> {
+    let mut reply = ReplyAssembler::new(claims.len());
+    let hello_error = |e: &dyn std::fmt::Display| EstablishError::Hello(e.to_string());
+    for part in message::hello_parts(mode, claims) {
+        control::send_control(channel, &part)
+            .await
+            .map_err(|e| hello_error(&e))?;
+    }
+    loop {
+        match control::recv_control(channel).await {
+            Ok(ControlMessage::HelloReplyPart { verdicts, more }) => {
+                if let Some(verdicts) = reply.push(verdicts, more).map_err(|e| hello_error(&e))? {
+                    return Ok(verdicts);
+                }
+            }
+            Ok(ControlMessage::Refuse { reason, retry }) => {
+                return Err(EstablishError::HelloRefused { reason, retry });
+            }
+            Ok(other) => {
+                return Err(EstablishError::Hello(format!(
+                    "unexpected answer to hello: {other:?}"
+                )));
+            }
+            Err(control::SessionEnd::Goodbye(reason)) => {
+                return Err(EstablishError::HelloRefused {
+                    reason,
+                    retry: true,
+                });
+            }
+            Err(end) => return Err(hello_error(&end)),
+        }
+    }
 }
 
 /// Round trip of one `Ping` on an established session's control channel (answering the

@@ -47,20 +47,21 @@ pub(super) fn family(config: &ClientConfig) -> Family {
     }
 }
 
-/// Opens a TCP connection to the server: through `proxy` when set, else to `resolved`
+/// Opens a TCP connection to `server`: through `proxy` when set, else to `resolved`
 /// (the address the control channel reached) or, without it, by resolving the name.
 ///
 /// # Errors
 /// Connection and proxy failures, with a message naming what failed.
 pub(super) async fn dial_server(
     config: &ClientConfig,
+    server: &HostPort,
     proxy: Option<&ProxyUrl>,
     resolved: Option<SocketAddr>,
     deadline: Duration,
 ) -> io::Result<TcpStream> {
     let family = family(config);
     match (proxy, resolved) {
-        (Some(proxy), _) => Ok(proxy::connect(proxy, &config.server, deadline, family).await?),
+        (Some(proxy), _) => Ok(proxy::connect(proxy, server, deadline, family).await?),
         (None, Some(addr)) => {
             let stream = tokio::time::timeout(deadline, TcpStream::connect(addr))
                 .await
@@ -73,7 +74,7 @@ pub(super) async fn dial_server(
             tcp::tune(&stream);
             Ok(stream)
         }
-        (None, None) => tcp::connect_preferring(&config.server, deadline, family).await,
+        (None, None) => tcp::connect_preferring(server, deadline, family).await,
     }
 }
 
@@ -202,12 +203,17 @@ struct ForwardSource {
 impl ChannelSource for ForwardSource {
     type Session = ClientSession;
 
-    fn current(&self) -> Option<Arc<ClientSession>> {
+    fn pick(&self) -> Option<Arc<ClientSession>> {
         current_session(&self.shared, &self.name)
     }
 
     fn session_cancel(&self, session: &ClientSession) -> CancellationToken {
         session.cancel.clone()
+    }
+
+    fn is_live(&self, session: &ClientSession) -> bool {
+        // A flow stays on its server's session until it ends or a reload replaces it.
+        !session.cancel.is_cancelled()
     }
 
     async fn open(&self, session: Arc<ClientSession>) -> Result<Channel, String> {
@@ -216,14 +222,24 @@ impl ChannelSource for ForwardSource {
     }
 }
 
-/// The session up right now, if the server accepted forward service `name` in it.
+/// The session a forward stream of `name` goes through: among the sessions up whose
+/// server accepted the service, the one with the shortest handshake round trip (the newest
+/// of a server's sessions, when a reload made a second one).
 fn current_session(shared: &Shared, name: &str) -> Option<Arc<ClientSession>> {
-    shared
-        .current
+    let sessions = shared
+        .sessions
         .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .clone()
-        .filter(|s| s.forwards.contains(name))
+        .unwrap_or_else(PoisonError::into_inner);
+    let mut best: Option<&Arc<ClientSession>> = None;
+    for session in sessions.iter().rev() {
+        if !session.forwards.contains(name) || session.cancel.is_cancelled() {
+            continue;
+        }
+        if best.is_none_or(|b| session.rtt < b.rtt) {
+            best = Some(session);
+        }
+    }
+    best.cloned()
 }
 
 /// Accepts local connections of one TCP forward service until `stop` fires.
@@ -250,7 +266,9 @@ async fn serve_tcp(
                 let name = name.clone();
                 let stop = stop.clone();
                 shared.tasks.spawn(async move {
-                    serve_local(&session, local, peer, name, &stop).await;
+                    session
+                        .counting(serve_local(&session, local, peer, name, &stop))
+                        .await;
                 });
             }
             Err(error) => {
@@ -299,6 +317,7 @@ async fn open_stream(
     let attempt = async {
         let stream = dial_server(
             &session.config,
+            &session.server,
             session.proxy.as_ref(),
             Some(session.server_addr),
             deadline,
@@ -327,8 +346,7 @@ async fn open_stream(
 }
 
 /// The server as a `HostPort`, for messages.
-pub(super) fn describe(config: &ClientConfig, proxy: Option<&ProxyUrl>) -> String {
-    let server: &HostPort = &config.server;
+pub(super) fn describe(server: &HostPort, proxy: Option<&ProxyUrl>) -> String {
     match proxy {
         Some(proxy) => format!("{server} via {proxy}"),
         None => server.to_string(),

@@ -16,6 +16,7 @@
 mod admin;
 pub mod establish;
 mod forward;
+mod health;
 mod pool;
 mod reload;
 
@@ -26,17 +27,18 @@ use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::Duration;
 
 use rand::RngCore;
-use tokio::sync::{Notify, Semaphore, mpsc, watch};
+use tokio::sync::{Semaphore, mpsc, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{debug, error, info, warn};
 use warren_proto::CipherSuite;
 use warren_proto::handshake::Refusal;
 use warren_proto::liveness::Backoff;
-use warren_proto::message::{ClaimKind, ControlMessage, Verdict};
+use warren_proto::message::{ClaimKind, ControlMessage, HelloMode, Verdict};
 
 use crate::Side;
 use crate::admin::SessionInfo;
+use crate::config::ha::HealthCheck;
 use crate::config::proxy::{ProxySetting, ProxyUrl};
 use crate::config::{
     ClientConfig, ClientForward, ClientService, ConfigErrors, HostPort, ProxyProtocol, ServiceKind,
@@ -62,6 +64,9 @@ pub enum ClientError {
     /// The server refused the session for a reason retrying cannot fix.
     #[error("the server refused this client: {0}")]
     Refused(Refusal),
+    /// The server refused the hello for a reason retrying cannot fix (it said why).
+    #[error("{0}")]
+    HelloRefused(String),
     /// Every service was refused: wrong tokens, or services the server does not have.
     #[error(
         "the server refused every service ({0}): wrong token, or the service is not in the server's config; check `token` / `default_token` on both sides"
@@ -104,6 +109,8 @@ pub struct ClientStatus {
     pub cipher: Option<CipherSuite>,
     /// Client-declared services: the address the server bound for each, as it reported it.
     pub bound: BTreeMap<String, SocketAddr>,
+    /// The servers a session is up with now, as configured.
+    pub servers: Vec<String>,
     /// Forward services: the local address each listens on (bound once, at start).
     pub forwards: BTreeMap<String, SocketAddr>,
 }
@@ -140,6 +147,10 @@ pub struct ClientBuilder {
     proxy_protocols: HashMap<String, ProxyProtocol>,
     /// Forward services: name, protocol, local bind, optional target selector.
     forwards: Vec<(String, ServiceKind, SocketAddr, Option<HostPort>)>,
+    /// Balancing weights, by service name.
+    weights: HashMap<String, u16>,
+    /// Target health checks, by service name.
+    health_checks: HashMap<String, HealthCheck>,
 }
 
 impl ClientBuilder {
@@ -237,6 +248,24 @@ impl ClientBuilder {
         self
     }
 
+    /// Keeps a session with `server` too, besides the first one (high availability).
+    pub fn also_server(mut self, server: HostPort) -> Self {
+        self.config.more_servers.push(server);
+        self
+    }
+
+    /// This client's share of service `name`'s visitors when several clients serve it.
+    pub fn weight(mut self, name: impl Into<String>, weight: u16) -> Self {
+        self.weights.insert(name.into(), weight);
+        self
+    }
+
+    /// Checks the target of service `name`; while it fails, the service is withdrawn.
+    pub fn health_check(mut self, name: impl Into<String>, check: HealthCheck) -> Self {
+        self.health_checks.insert(name.into(), check);
+        self
+    }
+
     /// Reaches the server through a proxy.
     pub fn proxy(mut self, proxy: ProxySetting) -> Self {
         self.config.proxy = Some(proxy);
@@ -297,6 +326,8 @@ impl ClientBuilder {
                 ClientService {
                     remote_bind: self.remote_binds.get(&name).copied(),
                     proxy_protocol: self.proxy_protocols.get(&name).copied(),
+                    weight: self.weights.get(&name).copied().unwrap_or(1),
+                    health_check: self.health_checks.get(&name).cloned(),
                     name,
                     kind,
                     target,
@@ -330,6 +361,8 @@ impl Client {
             remote_binds: HashMap::new(),
             proxy_protocols: HashMap::new(),
             forwards: Vec::new(),
+            weights: HashMap::new(),
+            health_checks: HashMap::new(),
         }
     }
 
@@ -401,12 +434,12 @@ impl Client {
             status,
             cancel,
             tasks: TaskTracker::new(),
-            current: Mutex::new(None),
+            sessions: Mutex::new(Vec::new()),
             telemetry,
             meters: RwLock::new(meters),
             forwards: Mutex::new(HashMap::new()),
-            restart: AtomicBool::new(false),
-            restarted: Notify::new(),
+            restart: watch::channel(0).0,
+            health: health::Board::default(),
         });
         let applying = Arc::clone(&shared);
         let reload_source = reloads.start(
@@ -433,74 +466,98 @@ impl Client {
         for (forward, socket) in listeners {
             forward::start(&shared, forward, socket);
         }
+        health::start_checks(&shared);
         let config = shared.config();
-        let mut backoff = Backoff::new(config.reconnect_initial_delay, config.reconnect_max_delay);
+        let servers: Vec<String> = config.servers().iter().map(|s| s.to_string()).collect();
         info!(
             event = "client_started",
-            server = %config.server,
+            server = %servers.join(","),
             transport = %config.transport,
             services = config.services.len(),
             "warren client starting"
         );
-        let result = loop {
-            let started = tokio::time::Instant::now();
-            let mut wait = true;
-            let held = match establish_session(&shared, &mut backoff).await {
-                Ok(established) => hold(&shared, &mut backoff, established).await,
-                Err(failure) => Err(failure),
-            };
-            match held {
-                Err(Failure::Stopped) => break Ok(()),
-                Ok(SessionEnd::Cancelled) if shared.cancel.is_cancelled() => break Ok(()),
-                // A reload ended the session to start one with the new config.
-                Ok(SessionEnd::Cancelled) => {}
-                Ok(end) => {
-                    // A server that says goodbye after a while (its config changed, it
-                    // restarts) is retried at once; one that keeps doing so backs off.
-                    let goodbye = matches!(end, SessionEnd::Goodbye(_));
-                    wait = !(goodbye && started.elapsed() >= GOODBYE_RETRY_AFTER);
-                    warn!(event = "session_lost", reason = %end, "session lost");
-                }
-                Err(Failure::Fatal(error)) => {
-                    error!(event = "client_refused", %error, "giving up");
-                    break Err(error);
-                }
-                Err(Failure::Retry(reason)) => {
-                    warn!(event = "connect_failed", %reason, "could not establish a session")
-                }
+        // One link per server, each with its own session and reconnect backoff: losing one
+        // server affects no other.
+        let mut links = tokio::task::JoinSet::new();
+        for index in 0..servers.len() {
+            links.spawn(run_link(Arc::clone(&shared), index));
+        }
+        let mut result = Ok(());
+        while let Some(done) = links.join_next().await {
+            if let Ok(Err(error)) = done
+                && result.is_ok()
+            {
+                result = Err(error);
             }
-            shared.status.send_modify(|s| {
-                s.connected = false;
-                s.services.clear();
-                s.cipher = None;
-                s.bound.clear();
-            });
-            if shared.restart.swap(false, Ordering::AcqRel) {
-                continue;
-            }
-            shared.telemetry.metrics.reconnecting();
-            if !wait {
-                continue;
-            }
-            let config = shared.config();
-            backoff.set_bounds(config.reconnect_initial_delay, config.reconnect_max_delay);
-            let delay = backoff.next_delay(rand::rng().next_u64());
-            info!(
-                event = "reconnect_scheduled",
-                delay_ms = delay.as_millis() as u64,
-                "reconnecting in {delay:?}"
-            );
-            tokio::select! {
-                () = shared.cancel.cancelled() => break Ok(()),
-                () = tokio::time::sleep(delay) => {}
-                () = shared.restarted.notified() => {}
-            }
-        };
+        }
         shared.cancel.cancel();
         shared.tasks.close();
         let _ = tokio::time::timeout(Duration::from_secs(5), shared.tasks.wait()).await;
         info!(event = "client_stopped", "warren client stopped");
         result
+    }
+}
+
+/// Keeps a session with the `index`-th server of the config in force until the client
+/// stops (`Ok`) or that server refuses the client for good (the error). A link whose server
+/// a reload removed ends quietly.
+async fn run_link(shared: Arc<Shared>, index: usize) -> Result<(), ClientError> {
+    let config = shared.config();
+    let mut backoff = Backoff::new(config.reconnect_initial_delay, config.reconnect_max_delay);
+    let mut restart = shared.restart.subscribe();
+    loop {
+        let Some(server) = shared.config().servers().get(index).map(|s| (*s).clone()) else {
+            return Ok(());
+        };
+        let started = tokio::time::Instant::now();
+        let mut wait = true;
+        let held = match establish_session(&shared, &server, &mut backoff, &mut restart).await {
+            Ok(established) => {
+                hold(&shared, &server, &mut backoff, &mut restart, established).await
+            }
+            Err(failure) => Err(failure),
+        };
+        match held {
+            Err(Failure::Stopped) => return Ok(()),
+            Ok(SessionEnd::Cancelled) if shared.cancel.is_cancelled() => return Ok(()),
+            // A reload ended the session to start one with the new config.
+            Ok(SessionEnd::Cancelled) => {}
+            Ok(end) => {
+                // A server that says goodbye after a while (its config changed, it
+                // restarts) is retried at once; one that keeps doing so backs off.
+                let goodbye = matches!(end, SessionEnd::Goodbye(_));
+                wait = !(goodbye && started.elapsed() >= GOODBYE_RETRY_AFTER);
+                warn!(event = "session_lost", %server, reason = %end, "session lost");
+            }
+            Err(Failure::Fatal(error)) => {
+                error!(event = "client_refused", %server, %error, "giving up on this server");
+                return Err(error);
+            }
+            Err(Failure::Retry(reason)) => {
+                warn!(event = "connect_failed", %server, %reason, "could not establish a session")
+            }
+        }
+        if restart.has_changed().unwrap_or(false) {
+            continue;
+        }
+        shared.telemetry.metrics.reconnecting();
+        if !wait {
+            continue;
+        }
+        let config = shared.config();
+        backoff.set_bounds(config.reconnect_initial_delay, config.reconnect_max_delay);
+        let delay = backoff.next_delay(rand::rng().next_u64());
+        info!(
+            event = "reconnect_scheduled",
+            %server,
+            delay_ms = delay.as_millis() as u64,
+            "reconnecting in {delay:?}"
+        );
+        tokio::select! {
+            () = shared.cancel.cancelled() => return Ok(()),
+            () = tokio::time::sleep(delay) => {}
+            _ = restart.changed() => {}
+        }
     }
 }
 
@@ -514,18 +571,18 @@ struct Shared {
     status: watch::Sender<ClientStatus>,
     cancel: CancellationToken,
     tasks: TaskTracker,
-    /// The session up right now, for forward listeners.
-    current: Mutex<Option<Arc<ClientSession>>>,
+    /// The sessions up right now, one per server at most, in the order they came up.
+    sessions: Mutex<Vec<Arc<ClientSession>>>,
     /// Metrics and live connections (read by the admin API).
     telemetry: Arc<Telemetry>,
     /// Each service's counters.
     meters: RwLock<HashMap<String, ServiceMeter>>,
     /// Forward services' local ports, by name.
     forwards: Mutex<HashMap<String, forward::Running>>,
-    /// Set by a reload that needs a new session: the next one starts at once.
-    restart: AtomicBool,
-    /// Wakes the reconnect wait when a reload asks for a new session.
-    restarted: Notify,
+    /// Bumped by a reload that needs new sessions: every link starts one at once.
+    restart: watch::Sender<u64>,
+    /// Targets' health, for services with a health check.
+    health: health::Board,
 }
 
 impl Shared {
@@ -543,12 +600,45 @@ impl Shared {
             .cloned()
     }
 
-    /// Asks for a new session with the config in force (see [`hold`]): at once, whether a
-    /// session is up, being established or awaited after a failure.
+    /// Asks every link for a new session with the config in force (see [`hold`]): at once,
+    /// whether a session is up, being established or awaited after a failure.
     fn restart_session(&self) {
-        self.restart.store(true, Ordering::Release);
-        // The flag says what to do; the permit only wakes whoever waits (or the next one).
-        self.restarted.notify_one();
+        self.restart.send_modify(|generation| *generation += 1);
+    }
+
+    /// The sessions up now.
+    fn sessions_now(&self) -> Vec<Arc<ClientSession>> {
+        self.sessions
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Sets the status from the sessions up now.
+    fn refresh_status(&self, added: bool) {
+        let sessions = self.sessions_now();
+        self.status.send_modify(|s| {
+            s.connected = !sessions.is_empty();
+            if added {
+                s.sessions += 1;
+            }
+            let mut services: Vec<String> = sessions
+                .iter()
+                .flat_map(|session| session.service_names())
+                .collect();
+            services.sort();
+            services.dedup();
+            s.services = services;
+            s.cipher = sessions.first().map(|session| session.keys.cipher());
+            s.bound = sessions
+                .iter()
+                .flat_map(|session| session.bound.clone())
+                .collect();
+            s.servers = sessions
+                .iter()
+                .map(|session| session.server.to_string())
+                .collect();
+        });
     }
 }
 
@@ -565,6 +655,8 @@ pub(crate) struct ClientSession {
     keys: SessionKeys,
     /// The config the session was established with (how to reach the server).
     config: Arc<ClientConfig>,
+    /// The server this session is with, as configured.
+    server: HostPort,
     /// Where data channels connect: the address the control channel reached (the proxy's,
     /// when there is one).
     server_addr: SocketAddr,
@@ -574,6 +666,13 @@ pub(crate) struct ClientSession {
     services: HashSet<String>,
     /// Forward services the server accepted.
     forwards: HashSet<String>,
+    /// Client-declared services and the addresses the server bound for them.
+    bound: BTreeMap<String, SocketAddr>,
+    /// The handshake's round trip: forward services prefer the nearest server.
+    rtt: Duration,
+    /// Messages for the server (health reports); the control loop sends them.
+    control: mpsc::Sender<ControlMessage>,
+    control_rx: Mutex<Option<mpsc::Receiver<ControlMessage>>>,
     /// Cancelled when the session ends: idle pooled channels close (see
     /// [`ClientSession::pool_closed`]).
     cancel: CancellationToken,
@@ -585,6 +684,8 @@ pub(crate) struct ClientSession {
     since: std::time::SystemTime,
     /// Bounds channels opening or idle.
     pool_slots: Arc<Semaphore>,
+    /// Streams open on the session now.
+    open_streams: std::sync::atomic::AtomicU64,
     handshake_timeout: Duration,
 }
 
@@ -601,8 +702,22 @@ impl ClientSession {
             peer: self.server_addr.to_string(),
             cipher: self.keys.cipher().to_string(),
             since: unix_seconds(self.since),
-            services: self.services.iter().cloned().collect(),
+            services: self.service_names(),
+            open_streams: self.open_streams.load(Ordering::Relaxed),
+            server: Some(self.server.to_string()),
         }
+    }
+
+    /// Every service the server accepted, sorted.
+    fn service_names(&self) -> Vec<String> {
+        let mut names: Vec<String> = self
+            .services
+            .iter()
+            .chain(&self.forwards)
+            .cloned()
+            .collect();
+        names.sort();
+        names
     }
 
     /// Resolves when idle pool channels must close: at once when the session ended, a
@@ -616,15 +731,26 @@ impl ClientSession {
             }
         }
     }
+
+    /// Counts a stream on this session while `f` runs.
+    pub(crate) async fn counting<T>(&self, f: impl std::future::Future<Output = T>) -> T {
+        self.open_streams.fetch_add(1, Ordering::Relaxed);
+        let out = f.await;
+        self.open_streams.fetch_sub(1, Ordering::Relaxed);
+        out
+    }
 }
 
-/// Establishes a session with the config in force: handshake, hello, verdicts.
+/// Establishes a session with `server` and the config in force: handshake, hello,
+/// verdicts.
 async fn establish_session(
     shared: &Arc<Shared>,
+    server: &HostPort,
     backoff: &mut Backoff,
+    restart: &mut watch::Receiver<u64>,
 ) -> Result<Established, Failure> {
     // This session takes the newest config: a restart asked for before now is served.
-    shared.restart.store(false, Ordering::Release);
+    restart.borrow_and_update();
     let config = shared.config();
     let ciphers = match config.transport {
         Transport::Tcp => vec![CipherSuite::None],
@@ -637,14 +763,18 @@ async fn establish_session(
             .map_err(Failure::Retry)?,
         None => None,
     };
-    let claims = claims_of(&config);
-    let server_name = forward::describe(&config, proxy.as_ref());
+    let mut claims = claims_of(&config);
+    for claim in &mut claims {
+        claim.ready = shared.health.is_up(claim.name);
+    }
+    let server_name = forward::describe(server, proxy.as_ref());
     let attempt = establish::establish(
-        forward::dial_server(&config, proxy.as_ref(), None, deadline),
+        forward::dial_server(&config, server, proxy.as_ref(), None, deadline),
         &server_name,
         &config.psk,
         &ciphers,
         &claims,
+        HelloMode::Serve,
         deadline,
     );
     let established = tokio::select! {
@@ -660,6 +790,16 @@ async fn establish_session(
                 .handshake_failed(HandshakeFailure::Refused);
             return Err(Failure::Fatal(ClientError::Refused(refusal)));
         }
+        Err(EstablishError::HelloRefused {
+            reason,
+            retry: false,
+        }) => {
+            shared
+                .telemetry
+                .metrics
+                .handshake_failed(HandshakeFailure::Protocol);
+            return Err(Failure::Fatal(ClientError::HelloRefused(reason)));
+        }
         Err(error) => {
             let reason = match error {
                 EstablishError::Connect { .. } => HandshakeFailure::Connect,
@@ -668,6 +808,7 @@ async fn establish_session(
                     HandshakeFailure::Timeout
                 }
                 EstablishError::Hello(_) => HandshakeFailure::Protocol,
+                EstablishError::HelloRefused { .. } => HandshakeFailure::TooManySessions,
                 _ => HandshakeFailure::Io,
             };
             shared.telemetry.metrics.handshake_failed(reason);
@@ -679,6 +820,7 @@ async fn establish_session(
         keys,
         server_addr,
         verdicts,
+        handshake_time,
         ..
     } = established;
     let names: Vec<&str> = claims.iter().map(|claim| claim.name).collect();
@@ -696,13 +838,13 @@ async fn establish_session(
                     forwards.insert(name.to_string());
                 }
                 if let Some(address) = address {
-                    info!(event = "service_bound", service = %name, %address, "the server bound this client-declared service");
+                    info!(event = "service_bound", %server, service = %name, %address, "the server bound this client-declared service");
                     bound.insert(name.to_string(), *address);
                 }
             }
             Verdict::Refused => refused.push(name.to_string()),
             Verdict::Denied { reason } => {
-                error!(event = "service_denied", service = %name, %reason, "the server refused this service: {reason}");
+                error!(event = "service_denied", %server, service = %name, %reason, "the server refused this service: {reason}");
                 denied.push(format!("{name}: {reason}"));
             }
         }
@@ -710,6 +852,7 @@ async fn establish_session(
     if !refused.is_empty() {
         error!(
             event = "auth_failed",
+            %server,
             services = %refused.join(","),
             "the server refused these services: wrong token, or not in the server's config"
         );
@@ -732,75 +875,81 @@ async fn establish_session(
     }
     backoff.reset();
 
+    let (control, control_rx) = mpsc::channel(CONTROL_QUEUE);
     let session = Arc::new(ClientSession {
         config: Arc::clone(&config),
+        server: server.clone(),
         server_addr,
         proxy,
         services: accepted,
         forwards,
+        bound,
+        rtt: handshake_time,
+        control,
+        control_rx: Mutex::new(Some(control_rx)),
         cancel: shared.cancel.child_token(),
         replaced: AtomicBool::new(false),
         shutdown: shared.cancel.clone(),
         since: std::time::SystemTime::now(),
         pool_slots: Arc::new(Semaphore::new(MAX_POOLED)),
+        open_streams: std::sync::atomic::AtomicU64::new(0),
         handshake_timeout: deadline,
         keys,
     });
-    let mut service_names: Vec<String> = session.services.iter().cloned().collect();
-    service_names.extend(session.forwards.iter().cloned());
-    service_names.sort();
-    Ok(Established {
-        channel,
-        session,
-        service_names,
-        bound,
-    })
+    // A target whose health changed while the hello was under way: say so now.
+    let mut changed: Vec<(String, bool)> = Vec::new();
+    for claim in &claims {
+        let up = shared.health.is_up(claim.name);
+        if up != claim.ready && session.services.contains(claim.name) {
+            changed.push((claim.name.to_owned(), up));
+        }
+    }
+    for (name, up) in changed {
+        health::report(&session, vec![name], up);
+    }
+    Ok(Established { channel, session })
 }
 
 /// A session the server accepted, not yet served.
 struct Established {
     channel: Channel,
     session: Arc<ClientSession>,
-    /// Every service the server accepted, sorted (for the status and the logs).
-    service_names: Vec<String>,
-    /// Client-declared services and the addresses the server bound for them.
-    bound: BTreeMap<String, SocketAddr>,
 }
 
-/// Serves `established` until its end: the current session for forward listeners and the
-/// status, a pool of data channels, and the control channel.
+/// Serves `established` until its end: a member of the sessions up for forward listeners
+/// and the status, a pool of data channels, and the control channel.
 async fn serve_session(shared: Arc<Shared>, established: Established) -> SessionEnd {
-    let Established {
-        channel,
-        session,
-        service_names,
-        bound,
-    } = established;
+    let Established { channel, session } = established;
     let config = Arc::clone(&session.config);
+    let names = session.service_names();
     info!(
         event = "session_started",
         session = %short_id(session.keys.session_id()),
-        server = %config.server,
+        server = %session.server,
         cipher = %session.keys.cipher(),
-        services = %service_names.join(","),
+        rtt_ms = session.rtt.as_secs_f64() * 1000.0,
+        services = %summarize(&names),
         "connected"
     );
     // The session serves forward listeners before the status says "connected": whoever
-    // watches the status may send at once.
-    *shared
-        .current
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner) = Some(Arc::clone(&session));
-    shared.status.send_modify(|s| {
-        s.connected = true;
-        s.sessions += 1;
-        s.services = service_names;
-        s.cipher = Some(session.keys.cipher());
-        s.bound = bound;
-    });
+    // watches the status may send at once. A session it replaces (a reload) leaves now.
+    {
+        let mut sessions = shared
+            .sessions
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        sessions.retain(|s| s.server != session.server || !s.replaced.load(Ordering::Acquire));
+        sessions.push(Arc::clone(&session));
+    }
+    shared.refresh_status(true);
     shared.telemetry.metrics.session_started();
 
-    let (_control_tx, control_rx) = mpsc::channel(CONTROL_QUEUE);
+    let control_rx = session
+        .control_rx
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .take()
+        .unwrap_or_else(|| mpsc::channel(1).1);
     for _ in 0..POOL_SIZE {
         pool::spawn_channel(&shared, &session);
     }
@@ -827,7 +976,7 @@ async fn serve_session(shared: Arc<Shared>, established: Established) -> Session
                 }
             }
             ControlMessage::Reclaim { reason } => {
-                info!(event = "reclaim_requested", %reason, "the server asks for a new session");
+                info!(event = "reclaim_requested", server = %session.server, %reason, "the server asks for a new session");
                 shared.restart_session();
             }
             other => warn!(
@@ -840,26 +989,35 @@ async fn serve_session(shared: Arc<Shared>, established: Established) -> Session
     .await;
     session.cancel.cancel();
     shared.telemetry.metrics.session_ended();
-    // A session that a newer one replaced leaves the newer one in place.
-    let mut current = shared
-        .current
+    shared
+        .sessions
         .lock()
-        .unwrap_or_else(PoisonError::into_inner);
-    if current.as_ref().is_some_and(|c| Arc::ptr_eq(c, &session)) {
-        current.take();
-    }
+        .unwrap_or_else(PoisonError::into_inner)
+        .retain(|s| !Arc::ptr_eq(s, &session));
+    shared.refresh_status(false);
     end
+}
+
+/// At most the first few names of a long list, for a log line.
+fn summarize(names: &[String]) -> String {
+    const SHOWN: usize = 16;
+    if names.len() <= SHOWN {
+        return names.join(",");
+    }
+    format!("{},… ({} in all)", names[..SHOWN].join(","), names.len())
 }
 
 /// Holds a session until it ends, returning how. A reload that needs a new session gets
 /// one established while this one still serves, and then takes its place (make before
-/// break: the server moves the services to the newest session, so no visitor finds none);
-/// the old one is closed with a goodbye, and its open streams keep flowing. A config with
-/// client-declared services breaks before it makes instead: the server binds their ports
-/// per session, so the old session must let them go first.
+/// break: the new session joins the services at the server before the old one leaves, so
+/// no visitor finds none); the old one is closed with a goodbye, and its open streams keep
+/// flowing. A config with client-declared services breaks before it makes instead: the
+/// server binds their ports per session, so the old session must let them go first.
 async fn hold(
     shared: &Arc<Shared>,
+    server: &HostPort,
     backoff: &mut Backoff,
+    restart: &mut watch::Receiver<u64>,
     mut established: Established,
 ) -> Result<SessionEnd, Failure> {
     loop {
@@ -870,21 +1028,25 @@ async fn hold(
         loop {
             tokio::select! {
                 end = &mut serving => return Ok(end.unwrap_or(SessionEnd::Cancelled)),
-                () = shared.restarted.notified() => {}
-            }
-            if !shared.restart.swap(false, Ordering::AcqRel) {
-                continue;
+                changed = restart.changed() => {
+                    if changed.is_err() {
+                        continue;
+                    }
+                }
             }
             info!(
                 event = "session_restarting",
+                %server,
                 "starting a session with the reloaded config"
             );
-            if declares_ports(&shared.config()) {
-                shared.restart.store(true, Ordering::Release);
+            let config = shared.config();
+            if declares_ports(&config) || !config.servers().contains(&server) {
+                // The link picks the new config (and its server) up when this one ends.
                 session.cancel.cancel();
-                continue;
+                let _ = (&mut serving).await;
+                return Ok(SessionEnd::Cancelled);
             }
-            let attempt = establish_session(shared, backoff);
+            let attempt = establish_session(shared, server, backoff, restart);
             tokio::pin!(attempt);
             let next = tokio::select! {
                 next = &mut attempt => next,
@@ -906,7 +1068,7 @@ async fn hold(
                 }
                 Err(failure) => {
                     session.cancel.cancel();
-                    // Its task says goodbye and leaves `current` empty.
+                    // Its task says goodbye and leaves the sessions list.
                     let _ = serving.await;
                     return Err(failure);
                 }
@@ -923,8 +1085,18 @@ fn declares_ports(config: &ClientConfig) -> bool {
         .any(|service| service.remote_bind.is_some())
 }
 
+/// One probe of a service's health check, as the running client would do it (for `warren
+/// doctor`).
+///
+/// # Errors
+/// Why the target fails its check.
+pub async fn health_check_once(check: &HealthCheck, target: &HostPort) -> Result<(), String> {
+    health::check_once(check, target).await
+}
+
 /// What a client claims in its hello: every service (reverse or client-declared), then
-/// every forward service, each with its token.
+/// every forward service, each with its token and weight (all ready: the caller sets
+/// readiness from the health checks).
 pub fn claims_of(config: &ClientConfig) -> Vec<Claim<'_>> {
     let reverse = config.services.values().map(|service| Claim {
         name: &service.name,
@@ -934,6 +1106,8 @@ pub fn claims_of(config: &ClientConfig) -> Vec<Claim<'_>> {
             (Some(remote_bind), ServiceKind::Udp(_)) => ClaimKind::DeclaredUdp { remote_bind },
             (None, _) => ClaimKind::Reverse,
         },
+        weight: service.weight,
+        ready: true,
     });
     let forward = config.forwards.values().map(|forward| {
         let target = forward.target.as_ref().map(HostPort::to_string);
@@ -944,6 +1118,8 @@ pub fn claims_of(config: &ClientConfig) -> Vec<Claim<'_>> {
                 ServiceKind::Tcp => ClaimKind::Forward { target },
                 ServiceKind::Udp(_) => ClaimKind::ForwardUdp { target },
             },
+            weight: 1,
+            ready: true,
         }
     });
     reverse.chain(forward).collect()

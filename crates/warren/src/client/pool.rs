@@ -87,7 +87,10 @@ async fn run_channel(
             },
         };
         drop(slot.take());
-        let Some(reusable) = serve_stream(shared, session, channel, open).await else {
+        let Some(reusable) = session
+            .counting(serve_stream(shared, session, channel, open))
+            .await
+        else {
             return;
         };
         channel = reusable;
@@ -109,6 +112,7 @@ async fn open_channel(session: &ClientSession) -> Result<Channel, String> {
     let attempt = async {
         let stream = super::forward::dial_server(
             &session.config,
+            &session.server,
             session.proxy.as_ref(),
             Some(session.server_addr),
             session.handshake_timeout,

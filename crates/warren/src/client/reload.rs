@@ -53,7 +53,7 @@ pub(super) async fn apply(shared: &Arc<Shared>, new: ClientConfig) -> ReloadResu
     // 2. Swap the config (and make room for new services' counters).
     let new_session = claims_of(&old) != claims_of(&new)
         || !old.common().same_handshake(&new.common())
-        || new.server != old.server
+        || new.servers() != old.servers()
         || new.proxy != old.proxy
         || new.prefer_ipv6 != old.prefer_ipv6;
     {
@@ -105,7 +105,15 @@ pub(super) async fn apply(shared: &Arc<Shared>, new: ClientConfig) -> ReloadResu
             .push(format!("forward service {name} listens on {addr}"));
     }
 
-    // 4. A new session when the server must hear of it.
+    // 4. Health checks the new config adds (removed ones end by themselves).
+    super::health::start_checks(shared);
+    if new.servers().len() > old.servers().len() {
+        summary
+            .needs_restart
+            .push("servers (a server added to the list is dialed after a restart)".to_owned());
+    }
+
+    // 5. A new session when the server must hear of it.
     if new_session {
         shared.restart_session();
         summary
@@ -117,7 +125,12 @@ pub(super) async fn apply(shared: &Arc<Shared>, new: ClientConfig) -> ReloadResu
 
 /// Lines for the settings that take effect without restarting anything.
 fn describe_settings(old: &ClientConfig, new: &ClientConfig, summary: &mut ReloadSummary) {
-    summary.note_setting("server", &old.server, &new.server, |s| s.to_string());
+    summary.note_setting("servers", &old.servers(), &new.servers(), |list| {
+        list.iter()
+            .map(|s| s.to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    });
     summary.note_handshake(&old.common(), &new.common());
     // A proxy URL may hold a password: say only that it changed.
     summary.note_setting("proxy", &old.proxy, &new.proxy, |_| "(set)".to_owned());

@@ -18,6 +18,7 @@ use super::file::{
     FileAdmin, FileClient, FileClientService, FileConfig, FileServer, FileServerService,
     RawDuration,
 };
+use super::ha;
 use super::proxy::{PortRange, ProxySetting};
 use super::suggest::did_you_mean;
 use super::typed::{
@@ -221,7 +222,14 @@ fn server_services(
         );
         let bind_key = join_key(&key, "bind");
         let proxy_protocol = proxy_protocol(report, &key, service.proxy_protocol.as_deref());
+        let load_balance = ha::load_balance(report, &key, service.load_balance.as_deref());
         if let (None, Some(text)) = (&service.bind, &service.target) {
+            if service.load_balance.is_some() {
+                report.fail(
+                    ConfigError::new(join_key(&key, "load_balance"), "`load_balance` spreads the visitors of a reverse service (with `bind`) over its clients; a forward service has none to spread")
+                        .with_hint("remove it"),
+                );
+            }
             let target = host_port(report, &join_key(&key, "target"), text);
             let token = token(report, "server", &name, service.token, default_token);
             let target = target.unwrap_or_else(|| HostPort {
@@ -276,6 +284,7 @@ fn server_services(
                 kind,
                 bind,
                 token,
+                load_balance,
             },
         );
     }
@@ -286,24 +295,41 @@ fn server_services(
 pub(crate) fn convert_client(file: FileClient, report: &mut Report) -> ClientConfig {
     let side = "client";
     let insecure = file.insecure.unwrap_or(false) || report.is_poisoned("client.insecure");
-    let server = match &file.server {
-        Some(text) => host_port(report, "client.server", text),
-        None => {
+    let placeholder = || HostPort {
+        host: "placeholder.invalid".to_owned(),
+        port: 1,
+    };
+    let (server, more_servers) = match (&file.server, &file.servers) {
+        (Some(text), None) => (host_port(report, "client.server", text), Vec::new()),
+        (None, Some(list)) if !list.is_empty() => {
+            let mut parsed = list.iter().enumerate().map(|(i, text)| {
+                host_port(report, &join_index("client.servers", i), text)
+                    .unwrap_or_else(placeholder)
+            });
+            let first = parsed.next();
+            (first, parsed.collect())
+        }
+        (Some(_), Some(_)) => {
+            report.fail(
+                ConfigError::new("client.servers", "both `server` and `servers` are set")
+                    .with_hint("list every server in `servers` and remove `server`"),
+            );
+            (None, Vec::new())
+        }
+        (None, _) => {
             missing(
                 report,
                 "client.server",
-                "the server's address, e.g. server = \"example.com:7000\"",
+                "the server's address, e.g. server = \"example.com:7000\" (or servers = [\"a.example.com:7000\", \"b.example.com:7000\"])",
             );
-            None
+            (None, Vec::new())
         }
-    }
-    .unwrap_or_else(|| HostPort {
-        host: "placeholder.invalid".to_owned(),
-        port: 1,
-    });
+    };
+    let server = server.unwrap_or_else(placeholder);
     let psk = Secret::new(file.psk.unwrap_or_default());
     let default_token = file.default_token.map(Secret::new);
     let mut config = ClientConfig::new(server, psk);
+    config.more_servers = more_servers;
     config.transport = transport(report, side, file.transport.as_deref());
     config.ciphers = ciphers(report, side, file.ciphers.as_deref());
     config.heartbeat_timeout = duration(
@@ -387,6 +413,8 @@ fn client_services(
             for (set, field) in [
                 (service.remote_bind.is_some(), "remote_bind"),
                 (service.proxy_protocol.is_some(), "proxy_protocol"),
+                (service.weight.is_some(), "weight"),
+                (service.health_check.is_some(), "health_check"),
             ] {
                 if set {
                     report.fail(
@@ -442,6 +470,8 @@ fn client_services(
             port: 1,
         });
         let token = token(report, "client", &name, service.token, default_token);
+        let weight = ha::weight(report, &key, service.weight);
+        let health_check = ha::health_check(report, &key, service.health_check);
         out.insert(
             name.clone(),
             ClientService {
@@ -451,6 +481,8 @@ fn client_services(
                 token,
                 remote_bind,
                 proxy_protocol,
+                weight,
+                health_check,
             },
         );
     }

@@ -89,14 +89,21 @@ pub struct FileServerService {
     /// UDP only: most visitor sessions at once; the least recently active is evicted when
     /// full. Default 4096.
     pub udp_max_sessions: Option<i64>,
+    /// Reverse services: how visitors are spread over the clients serving the service,
+    /// `"least-connections"` (default), `"round-robin"` or `"random"`.
+    pub load_balance: Option<String>,
 }
 
 /// The `[client]` section.
 #[derive(Debug, Clone, Default, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct FileClient {
-    /// `HOST:PORT` of the server (host: name, IPv4 or `[IPv6]`). Required.
+    /// `HOST:PORT` of the server (host: name, IPv4 or `[IPv6]`). Required, unless
+    /// `servers` lists them.
     pub server: Option<String>,
+    /// Several servers: the client keeps a session with every one at once (high
+    /// availability). Instead of `server`.
+    pub servers: Option<Vec<String>>,
     /// Pre-shared key, at least 16 characters. Required unless `insecure = true`.
     pub psk: Option<String>,
     /// Token for services that set none. Optional.
@@ -151,6 +158,12 @@ pub struct FileClientService {
     /// UDP only: most flows (target sockets) at once; the least recently active is closed
     /// when full. Default 4096.
     pub udp_max_sessions: Option<i64>,
+    /// Reverse services: this client's share of the service's visitors when several clients
+    /// serve it (1 to 1000). Default 1.
+    pub weight: Option<i64>,
+    /// Reverse services: check the target; while it fails, the server sends this client
+    /// no visitors of the service. Default: no check.
+    pub health_check: Option<super::ha::FileHealthCheck>,
 }
 
 /// A duration as written: a string such as `"10s"`, or a bare number, which is kept only
@@ -267,7 +280,8 @@ mod tests {
                 "token",
                 "proxy_protocol",
                 "udp_idle_timeout",
-                "udp_max_sessions"
+                "udp_max_sessions",
+                "load_balance"
             ]
         );
         assert_eq!(
@@ -280,7 +294,9 @@ mod tests {
                 "proxy_protocol",
                 "token",
                 "udp_idle_timeout",
-                "udp_max_sessions"
+                "udp_max_sessions",
+                "weight",
+                "health_check"
             ]
         );
     }

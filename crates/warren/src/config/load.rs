@@ -834,7 +834,7 @@ token = "${WARREN_TEST_TOKEN}"
         );
         assert!(text.contains("`allow_ports` belongs in [server]"), "{text}");
         assert!(
-            text.contains("valid keys in [client]: server, psk"),
+            text.contains("valid keys in [client]: server, servers, psk"),
             "{text}"
         );
     }

@@ -25,6 +25,7 @@ pub mod duration;
 pub mod env;
 mod error;
 pub mod file;
+pub mod ha;
 mod load;
 pub mod proxy;
 mod suggest;

@@ -384,13 +384,17 @@ pub struct ServerService {
     pub bind: SocketAddr,
     /// Token the client must prove (the service's own or the default one).
     pub token: Secret,
+    /// How visitors are spread over the sessions serving the service.
+    pub load_balance: super::ha::Strategy,
 }
 
 /// Everything the client runs with.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ClientConfig {
-    /// The server to dial.
+    /// The server to dial (the first of [`ClientConfig::servers`]).
     pub server: HostPort,
+    /// More servers: the client keeps a session with each at once (`servers = [...]`).
+    pub more_servers: Vec<HostPort>,
     /// Pre-shared key mixed into every handshake.
     pub psk: Secret,
     /// Token of services that set none; already copied into each [`ClientService`].
@@ -437,6 +441,10 @@ pub struct ClientService {
     pub remote_bind: Option<SocketAddr>,
     /// Write a PROXY protocol header to the target before the visitor's bytes.
     pub proxy_protocol: Option<ProxyProtocol>,
+    /// This client's share of the service's visitors when several clients serve it.
+    pub weight: u16,
+    /// The target's health check: while it fails, the service is withdrawn.
+    pub health_check: Option<super::ha::HealthCheck>,
 }
 
 /// A forward service on the client: it listens on `bind` and carries each connection to the
@@ -586,11 +594,19 @@ impl ServerConfig {
 }
 
 impl ClientConfig {
+    /// Every server the client keeps a session with: `server`, then `more_servers`.
+    pub fn servers(&self) -> Vec<&HostPort> {
+        std::iter::once(&self.server)
+            .chain(&self.more_servers)
+            .collect()
+    }
+
     /// A client of `server` with `psk`, no services and every other setting at its
     /// default. Call [`ClientConfig::validate`] after changing fields.
     pub fn new(server: HostPort, psk: Secret) -> Self {
         ClientConfig {
             server,
+            more_servers: Vec::new(),
             psk,
             default_token: None,
             transport: Transport::default(),
@@ -631,6 +647,35 @@ impl ClientConfig {
         check_common(&mut errors, side, self.common());
         if self.server.port == 0 {
             errors.push(port_zero("client.server"));
+        }
+        for (i, server) in self.more_servers.iter().enumerate() {
+            if server.port == 0 {
+                errors.push(port_zero(&format!("client.servers[{}]", i + 1)));
+            }
+        }
+        let servers = self.servers();
+        if servers.len() > super::ha::MAX_SERVERS {
+            errors.push(
+                ConfigError::new(
+                    "client.servers",
+                    format!(
+                        "{} servers listed; at most {} are supported",
+                        servers.len(),
+                        super::ha::MAX_SERVERS
+                    ),
+                )
+                .with_hint("put the servers behind an L4 load balancer and list fewer here"),
+            );
+        }
+        if let Some(twice) = servers
+            .iter()
+            .enumerate()
+            .find(|(i, server)| servers[..*i].contains(server))
+        {
+            errors.push(
+                ConfigError::new("client.servers", format!("{} is listed twice", twice.1))
+                    .with_hint("list every server once"),
+            );
         }
         check_nonzero(
             &mut errors,
@@ -1074,6 +1119,7 @@ mod tests {
                     kind: ServiceKind::Tcp,
                     bind: SocketAddr::from(([127, 0, 0, 1], port)),
                     token: strong(),
+                    load_balance: Default::default(),
                 },
             );
         }
@@ -1132,6 +1178,7 @@ mod tests {
                     kind,
                     bind: SocketAddr::from(([127, 0, 0, 1], port)),
                     token: strong(),
+                    load_balance: Default::default(),
                 },
             );
         }

@@ -10,6 +10,7 @@
 //! * A local connection that fails (e.g. reset by the visitor) sends `Close` to the peer, which
 //!   resets its own local connection in turn.
 
+pub mod opening;
 pub mod udp;
 
 use std::io;
@@ -114,7 +115,42 @@ pub async fn pump_metered(
     cancel: &CancellationToken,
     meter: Option<&Meter>,
 ) -> Result<Transferred, RelayError> {
-    pump_inner(local, channel, cancel, meter, LastEnd::Send).await
+    pump_inner(
+        local,
+        channel,
+        cancel,
+        meter,
+        LastEnd::Send,
+        StreamStart::default(),
+    )
+    .await
+}
+
+/// [`pump_metered`] for a stream whose opening already moved bytes (see [`opening`]):
+/// directions that `start` says ended are not pumped again, and its byte counts are
+/// included in the result (the caller adds them to `meter` itself).
+///
+/// # Errors
+/// As [`pump`].
+pub async fn pump_from(
+    local: TcpStream,
+    channel: &mut Channel,
+    cancel: &CancellationToken,
+    meter: Option<&Meter>,
+    start: StreamStart,
+) -> Result<Transferred, RelayError> {
+    pump_inner(local, channel, cancel, meter, LastEnd::Send, start).await
+}
+
+/// Where a stream stands when the pump takes it over.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct StreamStart {
+    /// The local side already ended (its `End` was sent).
+    pub up_ended: bool,
+    /// The peer already ended (the local side was shut down for writing).
+    pub down_ended: bool,
+    /// Bytes already moved.
+    pub moved: Transferred,
 }
 
 /// [`pump_metered`] for a channel the caller means to reuse: the `End` record of the
@@ -132,7 +168,15 @@ pub async fn pump_for_reuse(
     cancel: &CancellationToken,
     meter: Option<&Meter>,
 ) -> Result<Transferred, RelayError> {
-    pump_inner(local, channel, cancel, meter, LastEnd::Stage).await
+    pump_inner(
+        local,
+        channel,
+        cancel,
+        meter,
+        LastEnd::Stage,
+        StreamStart::default(),
+    )
+    .await
 }
 
 /// What the direction that finishes last does with its `End` record.
@@ -150,22 +194,33 @@ async fn pump_inner(
     cancel: &CancellationToken,
     meter: Option<&Meter>,
     last_end: LastEnd,
+    start: StreamStart,
 ) -> Result<Transferred, RelayError> {
     let Channel { reader, writer } = channel;
     // Until the stream ends cleanly, closing `local` means a reset: if this process dies
     // (even by SIGKILL), the kernel aborts the connection instead of sending a FIN that
     // would make a cut transfer look complete. Cleared below on the clean path.
     let _ = socket2::SockRef::from(&local).set_linger(Some(std::time::Duration::ZERO));
-    let mut moved = Transferred::default();
+    let mut moved = start.moved;
     let outcome = {
         let (mut local_read, mut local_write) = local.split();
         let up_tally = Tally::new(&mut moved.to_tunnel, meter, Towards::Tunnel);
         let down_tally = Tally::new(&mut moved.to_local, meter, Towards::Local);
         // Set once the tunnel-to-local direction has ended: the other one then ends last.
-        let down_ended = AtomicBool::new(false);
+        let down_ended = AtomicBool::new(start.down_ended);
         let both = async {
-            let up = local_to_tunnel(&mut local_read, writer, up_tally, (last_end, &down_ended));
-            let down = tunnel_to_local(reader, &mut local_write, down_tally, &down_ended);
+            let up = async {
+                if start.up_ended {
+                    return Ok(());
+                }
+                local_to_tunnel(&mut local_read, writer, up_tally, (last_end, &down_ended)).await
+            };
+            let down = async {
+                if start.down_ended {
+                    return Ok(());
+                }
+                tunnel_to_local(reader, &mut local_write, down_tally, &down_ended).await
+            };
             tokio::try_join!(up, down).map(|_| ())
         };
         tokio::select! {

@@ -4,7 +4,7 @@
 use std::sync::{Arc, PoisonError};
 
 use super::Shared;
-use crate::admin::{AdminSource, ServiceInfo, SessionInfo};
+use crate::admin::{AdminSource, ServiceInfo, ServingSession, SessionInfo};
 use crate::metrics::{Telemetry, unix_seconds};
 use crate::reload::Reload;
 use crate::session::short_id;
@@ -36,6 +36,8 @@ impl AdminSource for ServerAdmin {
                 cipher: session.keys.cipher().to_string(),
                 since: unix_seconds(session.since),
                 services: session.services.clone(),
+                open_streams: session.open_streams(),
+                server: None,
             })
             .collect();
         list.sort_by_key(|s| s.since);
@@ -50,19 +52,40 @@ impl AdminSource for ServerAdmin {
             .unwrap_or_else(PoisonError::into_inner)
             .values()
             .map(|binding| &binding.slot)
-            .map(|slot| ServiceInfo {
-                name: slot.name.clone(),
-                kind: slot.kind.name().to_owned(),
-                state: if slot.current().is_some() {
-                    "serving"
-                } else {
-                    "waiting"
-                },
-                active_connections: slot.meter.active(),
-                total_connections: slot.meter.total(),
-                bytes_in: slot.meter.bytes_in(),
-                bytes_out: slot.meter.bytes_out(),
-                errors: slot.meter.errors(),
+            .map(|slot| {
+                let servers = slot.servers();
+                ServiceInfo {
+                    name: slot.name.clone(),
+                    kind: slot.kind.name().to_owned(),
+                    state: if servers.iter().any(|s| s.ready) {
+                        "serving"
+                    } else if servers.is_empty() {
+                        "waiting"
+                    } else {
+                        "withdrawn"
+                    },
+                    active_connections: slot.meter.active(),
+                    total_connections: slot.meter.total(),
+                    bytes_in: slot.meter.bytes_in(),
+                    bytes_out: slot.meter.bytes_out(),
+                    errors: slot.meter.errors(),
+                    load_balance: Some(slot.strategy().name()),
+                    sessions: Some(
+                        servers
+                            .into_iter()
+                            .map(|server| ServingSession {
+                                session: short_id(&server.session.id()),
+                                peer: server.session.peer.to_string(),
+                                weight: server.weight,
+                                ready: server.ready,
+                                open_streams: server.open,
+                                picked: server.picked,
+                            })
+                            .collect(),
+                    ),
+                    retries: Some(slot.meter.retries()),
+                    health: None,
+                }
             })
             .collect();
         list.sort_by(|a, b| a.name.cmp(&b.name));
@@ -70,6 +93,26 @@ impl AdminSource for ServerAdmin {
     }
 
     fn refresh_metrics(&self) {
+        let slots: Vec<_> = self
+            .shared
+            .services
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .values()
+            .map(|binding| Arc::clone(&binding.slot))
+            .collect();
+        let metrics = &self.shared.telemetry.metrics;
+        for slot in &slots {
+            let (ready, withdrawn) = slot.readiness();
+            metrics.set_serving(&slot.name, ready, withdrawn);
+        }
+        metrics.set_session_streams(self.shared.sessions_now().iter().map(|session| {
+            (
+                short_id(&session.id()),
+                session.peer.to_string(),
+                session.open_streams(),
+            )
+        }));
         let udp: Vec<_> = self
             .shared
             .services

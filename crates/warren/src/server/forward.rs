@@ -22,17 +22,21 @@
 use std::collections::HashMap;
 use std::io;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use rand::RngCore;
 use tokio::net::{TcpListener, TcpStream, UdpSocket};
 use tracing::{debug, warn};
+use warren_proto::balance::Strategy;
 use warren_proto::handshake::DataHello;
-use warren_proto::message::{self, ClaimKind, Protocol, ServiceClaim, StreamOpen, Verdict};
+use warren_proto::message::{
+    self, ClaimKind, HelloClaim, Protocol, ServiceClaim, StreamOpen, Verdict,
+};
 
 use super::session::ServerSession;
 use super::{Authenticated, Rejected, ServiceSlot, Shared, serve_visitors, udp};
+use crate::config::proxy::PortRange;
 use crate::config::{HostPort, ServerConfig, ServerForward, ServiceKind, UdpSettings};
 use crate::crypto::keys::{self, SessionKeys};
 use crate::crypto::record::RecordKind;
@@ -101,12 +105,15 @@ impl Judgement {
     }
 }
 
-/// Decides every claim of a hello; binds the ports of accepted declared services.
+/// Decides every claim of a hello; binds the ports of accepted declared services, unless
+/// the hello only `probe`s (then a declared claim is judged as far as it can be without
+/// binding: token, rules, range).
 pub(super) async fn judge(
     shared: &Shared,
     keys: &SessionKeys,
-    claims: &[ServiceClaim],
+    claims: &[HelloClaim],
     peer: SocketAddr,
+    probe: bool,
 ) -> Judgement {
     let mut judgement = Judgement {
         verdicts: Vec::with_capacity(claims.len()),
@@ -120,7 +127,7 @@ pub(super) async fn judge(
     let proves = |token: &Secret, claim: &ServiceClaim| {
         keys::verify_token_proof(token, keys.handshake_hash(), &claim.name, &claim.proof)
     };
-    for claim in claims {
+    for claim in claims.iter().map(|claim| &claim.claim) {
         let verdict = match &claim.kind {
             ClaimKind::Reverse => {
                 if let Some(slot) = shared
@@ -199,6 +206,11 @@ pub(super) async fn judge(
                     .is_some_and(|token| proves(token, claim));
                 if !token_ok {
                     Verdict::Refused
+                } else if probe {
+                    match declared_addr(config, &claim.name, *remote_bind) {
+                        Ok(_) => Verdict::Accepted { bound: None },
+                        Err(reason) => denied(reason),
+                    }
                 } else {
                     match bind_declared(config, &claim.name, *remote_bind, protocol).await {
                         Ok(socket) => {
@@ -237,13 +249,13 @@ async fn bind_one(addr: SocketAddr, protocol: Protocol) -> io::Result<DeclaredSo
     }
 }
 
-/// Binds a declared service's port inside the server's `allow_ports` / `allow_bind_addrs`.
-async fn bind_declared(
+/// Where a declared service may bind under the server's rules: the IP, and the port
+/// range it must come from (the wanted port is checked against it). Binds nothing.
+fn declared_addr(
     config: &ServerConfig,
     name: &str,
     wanted: SocketAddr,
-    protocol: Protocol,
-) -> Result<DeclaredSocket, String> {
+) -> Result<(IpAddr, PortRange), String> {
     let Some(range) = config.allow_ports else {
         return Err(
             "this server does not accept client-declared services (its config sets no allow_ports)"
@@ -268,13 +280,24 @@ async fn bind_declared(
             list.join(", ")
         ));
     };
+    if wanted.port() != 0 && !range.contains(wanted.port()) {
+        return Err(format!(
+            "port {} is outside the server's allow_ports {range}",
+            wanted.port()
+        ));
+    }
+    Ok((ip, range))
+}
+
+/// Binds a declared service's port inside the server's `allow_ports` / `allow_bind_addrs`.
+async fn bind_declared(
+    config: &ServerConfig,
+    name: &str,
+    wanted: SocketAddr,
+    protocol: Protocol,
+) -> Result<DeclaredSocket, String> {
+    let (ip, range) = declared_addr(config, name, wanted)?;
     if wanted.port() != 0 {
-        if !range.contains(wanted.port()) {
-            return Err(format!(
-                "port {} is outside the server's allow_ports {range}",
-                wanted.port()
-            ));
-        }
         return bind_one(SocketAddr::new(ip, wanted.port()), protocol)
             .await
             .map_err(|e| match e.kind() {
@@ -319,15 +342,17 @@ pub(super) fn serve_declared(
             // uses the defaults, which bound its table all the same.
             DeclaredSocket::Udp(_) => ServiceKind::Udp(UdpSettings::DEFAULT),
         };
-        let slot = Arc::new(ServiceSlot {
-            meter: shared.telemetry.metrics.service(&name),
-            name,
+        let slot = Arc::new(ServiceSlot::new(
+            name.clone(),
             kind,
-            token: Secret::default(),
-            session: Mutex::new(Some(Arc::clone(session))),
+            Secret::default(),
+            shared.telemetry.metrics.service(&name),
             // Its visitors' streams outlive the session, as those of configured services do.
-            stop: shared.cancel.child_token(),
-        });
+            shared.cancel.child_token(),
+            Strategy::default(),
+        ));
+        // A declared port belongs to the one session that declared it.
+        slot.join(session, 1, true);
         let until = session.cancel.clone();
         match socket {
             DeclaredSocket::Tcp(listener) => {

@@ -16,12 +16,14 @@
 
 mod admin;
 mod forward;
+mod hello;
 pub mod pending;
 mod reload;
+mod serving;
 mod session;
 mod udp;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::Duration;
@@ -31,8 +33,9 @@ use tokio::net::{TcpListener, TcpStream, UdpSocket};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{debug, info, warn};
+use warren_proto::balance::Strategy;
 use warren_proto::handshake::{self as proto_handshake, DataHello, HandshakeError, SessionId};
-use warren_proto::message::{ControlMessage, StreamOpen};
+use warren_proto::message::{ControlMessage, HelloClaim, StreamOpen};
 use warren_proto::{CipherSuite, message};
 
 use crate::Side;
@@ -44,14 +47,16 @@ use crate::config::{
 use crate::crypto::keys::{self, SessionKeys};
 use crate::crypto::record::RecordKind;
 use crate::crypto::secret::Secret;
-use crate::metrics::{HandshakeFailure, LocalEnd, ServiceMeter, Telemetry};
+use crate::metrics::{HandshakeFailure, LocalEnd, Telemetry};
 use crate::relay;
+use crate::relay::opening::{Opened, Opening};
 use crate::relay::udp::{UdpStats, UdpStatsSnapshot};
 use crate::reload::{ConfigSource, Reloader, Requests};
 use crate::session::{self as control, Liveness, SessionEnd, short_id};
 use crate::transport::preamble::{self, Incoming, PreambleError};
 use crate::transport::{Channel, tcp};
 use pending::{PendingGuard, PendingLimiter};
+use serving::ServiceSlot;
 use session::ServerSession;
 
 /// Live sessions at once.
@@ -109,6 +114,8 @@ pub struct ServerBuilder {
     forwards: Vec<(String, ServiceKind, HostPort)>,
     /// PROXY protocol versions of forward services, by name.
     forward_proxy: HashMap<String, ProxyProtocol>,
+    /// Balancing strategies of reverse services, by name.
+    load_balance: HashMap<String, Strategy>,
 }
 
 impl ServerBuilder {
@@ -161,6 +168,13 @@ impl ServerBuilder {
         version: ProxyProtocol,
     ) -> Self {
         self.forward_proxy.insert(name.into(), version);
+        self
+    }
+
+    /// How visitors of reverse service `name` are spread over the clients serving it
+    /// (default least-connections).
+    pub fn load_balance(mut self, name: impl Into<String>, strategy: Strategy) -> Self {
+        self.load_balance.insert(name.into(), strategy);
         self
     }
 
@@ -222,6 +236,7 @@ impl ServerBuilder {
             self.config.services.insert(
                 name.clone(),
                 ServerService {
+                    load_balance: self.load_balance.get(&name).copied().unwrap_or_default(),
                     name,
                     kind,
                     bind,
@@ -254,6 +269,7 @@ impl Server {
             services: Vec::new(),
             forwards: Vec::new(),
             forward_proxy: HashMap::new(),
+            load_balance: HashMap::new(),
         }
     }
 
@@ -588,14 +604,14 @@ impl Binding {
     ) -> Binding {
         let udp_stats = matches!(socket, ServiceSocket::Udp(_)).then(Arc::default);
         Binding {
-            slot: Arc::new(ServiceSlot {
-                name: service.name.clone(),
-                kind: service.kind,
-                token: service.token.clone(),
-                session: Mutex::new(None),
-                meter: telemetry.metrics.service(&service.name),
-                stop: server_cancel.child_token(),
-            }),
+            slot: Arc::new(ServiceSlot::new(
+                service.name.clone(),
+                service.kind,
+                service.token.clone(),
+                telemetry.metrics.service(&service.name),
+                server_cancel.child_token(),
+                service.load_balance,
+            )),
             service: service.clone(),
             socket,
             udp_stats,
@@ -633,29 +649,6 @@ impl ServiceSocket {
             ServiceSocket::Tcp(listener) => listener.local_addr(),
             ServiceSocket::Udp(socket) => socket.local_addr(),
         }
-    }
-}
-
-/// One service and the session currently serving it.
-struct ServiceSlot {
-    name: String,
-    kind: ServiceKind,
-    token: Secret,
-    /// This service's counters (lock-free handles).
-    meter: ServiceMeter,
-    /// The newest session that claimed the service; a reconnecting client replaces it.
-    session: Mutex<Option<Arc<ServerSession>>>,
-    /// Stops the service's listener and every stream of its visitors: the server's
-    /// shutdown, or a reload that removes or changes the service.
-    stop: CancellationToken,
-}
-
-impl ServiceSlot {
-    fn current(&self) -> Option<Arc<ServerSession>> {
-        self.session
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
     }
 }
 
@@ -762,6 +755,32 @@ enum Rejected {
 }
 
 impl Rejected {
+    /// What an authenticated peer is told before the connection closes, and whether
+    /// retrying may help; `None` where the verdicts already said it (or nothing is owed).
+    fn tell(&self) -> Option<(String, bool)> {
+        match self {
+            Rejected::Protocol(what) if what.contains("exceeds the limit") => Some((
+                format!(
+                    "the server refused the hello: {what}; a client of Warren protocol v1 sends every claim in one message: upgrade the client, which sends its hello in parts"
+                ),
+                false,
+            )),
+            Rejected::Protocol(what) => Some((
+                format!(
+                    "the server refused the hello: protocol violation: {what}; are both sides the same Warren version?"
+                ),
+                false,
+            )),
+            Rejected::TooManySessions => Some((
+                format!(
+                    "the server already holds its maximum of {MAX_SESSIONS} sessions; retrying later"
+                ),
+                true,
+            )),
+            _ => None,
+        }
+    }
+
     /// The metrics label; `None` for what is not a failure (a probe session).
     fn failure(&self) -> Option<HandshakeFailure> {
         Some(match self {
@@ -867,71 +886,91 @@ async fn accept_control_channel(
         .await
         .map_err(|e| Rejected::Io(e.into()))?;
     let established = outcome.result.map_err(Rejected::Refused)?;
+    let version = established.version;
     let keys = SessionKeys::new(&established);
     let (sealer, opener) = keys.control_channel(Side::Server);
     let mut channel = Channel::new(stream, sealer, opener);
+    // From here on the peer has proven the PSK: a refusal says why before it closes.
+    match serve_hello(shared, &live, &mut channel, keys, peer, version).await {
+        Ok(session) => Ok(Authenticated::Control {
+            session,
+            channel: Box::new(channel),
+        }),
+        Err(rejected) => {
+            if let Some((reason, retry)) = rejected.tell() {
+                hello::refuse(&mut channel, version, &reason, retry).await;
+            }
+            Err(rejected)
+        }
+    }
+}
 
-    let claims = match control::recv_control(&mut channel).await {
-        Ok(ControlMessage::Hello { services }) => services,
-        Ok(other) => return Err(Rejected::Protocol(format!("expected hello, got {other:?}"))),
-        Err(SessionEnd::Protocol(what)) => return Err(Rejected::Protocol(what)),
-        Err(end) => return Err(Rejected::Protocol(end.to_string())),
-    };
-    let judgement = forward::judge(shared, &keys, &claims, peer).await;
+/// Receives a hello, judges its claims and, unless it only probes, registers the session
+/// for what it was granted; answers with the verdicts.
+async fn serve_hello(
+    shared: &Arc<Shared>,
+    live: &Live,
+    channel: &mut Channel,
+    keys: SessionKeys,
+    peer: SocketAddr,
+    version: u16,
+) -> Result<Arc<ServerSession>, Rejected> {
+    let hello = hello::receive(channel, version).await?;
+    let judgement = forward::judge(shared, &keys, &hello.claims, peer, hello.probe()).await;
     if !judgement.refused.is_empty() {
         Rejected::Tokens(judgement.refused.clone()).log(peer);
     }
-    // A hello with no claims is a probe (`warren ping`, `warren doctor`): a session that
-    // serves nothing but answers pings. Claims that were all refused end the session.
-    if judgement.accepted().is_empty() && !claims.is_empty() {
-        let reply = ControlMessage::HelloReply {
-            verdicts: judgement.verdicts,
-        };
-        let _ = control::send_control(&mut channel, &reply).await;
+    // A hello with no claims, or one that only probes, is a probe session (`warren ping`,
+    // `warren doctor`): it serves nothing and takes nothing over, but answers pings. Claims
+    // that were all refused end the session.
+    if judgement.accepted().is_empty() && !hello.claims.is_empty() && !hello.probe() {
+        let _ = hello::reply(channel, version, judgement.verdicts).await;
         return Err(Rejected::Tokens(Vec::new()));
     }
-    // Reverse and declared services: what visitors of a bound port reach. Forward services
-    // are kept apart, so a client's forward name never takes over a reverse service's slot.
-    let mut bound_services = judgement.reverse.clone();
-    bound_services.extend(judgement.declared.iter().map(|(name, _)| name.clone()));
-    let accepted = judgement.accepted();
-    let mut session = ServerSession::new(
-        keys,
-        peer,
-        bound_services,
-        judgement.forwards.clone(),
-        shared.cancel.child_token(),
-    );
-    session.unserved = claims
-        .iter()
-        .map(|claim| claim.name.clone())
-        .filter(|name| !accepted.contains(name))
-        .collect();
+    let mut session = ServerSession::new(keys, peer, shared.cancel.child_token());
+    session.version = version;
+    session.probe = hello.probe();
+    if !hello.probe() {
+        // Reverse and declared services: what visitors of a bound port reach. Forward
+        // services are kept apart, so a client's forward name never takes over a reverse
+        // service's slot.
+        session.services = judgement.reverse.clone();
+        session
+            .services
+            .extend(judgement.declared.iter().map(|(name, _)| name.clone()));
+        session.forwards = judgement.forwards.clone();
+        let accepted: HashSet<String> = judgement.accepted().into_iter().collect();
+        session.unserved = hello
+            .claims
+            .iter()
+            .map(|claim| claim.claim.name.clone())
+            .filter(|name| !accepted.contains(name))
+            .collect();
+    }
     let session = Arc::new(session);
     // Serve the services before saying so: a visitor arriving the moment the client hears
     // "accepted" must find the session, not a closed door.
-    register(shared, &session)?;
+    register(shared, &session, &hello.claims)?;
     // A reload that changed the handshake while this one ran closed the sessions it found;
     // this one was not among them yet.
     if reload::handshake_changed(&live.config, &shared.live().config) {
         session.close(reload::RECONNECT_REASON);
     }
     forward::serve_declared(shared, &session, judgement.declared);
-    let reply = ControlMessage::HelloReply {
-        verdicts: judgement.verdicts,
-    };
-    if let Err(e) = control::send_control(&mut channel, &reply).await {
+    if let Err(e) = hello::reply(channel, version, judgement.verdicts).await {
         unregister(shared, &session);
         return Err(Rejected::Protocol(e.to_string()));
     }
-    Ok(Authenticated::Control {
-        session,
-        channel: Box::new(channel),
-    })
+    Ok(session)
 }
 
-/// Makes `session` findable by its data channels and the server for its services.
-fn register(shared: &Arc<Shared>, session: &Arc<ServerSession>) -> Result<(), Rejected> {
+/// Makes `session` findable by its data channels, and joins it to the sets serving the
+/// services it was granted, with the weight and readiness its claims asked for.
+fn register(
+    shared: &Arc<Shared>,
+    session: &Arc<ServerSession>,
+    claims: &[HelloClaim],
+) -> Result<(), Rejected> {
     {
         let mut sessions = shared
             .sessions
@@ -942,16 +981,25 @@ fn register(shared: &Arc<Shared>, session: &Arc<ServerSession>) -> Result<(), Re
         }
         sessions.insert(session.id(), Arc::clone(session));
     }
+    if session.services.is_empty() {
+        return Ok(());
+    }
+    let offers: HashMap<&str, &HelloClaim> = claims
+        .iter()
+        .map(|claim| (claim.claim.name.as_str(), claim))
+        .collect();
     for name in &session.services {
+        let (weight, ready) = offers
+            .get(name.as_str())
+            .map_or((1, true), |claim| (u32::from(claim.weight), claim.ready));
         if let Some(slot) = shared.slot(name) {
-            *slot.session.lock().unwrap_or_else(PoisonError::into_inner) =
-                Some(Arc::clone(session));
+            slot.join(session, weight, ready);
         }
     }
     Ok(())
 }
 
-/// Undoes [`register`]; services a newer session took over stay with it.
+/// Undoes [`register`]: the session leaves every set it joined, at once.
 fn unregister(shared: &Arc<Shared>, session: &Arc<ServerSession>) {
     session.cancel.cancel();
     shared
@@ -961,9 +1009,26 @@ fn unregister(shared: &Arc<Shared>, session: &Arc<ServerSession>) {
         .remove(&session.id());
     for name in &session.services {
         if let Some(slot) = shared.slot(name) {
-            let mut current = slot.session.lock().unwrap_or_else(PoisonError::into_inner);
-            if current.as_ref().is_some_and(|s| Arc::ptr_eq(s, session)) {
-                *current = None;
+            slot.leave(&session.id());
+        }
+    }
+}
+
+/// A client's health report: its sessions' membership of these services turns ready or
+/// withdrawn.
+fn apply_health(shared: &Shared, session: &ServerSession, services: &[String], ready: bool) {
+    for name in services
+        .iter()
+        .filter(|name| session.services.contains(name))
+    {
+        if let Some(slot) = shared.slot(name)
+            && slot.set_ready(&session.id(), ready)
+        {
+            let session_id = short_id(&session.id());
+            if ready {
+                info!(event = "service_offered", service = %name, session = %session_id, peer = %session.peer, "the client reports this service's target healthy again");
+            } else {
+                info!(event = "service_withdrawn", service = %name, session = %session_id, peer = %session.peer, "the client reports this service's target unhealthy; not picking it");
             }
         }
     }
@@ -971,14 +1036,19 @@ fn unregister(shared: &Arc<Shared>, session: &Arc<ServerSession>) {
 
 async fn run_session(shared: &Arc<Shared>, session: Arc<ServerSession>, channel: Channel) {
     shared.telemetry.metrics.session_started();
-    info!(
-        event = "session_started",
-        session = %short_id(&session.id()),
-        peer = %session.peer,
-        cipher = %session.keys.cipher(),
-        services = %session.services.join(","),
-        "client connected"
-    );
+    if session.probe {
+        debug!(event = "probe_started", session = %short_id(&session.id()), peer = %session.peer, "a diagnostic session (doctor or ping) connected; it serves nothing");
+    } else {
+        info!(
+            event = "session_started",
+            session = %short_id(&session.id()),
+            peer = %session.peer,
+            version = session.version,
+            cipher = %session.keys.cipher(),
+            services = %summarize(&session.services),
+            "client connected"
+        );
+    }
     let interval = shared.live().config.heartbeat_interval;
     let liveness = Liveness {
         ping_interval: Some(interval),
@@ -991,12 +1061,15 @@ async fn run_session(shared: &Arc<Shared>, session: Arc<ServerSession>, channel:
         outgoing,
         session.cancel.clone(),
         || session.goodbye_reason(),
-        |message| {
-            debug!(
+        |message| match message {
+            ControlMessage::Health { services, ready } => {
+                apply_health(shared, &session, &services, ready)
+            }
+            message => debug!(
                 event = "control_ignored",
                 ?message,
                 "ignoring unexpected control message from client"
-            );
+            ),
         },
     )
     .await;
@@ -1010,6 +1083,15 @@ async fn run_session(shared: &Arc<Shared>, session: Arc<ServerSession>, channel:
             info!(event = "session_ended", session = %short_id(&session.id()), peer = %session.peer, reason = %other, "client disconnected")
         }
     }
+}
+
+/// At most the first few names of a long list, for a log line.
+fn summarize(names: &[String]) -> String {
+    const SHOWN: usize = 16;
+    if names.len() <= SHOWN {
+        return names.join(",");
+    }
+    format!("{},… ({} in all)", names[..SHOWN].join(","), names.len())
 }
 
 /// Accepts visitors of one service until its slot stops (or `until`, for a declared
@@ -1053,50 +1135,83 @@ async fn serve_visitors(
 
 async fn serve_visitor(
     slot: Arc<ServiceSlot>,
-    visitor: TcpStream,
+    mut visitor: TcpStream,
     peer: SocketAddr,
     cancel: CancellationToken,
     telemetry: Arc<Telemetry>,
 ) {
-    let Some(session) = slot.current() else {
-        slot.meter.error();
-        debug!(event = "visitor_rejected", service = %slot.name, %peer, "no client serves this service; closing visitor");
-        tcp::reset(visitor);
-        return;
-    };
     let started = tokio::time::Instant::now();
-    let opened = tokio::select! {
-        () = cancel.cancelled() => return,
-        opened = tokio::time::timeout(
-            STREAM_OPEN_TIMEOUT,
-            open_stream(&session, &slot.name, Some(peer), visitor.local_addr().ok()),
-        ) => opened,
-    };
-    let mut channel = match opened {
-        Ok(Ok(channel)) => channel,
-        Ok(Err(error)) => {
+    let local = visitor.local_addr().ok();
+    // Retry before reset: a session that fails the visitor before any byte went back hands
+    // it on to the next one, replaying what the visitor sent.
+    let mut tried: Vec<SessionId> = Vec::new();
+    let mut opening = Opening::default();
+    let (lease, mut channel, start) = loop {
+        let Some(lease) = slot.pick(&tried) else {
             slot.meter.error();
-            warn!(event = "stream_open_failed", service = %slot.name, %peer, %error, "could not open a stream to the client");
+            if tried.is_empty() {
+                debug!(event = "visitor_rejected", service = %slot.name, %peer, "no client serves this service; closing visitor");
+            } else {
+                warn!(event = "visitor_rejected", service = %slot.name, %peer, sessions = tried.len(), "every session serving this service failed the visitor; resetting it");
+            }
             tcp::reset(visitor);
             return;
+        };
+        if !tried.is_empty() {
+            slot.retried();
         }
-        Err(_) => {
-            slot.meter.error();
-            warn!(event = "stream_open_failed", service = %slot.name, %peer, "no data channel from the client within {STREAM_OPEN_TIMEOUT:?}");
-            tcp::reset(visitor);
-            return;
+        tried.push(lease.session.id());
+        let opened = tokio::select! {
+            () = cancel.cancelled() => return,
+            opened = tokio::time::timeout(
+                STREAM_OPEN_TIMEOUT,
+                open_stream(&lease.session, &slot.name, Some(peer), local),
+            ) => opened,
+        };
+        let mut channel = match opened {
+            Ok(Ok(channel)) => channel,
+            Ok(Err(error)) => {
+                debug!(event = "stream_open_failed", service = %slot.name, %peer, session = %short_id(&lease.session.id()), %error, "could not open a stream to the client; trying another session");
+                continue;
+            }
+            Err(_) => {
+                warn!(event = "stream_open_failed", service = %slot.name, %peer, session = %short_id(&lease.session.id()), "no data channel from the client within {STREAM_OPEN_TIMEOUT:?}; trying another session");
+                continue;
+            }
+        };
+        match opening.open(&mut visitor, &mut channel, &cancel).await {
+            Opened::Answered(start) => break (lease, channel, start),
+            Opened::Refused(reason) if opening.replayable() => {
+                debug!(event = "stream_refused", service = %slot.name, %peer, session = %short_id(&lease.session.id()), %reason, "the client could not serve the stream; trying another session");
+            }
+            Opened::Refused(reason) => {
+                slot.meter.error();
+                debug!(event = "stream_aborted", service = %slot.name, %peer, %reason, "stream refused after more than a replay keeps; resetting the visitor");
+                tcp::reset(visitor);
+                return;
+            }
+            Opened::Aborted(error) => {
+                if !matches!(error, relay::RelayError::Cancelled) {
+                    slot.meter.error();
+                }
+                debug!(event = "stream_aborted", service = %slot.name, %peer, %error, "visitor connection aborted");
+                tcp::reset(visitor);
+                return;
+            }
         }
     };
     slot.meter.connected_in(started.elapsed());
-    debug!(event = "stream_opened", service = %slot.name, %peer, "visitor connected");
+    debug!(event = "stream_opened", service = %slot.name, %peer, session = %short_id(&lease.session.id()), "visitor connected");
     let (meter, _listed) = telemetry.open(&slot.meter, &slot.name, peer, LocalEnd::Visitor);
-    match relay::pump_metered(visitor, &mut channel, &cancel, Some(&meter)).await {
+    meter.to_tunnel(start.moved.to_tunnel);
+    meter.to_local(start.moved.to_local);
+    match relay::pump_from(visitor, &mut channel, &cancel, Some(&meter), start).await {
         Ok(moved) => {
             debug!(event = "stream_closed", service = %slot.name, %peer, up = moved.to_tunnel, down = moved.to_local, "visitor done");
             // Reusing the channel spares the client a connect and a channel handshake, but
             // only the client knows its side ended cleanly too: wait for its word.
             if relay::await_idle(&mut channel.reader).await {
-                session.add_idle_channel(channel);
+                lease.session.add_idle_channel(channel);
             }
         }
         Err(error) => {

@@ -7,6 +7,7 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -39,6 +40,12 @@ pub enum TakeChannelError {
 pub struct ServerSession {
     pub(super) keys: SessionKeys,
     pub(super) peer: SocketAddr,
+    /// The protocol version the client speaks.
+    pub(super) version: u16,
+    /// A diagnostic session (`warren doctor`, `warren ping`): it serves nothing.
+    pub(super) probe: bool,
+    /// Streams open on this session now (visitors of every service it serves).
+    open_streams: AtomicU64,
     /// Services this session was accepted for.
     pub(super) services: Vec<String>,
     /// Forward services this session may open streams for: the client's name -> the
@@ -60,20 +67,19 @@ pub struct ServerSession {
 }
 
 impl ServerSession {
-    pub(super) fn new(
-        keys: SessionKeys,
-        peer: SocketAddr,
-        services: Vec<String>,
-        forwards: HashMap<String, ServerForward>,
-        cancel: CancellationToken,
-    ) -> Self {
+    /// A session that serves nothing yet: the caller fills in what its hello was granted
+    /// before sharing it.
+    pub(super) fn new(keys: SessionKeys, peer: SocketAddr, cancel: CancellationToken) -> Self {
         let (control, control_rx) = mpsc::channel(CONTROL_QUEUE);
         let (idle_tx, idle_rx) = mpsc::channel(MAX_IDLE_CHANNELS);
         ServerSession {
             keys,
             peer,
-            services,
-            forwards,
+            version: warren_proto::handshake::PROTOCOL_VERSION,
+            probe: false,
+            open_streams: AtomicU64::new(0),
+            services: Vec::new(),
+            forwards: HashMap::new(),
             unserved: Vec::new(),
             cancel,
             since: std::time::SystemTime::now(),
@@ -87,6 +93,21 @@ impl ServerSession {
 
     pub(super) fn id(&self) -> SessionId {
         *self.keys.session_id()
+    }
+
+    /// Counts a stream picked on this session.
+    pub(super) fn streams_opened(&self) {
+        self.open_streams.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts a stream of this session that ended.
+    pub(super) fn stream_closed(&self) {
+        self.open_streams.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    /// Streams open on this session now.
+    pub(super) fn open_streams(&self) -> u64 {
+        self.open_streams.load(Ordering::Relaxed)
     }
 
     /// Ends the session from the server's side; the client reads `reason` in the goodbye.

@@ -26,18 +26,24 @@ pub(super) struct UdpService {
     pub(super) stats: Arc<UdpStats>,
 }
 
-/// Channels from the session currently serving a service slot.
+/// Channels from the sessions serving a service slot: each new flow goes to the session
+/// the service's balancing picks.
 struct SlotSource(Arc<ServiceSlot>);
 
 impl ChannelSource for SlotSource {
     type Session = ServerSession;
 
-    fn current(&self) -> Option<Arc<ServerSession>> {
-        self.0.current()
+    fn pick(&self) -> Option<Arc<ServerSession>> {
+        // A flow is not a stream: the lease ends at once, so flows spread round-robin.
+        self.0.pick(&[]).map(|lease| Arc::clone(&lease.session))
     }
 
     fn session_cancel(&self, session: &ServerSession) -> CancellationToken {
         session.cancel.clone()
+    }
+
+    fn is_live(&self, session: &ServerSession) -> bool {
+        !session.cancel.is_cancelled()
     }
 
     async fn open(&self, session: Arc<ServerSession>) -> Result<Channel, String> {

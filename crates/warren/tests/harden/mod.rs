@@ -129,12 +129,14 @@ pub async fn time_until_echo(addr: SocketAddr, timeout: Duration) -> Option<Dura
 }
 
 /// The first frame of a genuine control channel (preamble with Noise message 1) under
-/// `psk`, and the handshake to finish with the reply.
+/// `psk`, and the handshake to finish with the reply. It speaks protocol v1 (one `Hello`,
+/// one `HelloReply`), so these tests also keep v1 clients working against this server.
 pub fn message1(psk: &str) -> (ClientHandshake, Vec<u8>) {
     let noise_psk = keys::noise_psk(&Secret::new(psk));
-    ClientHandshake::start(
+    ClientHandshake::start_version(
         &noise_psk,
         &[CipherSuite::ChaCha20Poly1305, CipherSuite::None],
+        1,
     )
     .expect("client handshake")
 }

@@ -73,6 +73,13 @@ impl<K: Hash + Eq + Clone, V> FlowTable<K, V> {
         Some(&entry.value)
     }
 
+    /// As [`FlowTable::touch`], for changing the value.
+    pub fn touch_mut(&mut self, key: &K, now: Instant) -> Option<&mut V> {
+        let entry = self.entries.get_mut(key)?;
+        entry.last_active = now;
+        Some(&mut entry.value)
+    }
+
     /// Adds a flow active at `now`. If the table was full, the least recently active flow
     /// is removed first and returned.
     pub fn insert(&mut self, key: K, value: V, now: Instant) -> Option<(K, V)> {

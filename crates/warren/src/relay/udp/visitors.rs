@@ -8,10 +8,12 @@
 //! comes from, which a [`ChannelSource`] says.
 //!
 //! Each visitor address gets a flow id in a bounded [`FlowTable`] (LRU eviction when full,
-//! idle expiry with traffic in either direction refreshing it). The first visitor datagram
-//! after a session starts opens a channel; a channel that dies is replaced at the next
-//! datagram. UDP never shares a channel with a TCP stream, so a slow TCP transfer never
-//! delays a datagram.
+//! idle expiry with traffic in either direction refreshing it). A new flow is given to a
+//! session the source picks, and stays on it while that session lives (a service served by
+//! several sessions spreads its flows, and a flow whose session ended moves to another at
+//! its next datagram). The first datagram for a session opens its channel; a channel that
+//! dies is replaced at the next datagram. UDP never shares a channel with a TCP stream, so a
+//! slow TCP transfer never delays a datagram.
 //!
 //! Tasks: the service loop ([`serve`]) reads the socket, keeps the table and hands
 //! datagrams to the current channel through a bounded queue (`try_send`: a full queue drops
@@ -45,12 +47,15 @@ pub trait ChannelSource: Send + Sync + 'static {
     /// channel (this is how UDP comes back after a reconnect).
     type Session: Send + Sync + 'static;
 
-    /// The session serving the service right now; `None` drops the datagram (counted as
-    /// `dropped_no_client`).
-    fn current(&self) -> Option<Arc<Self::Session>>;
+    /// The session for a new flow (or one whose session ended); `None` drops the datagram
+    /// (counted as `dropped_no_client`).
+    fn pick(&self) -> Option<Arc<Self::Session>>;
 
     /// Cancelled when `session` ends; the channel's task stops with it.
     fn session_cancel(&self, session: &Self::Session) -> CancellationToken;
+
+    /// Whether `session` still serves the service (a flow on it stays there).
+    fn is_live(&self, session: &Self::Session) -> bool;
 
     /// Opens a datagram channel on `session` with its `StreamOpen` sent. Must give up on
     /// its own within a bounded time.
@@ -74,44 +79,70 @@ pub struct VisitorSide<S> {
     pub source: Arc<S>,
 }
 
-/// The visitors of one service: flow id -> visitor address, and the reverse index.
-struct Flows {
-    table: FlowTable<FlowId, SocketAddr>,
+/// One visitor's flow: where its replies go and the session carrying it.
+struct Flow<T> {
+    visitor: SocketAddr,
+    session: Arc<T>,
+}
+
+/// The visitors of one service: flow id -> visitor and session, and the reverse index.
+struct Flows<T> {
+    table: FlowTable<FlowId, Flow<T>>,
     by_addr: HashMap<SocketAddr, FlowId>,
     next_id: FlowId,
 }
 
-impl Flows {
-    /// The flow of `peer`, refreshed, or a new one (then `Some`, with the visitor it
-    /// evicted, if any).
-    fn flow_for(&mut self, peer: SocketAddr, now: Instant) -> (FlowId, Option<Option<SocketAddr>>) {
-        if let Some(&id) = self.by_addr.get(&peer) {
-            self.table.touch(&id, now);
-            return (id, None);
+impl<T> Flows<T> {
+    /// The flow of `peer`, refreshed, and its session, if it has a flow.
+    fn existing(&mut self, peer: SocketAddr, now: Instant) -> Option<(FlowId, &Arc<T>)> {
+        let id = *self.by_addr.get(&peer)?;
+        self.table.touch(&id, now).map(|flow| (id, &flow.session))
+    }
+
+    /// Moves flow `id` to `session`.
+    fn move_to(&mut self, id: FlowId, session: Arc<T>, now: Instant) {
+        if let Some(flow) = self.table.touch_mut(&id, now) {
+            flow.session = session;
         }
+    }
+
+    /// A new flow for `peer` on `session`, with the visitor it evicted, if any.
+    fn insert(
+        &mut self,
+        peer: SocketAddr,
+        session: Arc<T>,
+        now: Instant,
+    ) -> (FlowId, Option<SocketAddr>) {
         let id = self.next_id;
         self.next_id = self.next_id.wrapping_add(1);
-        let evicted = self.table.insert(id, peer, now).map(|(_, addr)| {
-            self.by_addr.remove(&addr);
-            addr
+        let flow = Flow {
+            visitor: peer,
+            session,
+        };
+        let evicted = self.table.insert(id, flow, now).map(|(_, flow)| {
+            self.by_addr.remove(&flow.visitor);
+            flow.visitor
         });
         self.by_addr.insert(peer, id);
-        (id, Some(evicted))
+        (id, evicted)
     }
 
     /// The visitor of `flow`, refreshed.
     fn visitor(&mut self, flow: FlowId, now: Instant) -> Option<SocketAddr> {
-        self.table.touch(&flow, now).copied()
+        self.table.touch(&flow, now).map(|flow| flow.visitor)
     }
 
     fn expire(&mut self, now: Instant) -> usize {
         let expired = self.table.expire(now);
-        for (_, addr) in &expired {
-            self.by_addr.remove(addr);
+        for (_, flow) in &expired {
+            self.by_addr.remove(&flow.visitor);
         }
         expired.len()
     }
 }
+
+/// Most channels one service keeps open at once (one per session carrying its flows).
+const MAX_LINKS: usize = 64;
 
 /// The channel currently carrying this service's datagrams, and the session it belongs to.
 struct Link<T> {
@@ -120,10 +151,10 @@ struct Link<T> {
 }
 
 /// What every channel task of one service shares with the service loop.
-struct Service<S> {
+struct Service<S: ChannelSource> {
     name: String,
     socket: Arc<UdpSocket>,
-    flows: Mutex<Flows>,
+    flows: Mutex<Flows<S::Session>>,
     stats: Arc<UdpStats>,
     source: Arc<S>,
 }
@@ -155,7 +186,7 @@ pub async fn serve<S: ChannelSource>(
     });
     let name = &service.name;
     let stats = &service.stats;
-    let mut link: Option<Link<S::Session>> = None;
+    let mut links: Vec<Link<S::Session>> = Vec::new();
     let mut buf = vec![0u8; RECV_BUF_LEN];
     let mut sweep = tokio::time::interval(sweep_interval(settings.idle_timeout));
     sweep.set_missed_tick_behavior(MissedTickBehavior::Delay);
@@ -194,39 +225,75 @@ pub async fn serve<S: ChannelSource>(
             debug!(event = "udp_dropped", service = %name, %peer, len, reason = "oversized", "datagram larger than 65,507 bytes dropped");
             continue;
         }
-        let Some(session) = service.source.current() else {
-            stats.bump(Counter::DroppedNoClient);
-            debug!(event = "udp_dropped", service = %name, %peer, reason = "no_session", "no session serves this service; datagram dropped");
-            continue;
+        let now = Instant::now();
+        let found = {
+            let mut flows = service.flows.lock().unwrap_or_else(PoisonError::into_inner);
+            flows.existing(peer, now).map(|(id, session)| {
+                (
+                    id,
+                    service.source.is_live(session).then(|| Arc::clone(session)),
+                )
+            })
         };
-        let (flow, opened) = service
-            .flows
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .flow_for(peer, Instant::now());
-        if opened.is_some() {
-            stats.bump(Counter::FlowsOpened);
-            debug!(event = "udp_flow_opened", service = %name, %peer, flow, "new UDP session");
-        }
-        if let Some(evicted) = opened.flatten() {
-            stats.bump(Counter::FlowsEvicted);
-            let total = stats.snapshot().flows_evicted;
-            warn!(
-                event = "udp_flow_evicted",
-                service = %name,
-                peer = %evicted,
-                evicted_total = total,
-                max_sessions = settings.max_sessions,
-                "UDP session table full; evicted the least recently active visitor"
-            );
-        }
-        let current = link
-            .as_ref()
-            .is_some_and(|l| Arc::ptr_eq(&l.session, &session) && !l.queue.is_closed());
-        if !current {
-            link = Some(open_link(&service, &tasks, session));
-        }
-        let Some(link) = &link else { continue };
+        let (flow, session) = match found {
+            Some((id, Some(session))) => (id, session),
+            Some((id, None)) => {
+                // Its session ended: the flow moves to another one.
+                let Some(session) = service.source.pick() else {
+                    stats.bump(Counter::DroppedNoClient);
+                    debug!(event = "udp_dropped", service = %name, %peer, reason = "no_session", "no session serves this service; datagram dropped");
+                    continue;
+                };
+                service
+                    .flows
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .move_to(id, Arc::clone(&session), now);
+                (id, session)
+            }
+            None => {
+                let Some(session) = service.source.pick() else {
+                    stats.bump(Counter::DroppedNoClient);
+                    debug!(event = "udp_dropped", service = %name, %peer, reason = "no_session", "no session serves this service; datagram dropped");
+                    continue;
+                };
+                let (id, evicted) = service
+                    .flows
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .insert(peer, Arc::clone(&session), now);
+                stats.bump(Counter::FlowsOpened);
+                debug!(event = "udp_flow_opened", service = %name, %peer, flow = id, "new UDP session");
+                if let Some(evicted) = evicted {
+                    stats.bump(Counter::FlowsEvicted);
+                    let total = stats.snapshot().flows_evicted;
+                    warn!(
+                        event = "udp_flow_evicted",
+                        service = %name,
+                        peer = %evicted,
+                        evicted_total = total,
+                        max_sessions = settings.max_sessions,
+                        "UDP session table full; evicted the least recently active visitor"
+                    );
+                }
+                (id, session)
+            }
+        };
+        let index = match links
+            .iter()
+            .position(|l| Arc::ptr_eq(&l.session, &session) && !l.queue.is_closed())
+        {
+            Some(index) => index,
+            None => {
+                links.retain(|l| !l.queue.is_closed() && service.source.is_live(&l.session));
+                if links.len() >= MAX_LINKS {
+                    links.remove(0);
+                }
+                links.push(open_link(&service, &tasks, session));
+                links.len() - 1
+            }
+        };
+        let link = &links[index];
         match link.queue.try_send((flow, buf[..len].to_vec())) {
             Ok(()) => stats.bump(Counter::ToTunnel),
             Err(_) => stats.bump(Counter::DroppedQueueFull),

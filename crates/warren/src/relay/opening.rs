@@ -1,0 +1,176 @@
+//! The opening of a stream that its far end may still refuse: what the visitor sends is kept
+//! until the first answer comes back, so a stream refused before any byte reached the
+//! visitor can be replayed on another session (the server's *retry before reset*).
+//!
+//! The visitor's bytes are not held back: they go into the tunnel at once, as they would
+//! through [`super::pump`], and a copy is kept (up to [`REPLAY_LIMIT`]). The opening ends
+//! with the first record from the far end: data or `End` commits the stream to this
+//! channel and the pump takes over ([`super::pump_from`]); `Close`, or a channel that dies
+//! first, means nothing reached the visitor and the caller may try again elsewhere with the
+//! same [`Opening`]. A visitor that sends more than the limit before any answer commits the
+//! stream too: past that point a replay could not be complete.
+
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio_util::sync::CancellationToken;
+
+use super::{RelayError, StreamStart, Transferred};
+use crate::crypto::record::RecordKind;
+use crate::transport::Channel;
+use crate::transport::records::Record;
+
+/// Most visitor bytes kept for a replay.
+pub const REPLAY_LIMIT: usize = 64 * 1024;
+
+/// Largest record a replay sends.
+const CHUNK: usize = 16 * 1024;
+
+/// How long telling the far end of an abort may take.
+const CLOSE_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// What the visitor has sent so far on a stream that no session has answered yet.
+#[derive(Debug, Default)]
+pub struct Opening {
+    sent: Vec<u8>,
+    /// The visitor half-closed (its `End` is part of the replay).
+    ended: bool,
+    /// More than [`REPLAY_LIMIT`] was sent: no replay is possible any more.
+    overflowed: bool,
+}
+
+/// How the opening of a stream on one channel ended.
+#[derive(Debug)]
+pub enum Opened {
+    /// The far end answered (or the visitor sent more than a replay keeps): relay the rest
+    /// with [`super::pump_from`] on this channel.
+    Answered(StreamStart),
+    /// The far end refused the stream, or its channel failed, before any byte went back to
+    /// the visitor: the stream may be replayed on another channel.
+    Refused(String),
+    /// The visitor failed or we are shutting down: the stream is over (the far end was told).
+    Aborted(RelayError),
+}
+
+impl Opening {
+    /// Opens the stream on `channel` (whose `StreamOpen` is staged or sent): replays what
+    /// the visitor sent on earlier attempts, then relays until the first answer.
+    pub async fn open(
+        &mut self,
+        visitor: &mut TcpStream,
+        channel: &mut Channel,
+        cancel: &CancellationToken,
+    ) -> Opened {
+        if let Err(error) = self.replay(visitor, channel).await {
+            return Opened::Refused(error);
+        }
+        let mut buf = vec![0u8; CHUNK];
+        loop {
+            let Channel { reader, writer } = &mut *channel;
+            tokio::select! {
+                () = cancel.cancelled() => {
+                    close(channel, "shutting down").await;
+                    return Opened::Aborted(RelayError::Cancelled);
+                }
+                record = reader.read() => {
+                    return match record {
+                        Ok(Some(Record::Data(bytes))) => match visitor.write_all(bytes).await {
+                            Ok(()) => Opened::Answered(self.start(false, bytes.len())),
+                            Err(error) => {
+                                close(channel, "the visitor's connection failed").await;
+                                Opened::Aborted(RelayError::Local(error))
+                            }
+                        },
+                        Ok(Some(Record::End)) => match visitor.shutdown().await {
+                            Ok(()) => Opened::Answered(self.start(true, 0)),
+                            Err(error) => Opened::Aborted(RelayError::Local(error)),
+                        },
+                        Ok(Some(Record::Close(reason))) => {
+                            Opened::Refused(String::from_utf8_lossy(reason).into_owned())
+                        }
+                        Ok(Some(_)) => Opened::Refused(RelayError::Protocol.to_string()),
+                        Ok(None) => Opened::Refused(RelayError::TunnelCut.to_string()),
+                        Err(error) => Opened::Refused(error.to_string()),
+                    };
+                }
+                read = visitor.read(&mut buf), if !self.ended => match read {
+                    Ok(0) => {
+                        self.ended = true;
+                        if let Err(error) = writer.send(RecordKind::End, &[]).await {
+                            return Opened::Refused(error.to_string());
+                        }
+                    }
+                    Ok(n) => {
+                        if let Err(error) = writer.send(RecordKind::Data, &buf[..n]).await {
+                            return Opened::Refused(error.to_string());
+                        }
+                        if self.sent.len() + n > REPLAY_LIMIT {
+                            self.overflowed = true;
+                            self.sent.extend_from_slice(&buf[..n]);
+                            return Opened::Answered(self.start(false, 0));
+                        }
+                        self.sent.extend_from_slice(&buf[..n]);
+                    }
+                    Err(error) => {
+                        close(channel, "the visitor's connection failed").await;
+                        return Opened::Aborted(RelayError::Local(error));
+                    }
+                },
+            }
+        }
+    }
+
+    /// Whether another attempt could replay everything the visitor sent.
+    pub fn replayable(&self) -> bool {
+        !self.overflowed
+    }
+
+    /// Sends what earlier attempts carried (the staged `StreamOpen` leaves with the first
+    /// write), or whatever the visitor already sent; then makes sure the `StreamOpen` is out
+    /// even if the visitor waits for the far end to speak first.
+    async fn replay(&mut self, visitor: &TcpStream, channel: &mut Channel) -> Result<(), String> {
+        let writer = &mut channel.writer;
+        if self.sent.is_empty() && !self.ended {
+            let mut first = vec![0u8; CHUNK];
+            match visitor.try_read(&mut first) {
+                Ok(0) => self.ended = true,
+                Ok(n) => self.sent.extend_from_slice(&first[..n]),
+                Err(_) => {} // nothing yet (or an error the main loop will meet)
+            }
+        }
+        for chunk in self.sent.chunks(CHUNK) {
+            writer
+                .send(RecordKind::Data, chunk)
+                .await
+                .map_err(|e| e.to_string())?;
+        }
+        if self.ended {
+            writer
+                .send(RecordKind::End, &[])
+                .await
+                .map_err(|e| e.to_string())?;
+        }
+        writer.flush_staged().await.map_err(|e| e.to_string())
+    }
+
+    fn start(&self, down_ended: bool, to_local: usize) -> StreamStart {
+        StreamStart {
+            up_ended: self.ended,
+            down_ended,
+            moved: Transferred {
+                to_tunnel: self.sent.len() as u64,
+                to_local: to_local as u64,
+            },
+        }
+    }
+}
+
+/// Tells the far end the stream is aborted (best effort, bounded).
+async fn close(channel: &mut Channel, reason: &str) {
+    let _ = tokio::time::timeout(
+        CLOSE_TIMEOUT,
+        channel.writer.send(RecordKind::Close, reason.as_bytes()),
+    )
+    .await;
+}
