@@ -75,9 +75,9 @@ cargo clippy --all-targets --locked -- -D warnings
 banner "4/9 cargo test --locked (debug: unit, integration, doc tests)"
 cargo test --locked
 
-banner "5/9 release build and end-to-end tests (real binary with iperf3, dnsmasq, dig, microsocks, tinyproxy, haproxy)"
+banner "5/9 release build and end-to-end tests (real binary with iperf3, dnsmasq, dig, microsocks, tinyproxy, haproxy; two servers and two clients behind haproxy)"
 cargo build --release --locked
-WARREN_E2E_REQUIRE_TOOLS=1 cargo test --release --locked -p warren --test e2e --test e2e_dns --test e2e_ops --test e2e_proxy
+WARREN_E2E_REQUIRE_TOOLS=1 cargo test --release --locked -p warren --test e2e --test e2e_dns --test e2e_ops --test e2e_proxy --test e2e_ha
 
 banner "5b/9 benchmark smoke (bench/run.sh --smoke: the harness still measures a working tunnel)"
 bash bench/run.sh --smoke
