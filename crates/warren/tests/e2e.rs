@@ -385,7 +385,12 @@ bind = "127.0.0.1:{}"
 #[tokio::test]
 async fn example_configs_are_refused_for_their_change_me_tokens() {
     let dir = TestDir::new("examples");
-    for example in ["server.toml", "client.toml", "ha-server.toml", "ha-client.toml"] {
+    for example in [
+        "server.toml",
+        "client.toml",
+        "ha-server.toml",
+        "ha-client.toml",
+    ] {
         let path = format!("{}/../../examples/{example}", env!("CARGO_MANIFEST_DIR"));
         let (code, stdout, stderr) =
             Proc::warren_output(&dir, "check", &["check", &path], &[("WARREN_PSK", PSK)]).await;

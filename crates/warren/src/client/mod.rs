@@ -520,8 +520,8 @@ async fn run_link(shared: Arc<Shared>, index: usize) -> Result<(), ClientError> 
         match held {
             Err(Failure::Stopped) => return Ok(()),
             Ok(SessionEnd::Cancelled) if shared.cancel.is_cancelled() => return Ok(()),
-            // A reload ended the session to start one with the new config.
-            Ok(SessionEnd::Cancelled) => {}
+            // A reload ended the session to start one with the new config: at once.
+            Ok(SessionEnd::Cancelled) => wait = false,
             Ok(end) => {
                 // A server that says goodbye after a while (its config changed, it
                 // restarts) is retried at once; one that keeps doing so backs off.

@@ -27,6 +27,11 @@ pub const REPLAY_LIMIT: usize = 64 * 1024;
 /// Largest record a replay sends.
 const CHUNK: usize = 16 * 1024;
 
+/// What one read of the visitor takes while the stream opens: its first bytes are usually
+/// a small request, and the pump takes over with its pooled buffers once the far end
+/// answers, so a waiting visitor holds little.
+const READ_LEN: usize = 4 * 1024;
+
 /// How long telling the far end of an abort may take.
 const CLOSE_TIMEOUT: Duration = Duration::from_secs(1);
 
@@ -65,7 +70,7 @@ impl Opening {
         if let Err(error) = self.replay(visitor, channel).await {
             return Opened::Refused(error);
         }
-        let mut buf = vec![0u8; CHUNK];
+        let mut buf = vec![0u8; READ_LEN];
         loop {
             let Channel { reader, writer } = &mut *channel;
             tokio::select! {
@@ -132,7 +137,7 @@ impl Opening {
     async fn replay(&mut self, visitor: &TcpStream, channel: &mut Channel) -> Result<(), String> {
         let writer = &mut channel.writer;
         if self.sent.is_empty() && !self.ended {
-            let mut first = vec![0u8; CHUNK];
+            let mut first = [0u8; READ_LEN];
             match visitor.try_read(&mut first) {
                 Ok(0) => self.ended = true,
                 Ok(n) => self.sent.extend_from_slice(&first[..n]),

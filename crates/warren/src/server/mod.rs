@@ -1200,6 +1200,8 @@ async fn serve_visitor(
             }
         }
     };
+    // What a replay would have needed is not needed any more.
+    drop(opening);
     slot.meter.connected_in(started.elapsed());
     debug!(event = "stream_opened", service = %slot.name, %peer, session = %short_id(&lease.session.id()), "visitor connected");
     let (meter, _listed) = telemetry.open(&slot.meter, &slot.name, peer, LocalEnd::Visitor);
