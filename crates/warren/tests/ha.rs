@@ -487,3 +487,59 @@ async fn a_streaming_visitor_on_a_killed_client_is_reset_not_truncated() {
     }
     stop_server.cancel();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_that_only_changes_load_balance_keeps_every_session() {
+    let free = || {
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+    };
+    let (control, web) = (free(), free());
+    let toml = |strategy: &str| {
+        format!(
+            "[server]\nbind = \"{control}\"\npsk = \"{PSK}\"\ndefault_token = \"{TOKEN}\"\n[server.services.web]\nbind = \"{web}\"\nload_balance = \"{strategy}\"\n"
+        )
+    };
+    let config = |strategy: &str| match warren::Config::from_toml_str(&toml(strategy), "test")
+        .expect("valid server config")
+    {
+        warren::Config::Server(config) => config,
+        warren::Config::Client(_) => unreachable!("a server config"),
+    };
+    let bound = Server::from_config(config("least-connections"))
+        .expect("server")
+        .bind()
+        .await
+        .expect("binds");
+    let addr = bound.local_addr();
+    let service = bound.service_addr("web").expect("web");
+    let reloader = bound.reloader();
+    let stop_server = bound.shutdown_token();
+    tokio::spawn(bound.run());
+    let mut a = run(client(addr, tagged_echo(1).await).build().expect("a"));
+    let mut b = run(client(addr, tagged_echo(2).await).build().expect("b"));
+    a.wait_for("connected", |s| s.connected).await;
+    b.wait_for("connected", |s| s.connected).await;
+    let summary = reloader
+        .apply(config("random"))
+        .await
+        .expect("reload applies")
+        .to_string();
+    assert!(
+        summary.contains("now spreads its visitors by random"),
+        "{summary}"
+    );
+    assert!(!summary.contains("reconnect"), "{summary}");
+    let counts = visit_many(service, 200).await;
+    assert!(
+        counts.get(&1).is_some() && counts.get(&2).is_some(),
+        "random over two clients: {counts:?}"
+    );
+    for client in [&a, &b] {
+        assert_eq!(client.status.borrow().sessions, 1, "a session was replaced");
+    }
+    a.stop.cancel();
+    b.stop.cancel();
+    stop_server.cancel();
+}

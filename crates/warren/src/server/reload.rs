@@ -1,8 +1,9 @@
 //! Applying a new config to a running server: what changed is restarted, the rest is left
 //! alone.
 //!
-//! * A service whose settings are unchanged keeps its socket, its session and every
-//!   connection.
+//! * A service whose settings are unchanged keeps its socket, its sessions and every
+//!   connection; so does one whose only change is `load_balance`, which applies to the next
+//!   visitor.
 //! * An added service is bound and served; a removed one stops (its port closes and its
 //!   visitors' streams end); a changed one restarts on a new slot (on the same socket when
 //!   its address and protocol stayed, else on a new one).
@@ -56,6 +57,22 @@ pub(super) async fn apply(shared: &Arc<Shared>, new: ServerConfig) -> ReloadResu
             .push("[admin] (the admin API keeps its address and token)".to_owned());
     }
 
+    // 0. A new `load_balance` alone applies in place: the service keeps its socket, its
+    //    sessions and its streams.
+    let rebalanced = rebalance(shared, &new);
+    for name in &rebalanced {
+        summary.applied.push(format!(
+            "service {name} now spreads its visitors by {}",
+            new.services[name].load_balance.name()
+        ));
+    }
+    let mut old_services = old.services.clone();
+    for name in &rebalanced {
+        if let Some(service) = old_services.get_mut(name) {
+            service.load_balance = new.services[name].load_balance;
+        }
+    }
+
     // 1. Every socket the new config needs, before anything changes.
     let current = shared
         .services
@@ -78,7 +95,7 @@ pub(super) async fn apply(shared: &Arc<Shared>, new: ServerConfig) -> ReloadResu
 
     // 2. Which sessions must authenticate again, judged against the old config.
     let reauthenticate_all = handshake_changed(old, &new);
-    let changed_services = differing(&old.services, &new.services);
+    let changed_services = differing(&old_services, &new.services);
     let changed_forwards = differing(&old.forwards, &new.forwards);
     let declared_rules_changed = new.allow_ports != old.allow_ports
         || new.allow_bind_addrs != old.allow_bind_addrs
@@ -160,6 +177,29 @@ pub(super) async fn apply(shared: &Arc<Shared>, new: ServerConfig) -> ReloadResu
         ));
     }
     Ok(summary)
+}
+
+/// Applies a changed `load_balance` to the running slot of every service where it is the
+/// only change; returns their names.
+fn rebalance(shared: &Shared, new: &ServerConfig) -> Vec<String> {
+    let mut services = shared
+        .services
+        .write()
+        .unwrap_or_else(PoisonError::into_inner);
+    let mut rebalanced = Vec::new();
+    for (name, wanted) in &new.services {
+        let Some(binding) = services.get_mut(name) else {
+            continue;
+        };
+        let mut same = binding.service.clone();
+        same.load_balance = wanted.load_balance;
+        if same == *wanted && binding.service.load_balance != wanted.load_balance {
+            binding.slot.set_strategy(wanted.load_balance);
+            binding.service.load_balance = wanted.load_balance;
+            rebalanced.push(name.clone());
+        }
+    }
+    rebalanced
 }
 
 /// Names added, removed or changed between `old` and `new`.

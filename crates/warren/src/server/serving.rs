@@ -107,6 +107,11 @@ impl ServiceSlot {
         self.set().strategy()
     }
 
+    /// Spreads the next visitors by `strategy` (a reload); sessions and streams stay.
+    pub(super) fn set_strategy(&self, strategy: Strategy) {
+        self.set().set_strategy(strategy);
+    }
+
     /// The sessions serving the service now, in the order they joined.
     pub(super) fn servers(&self) -> Vec<Server> {
         self.set()
