@@ -533,7 +533,7 @@ async fn a_reload_that_only_changes_load_balance_keeps_every_session() {
     assert!(!summary.contains("reconnect"), "{summary}");
     let counts = visit_many(service, 200).await;
     assert!(
-        counts.get(&1).is_some() && counts.get(&2).is_some(),
+        counts.contains_key(&1) && counts.contains_key(&2),
         "random over two clients: {counts:?}"
     );
     for client in [&a, &b] {
