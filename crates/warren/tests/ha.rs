@@ -543,3 +543,92 @@ async fn a_reload_that_only_changes_load_balance_keeps_every_session() {
     b.stop.cancel();
     stop_server.cancel();
 }
+
+/// A UDP target that answers every datagram with its one-byte `id` and the datagram.
+async fn tagged_udp_echo(id: u8) -> SocketAddr {
+    let socket = tokio::net::UdpSocket::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = socket.local_addr().expect("addr");
+    tokio::spawn(async move {
+        let mut buf = vec![0u8; 65_536];
+        loop {
+            let Ok((n, from)) = socket.recv_from(&mut buf[1..]).await else {
+                return;
+            };
+            buf[0] = id;
+            let _ = socket.send_to(&buf[..n + 1], from).await;
+        }
+    });
+    addr
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn udp_flows_spread_over_clients_and_each_stays_on_its_own() {
+    let bound = Server::builder()
+        .bind("127.0.0.1:0".parse().expect("addr"))
+        .psk(PSK)
+        .default_token(TOKEN)
+        .udp_service("dns", "127.0.0.1:0".parse().expect("addr"))
+        .load_balance("dns", Strategy::RoundRobin)
+        .build()
+        .expect("server")
+        .bind()
+        .await
+        .expect("binds");
+    let addr = bound.local_addr();
+    let service = bound.service_addr("dns").expect("dns");
+    let stop_server = bound.shutdown_token();
+    tokio::spawn(bound.run());
+    let udp_client = |target: SocketAddr| {
+        Client::builder(HostPort::from(addr))
+            .psk(PSK)
+            .default_token(TOKEN)
+            .udp_service("dns", HostPort::from(target))
+            .build()
+            .expect("client")
+    };
+    let mut a = run(udp_client(tagged_udp_echo(1).await));
+    let mut b = run(udp_client(tagged_udp_echo(2).await));
+    a.wait_for("connected", |s| s.connected).await;
+    b.wait_for("connected", |s| s.connected).await;
+    // 20 flows (visitor sockets), 10 datagrams each: every reply of a flow comes from the
+    // same client, and the flows are spread over both.
+    let mut per_client = HashMap::new();
+    for flow in 0..20u8 {
+        let socket = tokio::net::UdpSocket::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        socket.connect(service).await.expect("connect");
+        let mut ids = Vec::new();
+        for n in 0..10u8 {
+            let payload = [flow, n, 0xAB];
+            let mut reply = [0u8; 16];
+            // UDP may drop: a few tries per datagram.
+            let mut got = None;
+            for _ in 0..5 {
+                socket.send(&payload).await.expect("send");
+                if let Ok(Ok(len)) =
+                    tokio::time::timeout(Duration::from_millis(500), socket.recv(&mut reply)).await
+                {
+                    got = Some(len);
+                    break;
+                }
+            }
+            let len = got.unwrap_or_else(|| panic!("flow {flow}: no reply to datagram {n}"));
+            assert_eq!(&reply[1..len], &payload, "flow {flow}: wrong bytes");
+            ids.push(reply[0]);
+        }
+        ids.dedup();
+        assert_eq!(ids.len(), 1, "flow {flow} moved between clients: {ids:?}");
+        *per_client.entry(ids[0]).or_insert(0) += 1;
+    }
+    assert_eq!(
+        (per_client.get(&1), per_client.get(&2)),
+        (Some(&10), Some(&10)),
+        "round-robin over two clients"
+    );
+    a.stop.cancel();
+    b.stop.cancel();
+    stop_server.cancel();
+}
