@@ -240,22 +240,31 @@ async fn doctor_ping_and_a_second_client_never_take_a_live_clients_service() {
     for seq in 1..=3 {
         warren::ping::probe(&ping, seq).await.expect("ping");
     }
+    let (ok, errors) = visitors.finish().await;
+    assert!(ok > 20, "only {ok} visitors got through");
+    assert!(
+        errors.is_empty(),
+        "{} of {} visitors failed while doctor and ping ran: {:?}",
+        errors.len(),
+        ok as usize + errors.len(),
+        &errors[..errors.len().min(5)]
+    );
+
     // A second client with the same service joins it, then leaves: the first keeps serving.
+    // The one visitor that may be in flight on the second client when it stops is reset
+    // (a stopping client cuts its streams); no visitor sees short data, and none after.
+    let visitors = steady_visitors(service);
     let second_target = tagged_echo(2).await;
     let mut second = run(client(addr, second_target).build().expect("client"));
     second.wait_for("connected", |s| s.connected).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     second.stop.cancel();
     tokio::time::sleep(Duration::from_millis(500)).await;
-
     let (ok, errors) = visitors.finish().await;
     assert!(ok > 20, "only {ok} visitors got through");
     assert!(
-        errors.is_empty(),
-        "{} of {} visitors failed while doctor, ping and a second client ran: {:?}",
-        errors.len(),
-        ok as usize + errors.len(),
-        &errors[..errors.len().min(5)]
+        errors.len() <= 1 && errors.iter().all(|e| e.contains("reset")),
+        "visitors failed while a second client joined and left: {errors:?}"
     );
     let _ = std::fs::remove_file(&path);
     // And the first client still serves it alone.

@@ -107,15 +107,16 @@ impl Opening {
                         }
                     }
                     Ok(n) => {
+                        // Kept before it is sent: a send that fails is replayed whole on
+                        // the next channel, these bytes included.
+                        self.overflowed = self.sent.len() + n > REPLAY_LIMIT;
+                        self.sent.extend_from_slice(&buf[..n]);
                         if let Err(error) = writer.send(RecordKind::Data, &buf[..n]).await {
                             return Opened::Refused(error.to_string());
                         }
-                        if self.sent.len() + n > REPLAY_LIMIT {
-                            self.overflowed = true;
-                            self.sent.extend_from_slice(&buf[..n]);
+                        if self.overflowed {
                             return Opened::Answered(self.start(false, 0));
                         }
-                        self.sent.extend_from_slice(&buf[..n]);
                     }
                     Err(error) => {
                         close(channel, "the visitor's connection failed").await;
