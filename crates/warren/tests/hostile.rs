@@ -347,7 +347,10 @@ async fn after_the_handshake_bad_records_replays_and_wrong_tokens_get_no_session
     let mut big = RawClient::handshake(addr, PSK).await;
     let oversized = big.seal(RecordKind::Control, &random(20 * 1024));
     big.send_raw(&oversized).await.expect("send");
-    let told = big.recv(five).await.map(|(_, body)| message::decode_control(&body));
+    let told = big
+        .recv(five)
+        .await
+        .map(|(_, body)| message::decode_control(&body));
     match told {
         Some(Ok(ControlMessage::Goodbye { reason })) => assert!(
             reason.contains("exceeds the limit") && reason.contains("upgrade"),
