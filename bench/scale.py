@@ -440,7 +440,7 @@ def bench_streams(warren: str, load: str, work: Path, wanted: int, seconds: int)
         loader = PROCS.start([load, "streams", f"{LOOPBACK}:{sink}", str(seconds), str(count)]
                              + [f"{LOOPBACK}:{p}" for p in ports], pair.dir / "load.log",
                              stdout=subprocess.PIPE)
-        opened = read_line(loader, "open", 600)
+        opened = read_line(loader, "open", 400)
         out["opened"] = opened
         read_line(loader, "measuring", 60)
         time.sleep(seconds / 2)

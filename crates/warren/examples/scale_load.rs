@@ -9,10 +9,10 @@
 //!     Prints `ready SECONDS` once every session is up, then holds them HOLD_SECS.
 //! scale_load streams SINK SECONDS COUNT VISITOR_ADDR...
 //!     Listens on SINK (the client's target: counts the bytes of each stream), opens COUNT
-//!     visitor connections spread over the VISITOR_ADDRs, each writing as fast as it can.
-//!     Prints `open N` when all streams carry bytes, `measuring`, then after SECONDS one
-//!     JSON line with per-stream throughput (min, p10, median, max bytes/s; streams that
-//!     got nothing), then stops.
+//!     visitor connections spread over the VISITOR_ADDRs, each sending only its id until
+//!     every stream reached the sink (`open N`); then all write as fast as they can at once.
+//!     Prints `measuring`, then after SECONDS one JSON line with per-stream throughput (min,
+//!     p10, median, max bytes/s; streams that got nothing), then stops.
 //! ```
 //!
 //! Every wait has a timeout, every loop a bound, and everything stays on 127.0.0.1; the
@@ -36,6 +36,8 @@ const CLIENT_BATCH: usize = 16;
 const SETUP_TIMEOUT: Duration = Duration::from_secs(300);
 /// Visitor connections opened at once.
 const STREAM_BATCH: usize = 250;
+/// How long one batch of streams may take to reach the sink.
+const BATCH_TIMEOUT: Duration = Duration::from_secs(20);
 /// Bytes per write of a visitor.
 const CHUNK: usize = 16 * 1024;
 
@@ -138,6 +140,8 @@ async fn streams(args: &[String]) -> Result<(), String> {
         .map(|a| parse("VISITOR_ADDR", a))
         .collect::<Result<_, _>>()?;
     let received: Arc<Vec<AtomicU64>> = Arc::new((0..count).map(|_| AtomicU64::new(0)).collect());
+    let reached: Arc<Vec<AtomicBool>> =
+        Arc::new((0..count).map(|_| AtomicBool::new(false)).collect());
     let accepted = Arc::new(AtomicU64::new(0));
     let listener = TcpListener::bind(sink)
         .await
@@ -146,11 +150,13 @@ async fn streams(args: &[String]) -> Result<(), String> {
     tokio::spawn(sink_loop(
         listener,
         Arc::clone(&received),
+        Arc::clone(&reached),
         Arc::clone(&accepted),
         stop.clone(),
     ));
 
     let writing = Arc::new(AtomicBool::new(true));
+    let (go, ready) = tokio::sync::watch::channel(false);
     let started = Instant::now();
     let mut writers = tokio::task::JoinSet::new();
     for batch in (0..count).collect::<Vec<_>>().chunks(STREAM_BATCH) {
@@ -170,31 +176,31 @@ async fn streams(args: &[String]) -> Result<(), String> {
                 Ok(Err(error)) => return Err(format!("visitor {id}: {error}")),
                 Err(_) => return Err(format!("visitor {id}: no connect within 30s")),
             };
-            writers.spawn(write_loop(stream, id, Arc::clone(&writing)));
+            writers.spawn(write_loop(stream, id, ready.clone(), Arc::clone(&writing)));
         }
         // Let the tunnel open this batch's streams before the next one arrives.
         let opened_so_far = batch[batch.len() - 1] + 1;
-        wait_until(Duration::from_secs(60), || {
+        wait_until(BATCH_TIMEOUT, || {
             accepted.load(Ordering::Relaxed) as usize >= opened_so_far
         })
         .await;
     }
-    let all_flowing = wait_until(SETUP_TIMEOUT, || {
-        received.iter().all(|r| r.load(Ordering::Relaxed) > 0)
+    let all_flowing = wait_until(BATCH_TIMEOUT, || {
+        reached.iter().all(|r| r.load(Ordering::Relaxed))
     })
     .await;
-    let flowing = received
-        .iter()
-        .filter(|r| r.load(Ordering::Relaxed) > 0)
-        .count();
+    let flowing = reached.iter().filter(|r| r.load(Ordering::Relaxed)).count();
     println!(
         "open {flowing} accepted {} after {:.1}s",
         accepted.load(Ordering::Relaxed),
         started.elapsed().as_secs_f64()
     );
     if !all_flowing {
-        eprintln!("only {flowing} of {count} streams carry bytes; measuring anyway");
+        eprintln!("only {flowing} of {count} streams reached the sink; measuring anyway");
     }
+    // Every stream starts writing at once; give them a moment to ramp up.
+    let _ = go.send(true);
+    tokio::time::sleep(Duration::from_secs(2)).await;
     let before: Vec<u64> = received.iter().map(|r| r.load(Ordering::Relaxed)).collect();
     let window = Instant::now();
     println!("measuring");
@@ -235,13 +241,21 @@ async fn wait_until(limit: Duration, done: impl Fn() -> bool) -> bool {
     done()
 }
 
-/// A visitor: its id first (so the sink knows whose bytes these are), then bytes until told
-/// to stop or the tunnel closes.
-async fn write_loop(mut stream: TcpStream, id: usize, writing: Arc<AtomicBool>) {
-    let chunk = vec![0x5a_u8; CHUNK];
+/// A visitor: its id first (so the sink knows whose bytes these are), then, once every
+/// stream is open, bytes until told to stop or the tunnel closes.
+async fn write_loop(
+    mut stream: TcpStream,
+    id: usize,
+    mut ready: tokio::sync::watch::Receiver<bool>,
+    writing: Arc<AtomicBool>,
+) {
     if stream.write_all(&(id as u64).to_be_bytes()).await.is_err() {
         return;
     }
+    if ready.wait_for(|go| *go).await.is_err() {
+        return;
+    }
+    let chunk = vec![0x5a_u8; CHUNK];
     while writing.load(Ordering::Relaxed) {
         if stream.write_all(&chunk).await.is_err() {
             return;
@@ -253,6 +267,7 @@ async fn write_loop(mut stream: TcpStream, id: usize, writing: Arc<AtomicBool>) 
 async fn sink_loop(
     listener: TcpListener,
     received: Arc<Vec<AtomicU64>>,
+    reached: Arc<Vec<AtomicBool>>,
     accepted: Arc<AtomicU64>,
     stop: CancellationToken,
 ) {
@@ -267,18 +282,21 @@ async fn sink_loop(
         };
         accepted.fetch_add(1, Ordering::Relaxed);
         let received = Arc::clone(&received);
+        let reached = Arc::clone(&reached);
         let stop = stop.clone();
         tokio::spawn(async move {
             let mut id = [0u8; 8];
             if stream.read_exact(&mut id).await.is_err() {
                 return;
             }
-            let Some(counter) = usize::try_from(u64::from_be_bytes(id))
+            let Some(id) = usize::try_from(u64::from_be_bytes(id))
                 .ok()
-                .and_then(|id| received.get(id))
+                .filter(|id| *id < received.len())
             else {
                 return;
             };
+            reached[id].store(true, Ordering::Relaxed);
+            let counter = &received[id];
             let mut buf = vec![0u8; CHUNK];
             loop {
                 let read = tokio::select! {
