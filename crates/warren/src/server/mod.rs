@@ -1024,10 +1024,9 @@ fn unregister(shared: &Arc<Shared>, session: &Arc<ServerSession>) {
 /// A client's health report: its sessions' membership of these services turns ready or
 /// withdrawn.
 fn apply_health(shared: &Shared, session: &ServerSession, services: &[String], ready: bool) {
-    for name in services
-        .iter()
-        .filter(|name| session.services.contains(name))
-    {
+    // `set_ready` changes nothing for a slot the session is not a member of, so a name the
+    // session was not granted needs no search of its (possibly 10,000) services.
+    for name in services {
         if let Some(slot) = shared.slot(name)
             && slot.set_ready(&session.id(), ready)
         {
