@@ -788,8 +788,14 @@ def render(doc: dict, heading: str = "#") -> str:
 
 
 def write_outputs(doc: dict) -> None:
-    body = render(doc, "#")
-    (HERE / "RESULTS.md").write_text(body.replace("](bench/README.md)", "](README.md)"))
+    body = render(doc, "#").replace("](bench/README.md)", "](README.md)")
+    # The "## Scale" section comes from bench/scale.py, not from this run: keep it.
+    results = HERE / "RESULTS.md"
+    old = results.read_text() if results.exists() else ""
+    scale = old.find("\n## Scale")
+    if scale >= 0:
+        body += old[scale:]
+    results.write_text(body)
     readme = REPO / "README.md"
     text = readme.read_text()
     idx = text.find("\n## Benchmarks")

@@ -7,6 +7,10 @@
 //! record of up to 64 KiB), so a scrape sees bytes while they flow, not when a connection
 //! closes. The [`Connections`] table is touched twice per connection (open and close).
 //!
+//! A service's latency histogram is made at its first connection, not with the service: a
+//! histogram costs ~700 bytes and 19 lines per scrape, which for 10,000 idle services was
+//! a fifth of the server's memory and most of a 17 MB scrape.
+//!
 //! Metric names (all prefixed `warren_`):
 //!
 //! | name | type | labels |
@@ -16,7 +20,7 @@
 //! | `warren_service_connections_active` | gauge | `service` |
 //! | `warren_service_connections_total` | counter | `service` |
 //! | `warren_service_errors_total` | counter | `service` |
-//! | `warren_connect_duration_seconds` | histogram | `service` |
+//! | `warren_connect_duration_seconds` | histogram | `service` (from the service's first connection) |
 //! | `warren_handshake_failures_total` | counter | `reason` |
 //! | `warren_sessions_active` | gauge | |
 //! | `warren_sessions_total` | counter | |
@@ -32,7 +36,7 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, SystemTime};
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -304,13 +308,17 @@ impl Metrics {
             direction,
         };
         ServiceMeter {
+            connect_latency: Arc::new(LazyHistogram {
+                family: self.connect_latency.clone(),
+                label: label.clone(),
+                histogram: OnceLock::new(),
+            }),
             retries: self.retries.get_or_create_owned(&label),
             bytes_in: self.bytes.get_or_create_owned(&direction("in")),
             bytes_out: self.bytes.get_or_create_owned(&direction("out")),
             active: self.active.get_or_create_owned(&label),
             total: self.total.get_or_create_owned(&label),
             errors: self.errors.get_or_create_owned(&label),
-            connect_latency: self.connect_latency.get_or_create_owned(&label),
         }
     }
 
@@ -424,13 +432,32 @@ pub struct ServiceMeter {
     active: Gauge,
     total: Counter,
     errors: Counter,
-    connect_latency: Histogram,
+    connect_latency: Arc<LazyHistogram>,
+}
+
+/// A service's latency histogram, joined to its family at the first observation.
+struct LazyHistogram {
+    family: HistogramFamily,
+    label: ServiceLabel,
+    histogram: OnceLock<Histogram>,
+}
+
+impl std::fmt::Debug for LazyHistogram {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LazyHistogram")
+            .field("service", &self.label.service)
+            .finish_non_exhaustive()
+    }
 }
 
 impl ServiceMeter {
     /// Records how long connecting a stream took.
     pub fn connected_in(&self, elapsed: Duration) {
-        self.connect_latency.observe(elapsed.as_secs_f64());
+        let latency = &self.connect_latency;
+        latency
+            .histogram
+            .get_or_init(|| latency.family.get_or_create_owned(&latency.label))
+            .observe(elapsed.as_secs_f64());
     }
 
     /// Counts a failed connection.

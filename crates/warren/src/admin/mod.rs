@@ -7,11 +7,16 @@
 //! | path | what |
 //! |---|---|
 //! | `/api/v1/status` | version, side, start time, uptime |
-//! | `/api/v1/sessions` | sessions: id, peer address, cipher, since, services |
-//! | `/api/v1/services` | services: state, active and total connections, bytes each way, errors |
+//! | `/api/v1/sessions` | sessions: id, peer address, cipher, since, services (paginated) |
+//! | `/api/v1/services` | services: state, active and total connections, bytes each way, errors (paginated) |
 //! | `/api/v1/connections` | live connections: id, service, peer, since, bytes each way |
 //! | `POST /api/v1/reload` | read the config file again and apply what changed ([`crate::reload`]) |
 //! | `/metrics` | Prometheus text exposition ([`crate::metrics`]) |
+//!
+//! The two lists that grow with the deployment (10,000 services, 1,000 sessions) answer one
+//! page at a time: `?limit=N&offset=M` (default limit [`DEFAULT_PAGE`], at most
+//! [`MAX_PAGE`]), the whole count in the `X-Total-Count` header. The body stays a bare JSON
+//! list, so a client that ignores paging keeps working on small deployments.
 //!
 //! The API reads state through atomics and snapshots ([`AdminSource`]); it never takes a
 //! lock the data path holds. The server task is owned by its side: it stops when the side's
@@ -21,8 +26,8 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use axum::Router;
-use axum::extract::{Request, State};
-use axum::http::{StatusCode, header};
+use axum::extract::{RawQuery, Request, State};
+use axum::http::{HeaderName, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -47,6 +52,70 @@ pub struct StatusInfo {
     pub started: u64,
     /// Seconds since then.
     pub uptime_seconds: u64,
+}
+
+/// Entries of a list answered when the request names no `limit`.
+pub const DEFAULT_PAGE: usize = 1000;
+/// Most entries of a list in one answer, whatever `limit` asks.
+pub const MAX_PAGE: usize = 10_000;
+/// The header carrying a paginated list's whole length.
+const TOTAL_COUNT: HeaderName = HeaderName::from_static("x-total-count");
+
+/// A window on a sorted list: skip `offset` entries, answer at most `limit`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Page {
+    /// Entries skipped.
+    pub offset: usize,
+    /// Most entries answered (at most [`MAX_PAGE`]).
+    pub limit: usize,
+}
+
+impl Default for Page {
+    fn default() -> Self {
+        Page {
+            offset: 0,
+            limit: DEFAULT_PAGE,
+        }
+    }
+}
+
+impl Page {
+    /// Parses `limit=N&offset=M` (either may be missing; other keys are ignored). A limit
+    /// above [`MAX_PAGE`] is cut to it.
+    ///
+    /// # Errors
+    /// A message naming the parameter whose value is not a whole number.
+    pub fn parse(query: Option<&str>) -> Result<Page, String> {
+        let mut page = Page::default();
+        for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+            let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+            let slot = match key {
+                "limit" => &mut page.limit,
+                "offset" => &mut page.offset,
+                _ => continue,
+            };
+            *slot = value.parse().map_err(|_| {
+                format!("`{key}={value}` is not a whole number: use e.g. `?limit=100&offset=200`")
+            })?;
+        }
+        page.limit = page.limit.min(MAX_PAGE);
+        Ok(page)
+    }
+
+    /// The indices of this page in a list of `total` entries.
+    pub fn range(&self, total: usize) -> std::ops::Range<usize> {
+        let start = self.offset.min(total);
+        start..start.saturating_add(self.limit).min(total)
+    }
+}
+
+/// One page of a list and the list's whole length.
+#[derive(Debug, Clone)]
+pub struct Paged<T> {
+    /// The entries of the page, in the list's order.
+    pub items: Vec<T>,
+    /// Entries in the whole list.
+    pub total: usize,
 }
 
 /// One entry of `/api/v1/sessions`.
@@ -134,10 +203,10 @@ pub trait AdminSource: Send + Sync + 'static {
     fn telemetry(&self) -> &Arc<Telemetry>;
     /// `server` or `client`.
     fn side(&self) -> &'static str;
-    /// The live sessions.
-    fn sessions(&self) -> Vec<SessionInfo>;
-    /// Every configured service.
-    fn services(&self) -> Vec<ServiceInfo>;
+    /// One page of the live sessions (in a stable order: oldest first).
+    fn sessions(&self, page: Page) -> Paged<SessionInfo>;
+    /// One page of the configured services (by name); only the page's entries are built.
+    fn services(&self, page: Page) -> Paged<ServiceInfo>;
     /// Updates gauges that are computed rather than counted (called before `/metrics`).
     fn refresh_metrics(&self) {}
     /// Reads the config file again and applies it; `None` when the side was built in code
@@ -227,12 +296,31 @@ async fn status(State(ctx): State<Arc<Ctx>>) -> axum::Json<StatusInfo> {
     })
 }
 
-async fn sessions(State(ctx): State<Arc<Ctx>>) -> axum::Json<Vec<SessionInfo>> {
-    axum::Json(ctx.source.sessions())
+async fn sessions(State(ctx): State<Arc<Ctx>>, RawQuery(query): RawQuery) -> Response {
+    match Page::parse(query.as_deref()) {
+        Ok(page) => paged(ctx.source.sessions(page)),
+        Err(error) => bad_request(error),
+    }
 }
 
-async fn services(State(ctx): State<Arc<Ctx>>) -> axum::Json<Vec<ServiceInfo>> {
-    axum::Json(ctx.source.services())
+async fn services(State(ctx): State<Arc<Ctx>>, RawQuery(query): RawQuery) -> Response {
+    match Page::parse(query.as_deref()) {
+        Ok(page) => paged(ctx.source.services(page)),
+        Err(error) => bad_request(error),
+    }
+}
+
+/// A page as a bare JSON list, with the whole count in a header.
+fn paged<T: Serialize>(page: Paged<T>) -> Response {
+    (
+        [(TOTAL_COUNT, page.total.to_string())],
+        axum::Json(page.items),
+    )
+        .into_response()
+}
+
+fn bad_request(error: String) -> Response {
+    (StatusCode::BAD_REQUEST, axum::Json(ApiError { error })).into_response()
 }
 
 async fn connections(State(ctx): State<Arc<Ctx>>) -> axum::Json<Vec<ConnectionInfo>> {
@@ -278,4 +366,42 @@ async fn metrics(State(ctx): State<Arc<Ctx>>) -> Response {
         ctx.source.telemetry().metrics.encode(),
     )
         .into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pages_parse_and_clamp() {
+        assert_eq!(Page::parse(None), Ok(Page::default()));
+        assert_eq!(
+            Page::parse(Some("offset=20&limit=5&x=y")),
+            Ok(Page {
+                offset: 20,
+                limit: 5
+            })
+        );
+        assert_eq!(
+            Page::parse(Some("limit=999999")).map(|p| p.limit),
+            Ok(MAX_PAGE)
+        );
+        let error = Page::parse(Some("limit=ten")).unwrap_err();
+        assert!(error.contains("limit=ten"), "{error}");
+    }
+
+    #[test]
+    fn ranges_stay_inside_the_list() {
+        let page = Page {
+            offset: 8,
+            limit: 5,
+        };
+        assert_eq!(page.range(10), 8..10);
+        assert_eq!(page.range(3), 3..3);
+        let huge = Page {
+            offset: usize::MAX,
+            limit: usize::MAX,
+        };
+        assert_eq!(huge.range(4), 4..4);
+    }
 }

@@ -1,9 +1,10 @@
 //! The client's view for the admin API: its session and services.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 
 use super::Shared;
-use crate::admin::{AdminSource, ServiceInfo, SessionInfo};
+use crate::admin::{AdminSource, Page, Paged, ServiceInfo, SessionInfo};
 use crate::metrics::Telemetry;
 use crate::reload::Reload;
 
@@ -23,24 +24,37 @@ impl AdminSource for ClientAdmin {
         "client"
     }
 
-    fn sessions(&self) -> Vec<SessionInfo> {
-        self.shared
-            .sessions_now()
-            .iter()
-            .map(|session| session.info())
-            .collect()
+    fn sessions(&self, page: Page) -> Paged<SessionInfo> {
+        let sessions = self.shared.sessions_now();
+        let total = sessions.len();
+        Paged {
+            items: sessions[page.range(total)]
+                .iter()
+                .map(|session| session.info())
+                .collect(),
+            total,
+        }
     }
 
-    fn services(&self) -> Vec<ServiceInfo> {
-        let status = self.shared.status.borrow().clone();
-        self.shared
-            .config()
+    fn services(&self, page: Page) -> Paged<ServiceInfo> {
+        let (connected, serving) = {
+            let status = self.shared.status.borrow();
+            // A set: with 10,000 services a list lookup per service is 10^8 comparisons.
+            let serving: HashSet<String> = status.services.iter().cloned().collect();
+            (status.connected, serving)
+        };
+        let config = self.shared.config();
+        let total = config.services.len();
+        let range = page.range(total);
+        let items = config
             .services
             .values()
+            .skip(range.start)
+            .take(range.len())
             .map(|service| {
-                let state = if !status.connected {
+                let state = if !connected {
                     "waiting"
-                } else if status.services.contains(&service.name) {
+                } else if serving.contains(&service.name) {
                     "serving"
                 } else {
                     "refused"
@@ -64,7 +78,8 @@ impl AdminSource for ClientAdmin {
                     health: Some(self.shared.health.state(&service.name)),
                 }
             })
-            .collect()
+            .collect();
+        Paged { items, total }
     }
 
     fn reloader(&self) -> Option<Arc<dyn Reload>> {

@@ -4,7 +4,7 @@
 use std::sync::{Arc, PoisonError};
 
 use super::Shared;
-use crate::admin::{AdminSource, ServiceInfo, ServingSession, SessionInfo};
+use crate::admin::{AdminSource, Page, Paged, ServiceInfo, ServingSession, SessionInfo};
 use crate::metrics::{Telemetry, unix_seconds};
 use crate::reload::Reload;
 use crate::session::short_id;
@@ -25,10 +25,11 @@ impl AdminSource for ServerAdmin {
         "server"
     }
 
-    fn sessions(&self) -> Vec<SessionInfo> {
-        let mut list: Vec<SessionInfo> = self
-            .shared
-            .sessions_now()
+    fn sessions(&self, page: Page) -> Paged<SessionInfo> {
+        let mut sessions = self.shared.sessions_now();
+        sessions.sort_by_key(|session| session.since);
+        let total = sessions.len();
+        let items = sessions[page.range(total)]
             .iter()
             .map(|session| SessionInfo {
                 id: short_id(&session.id()),
@@ -40,18 +41,23 @@ impl AdminSource for ServerAdmin {
                 server: None,
             })
             .collect();
-        list.sort_by_key(|s| s.since);
-        list
+        Paged { items, total }
     }
 
-    fn services(&self) -> Vec<ServiceInfo> {
-        let mut list: Vec<ServiceInfo> = self
+    fn services(&self, page: Page) -> Paged<ServiceInfo> {
+        let mut slots: Vec<_> = self
             .shared
             .services
             .read()
             .unwrap_or_else(PoisonError::into_inner)
             .values()
-            .map(|binding| &binding.slot)
+            .map(|binding| Arc::clone(&binding.slot))
+            .collect();
+        slots.sort_by(|a, b| a.name.cmp(&b.name));
+        let total = slots.len();
+        // Only the page's entries are built: each one locks its slot's serving set.
+        let items = slots[page.range(total)]
+            .iter()
             .map(|slot| {
                 let servers = slot.servers();
                 ServiceInfo {
@@ -88,8 +94,7 @@ impl AdminSource for ServerAdmin {
                 }
             })
             .collect();
-        list.sort_by(|a, b| a.name.cmp(&b.name));
-        list
+        Paged { items, total }
     }
 
     fn refresh_metrics(&self) {

@@ -8,12 +8,14 @@
 
 use std::time::Duration;
 
-use warren_proto::message::{self, ControlMessage, HelloAssembler, HelloClaim, HelloMode};
+use warren_proto::message::{
+    self, ControlMessage, DecodeError, HelloAssembler, HelloClaim, HelloMode,
+};
 
 use super::Rejected;
 use crate::session::{self as control, SessionEnd};
 use crate::transport::Channel;
-use crate::transport::records::RecordIoError;
+use crate::transport::records::{Record, RecordIoError};
 
 /// How long a refusal may take to send: the peer may not be reading.
 const REFUSAL_TIMEOUT: Duration = Duration::from_secs(1);
@@ -34,8 +36,8 @@ impl Hello {
 /// Receives the whole hello of a client speaking `version`.
 pub(super) async fn receive(channel: &mut Channel, version: u16) -> Result<Hello, Rejected> {
     if version < 2 {
-        return match control::recv_control(channel).await {
-            Ok(ControlMessage::Hello { services }) => Ok(Hello {
+        return match receive_v1(channel).await? {
+            ControlMessage::Hello { services } => Ok(Hello {
                 mode: HelloMode::Serve,
                 claims: services
                     .into_iter()
@@ -46,8 +48,7 @@ pub(super) async fn receive(channel: &mut Channel, version: u16) -> Result<Hello
                     })
                     .collect(),
             }),
-            Ok(other) => Err(unexpected(&other)),
-            Err(end) => Err(protocol(end)),
+            other => Err(unexpected(&other)),
         };
     }
     let mut assembler = HelloAssembler::default();
@@ -64,6 +65,29 @@ pub(super) async fn receive(channel: &mut Channel, version: u16) -> Result<Hello
             Err(end) => return Err(protocol(end)),
         }
     }
+}
+
+/// Receives a v1 client's one hello message. A hello over v1's caps (one message of
+/// [`message::MAX_CONTROL_LEN`] bytes, [`message::MAX_SERVICES_PER_SESSION`] claims) is
+/// not the client's fault but its protocol's: it is told to upgrade.
+async fn receive_v1(channel: &mut Channel) -> Result<ControlMessage, Rejected> {
+    let bytes = match channel.reader.read().await {
+        Ok(Some(Record::Control(bytes))) => bytes,
+        Ok(Some(Record::Close(_)) | None) => return Err(protocol(SessionEnd::Closed)),
+        Ok(Some(_)) => {
+            return Err(Rejected::Protocol(
+                "data record on the control channel".into(),
+            ));
+        }
+        Err(error) => return Err(protocol(SessionEnd::Transport(error))),
+    };
+    message::decode_control(bytes).map_err(|error| match error {
+        DecodeError::TooLarge { .. }
+        | DecodeError::FieldTooLong {
+            field: "services", ..
+        } => Rejected::HelloTooLarge(error.to_string()),
+        other => Rejected::Protocol(other.to_string()),
+    })
 }
 
 /// Sends the verdicts, in one message (v1) or in parts (v2).

@@ -752,6 +752,8 @@ enum Rejected {
     Tokens(Vec<String>),
     TooManySessions,
     Protocol(String),
+    /// A v1 client's hello over v1's one-message caps (the client must upgrade).
+    HelloTooLarge(String),
 }
 
 impl Rejected {
@@ -759,9 +761,11 @@ impl Rejected {
     /// retrying may help; `None` where the verdicts already said it (or nothing is owed).
     fn tell(&self) -> Option<(String, bool)> {
         match self {
-            Rejected::Protocol(what) if what.contains("exceeds the limit") => Some((
+            Rejected::HelloTooLarge(what) => Some((
                 format!(
-                    "the server refused the hello: {what}; a client of Warren protocol v1 sends every claim in one message: upgrade the client, which sends its hello in parts"
+                    "the server refused the hello: {what}; a client of Warren protocol v1 sends every claim in one message of at most {} bytes and {} services: upgrade the client (protocol v2 sends its hello in parts, with no practical limit)",
+                    message::MAX_CONTROL_LEN,
+                    message::MAX_SERVICES_PER_SESSION,
                 ),
                 false,
             )),
@@ -790,7 +794,7 @@ impl Rejected {
             Rejected::Refused(_) => HandshakeFailure::Refused,
             Rejected::Tokens(_) => HandshakeFailure::BadToken,
             Rejected::TooManySessions => HandshakeFailure::TooManySessions,
-            Rejected::Protocol(_) => HandshakeFailure::Protocol,
+            Rejected::Protocol(_) | Rejected::HelloTooLarge(_) => HandshakeFailure::Protocol,
         })
     }
 
@@ -816,6 +820,9 @@ impl Rejected {
             }
             Rejected::Protocol(what) => {
                 warn!(event = "protocol_error", %peer, what = %what, "protocol violation during hello")
+            }
+            Rejected::HelloTooLarge(what) => {
+                warn!(event = "protocol_error", %peer, what = %what, "a protocol v1 client's hello is over v1's limits; told it to upgrade")
             }
         }
     }
@@ -1017,10 +1024,9 @@ fn unregister(shared: &Arc<Shared>, session: &Arc<ServerSession>) {
 /// A client's health report: its sessions' membership of these services turns ready or
 /// withdrawn.
 fn apply_health(shared: &Shared, session: &ServerSession, services: &[String], ready: bool) {
-    for name in services
-        .iter()
-        .filter(|name| session.services.contains(name))
-    {
+    // `set_ready` changes nothing for a slot the session is not a member of, so a name the
+    // session was not granted needs no search of its (possibly 10,000) services.
+    for name in services {
         if let Some(slot) = shared.slot(name)
             && slot.set_ready(&session.id(), ready)
         {

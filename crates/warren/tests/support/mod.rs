@@ -214,6 +214,17 @@ pub async fn http(
     path: &str,
     token: Option<&str>,
 ) -> (u16, String) {
+    let (status, _, body) = http_with_headers(addr, method, path, token).await;
+    (status, body)
+}
+
+/// [`http`], with the response's header lines too: (status, headers, body).
+pub async fn http_with_headers(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+) -> (u16, String, String) {
     let mut stream = TcpStream::connect(addr).await.unwrap();
     let auth = token
         .map(|t| format!("Authorization: Bearer {t}\r\n"))
@@ -229,9 +240,6 @@ pub async fn http(
         .unwrap();
     let text = String::from_utf8_lossy(&response).into_owned();
     let status = text[9..12].parse().unwrap();
-    let body = text
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_owned())
-        .unwrap_or_default();
-    (status, body)
+    let (headers, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    (status, headers.to_owned(), body.to_owned())
 }
