@@ -569,6 +569,7 @@ fn ping_target(
             server,
             psk: Secret::new(psk),
             ciphers: warren::CipherSuite::default_preference(has_aes_hardware()),
+            cipher_choice: warren::CipherChoice::default(),
             deadline: warren::config::DEFAULT_HANDSHAKE_TIMEOUT,
         });
     }
@@ -578,6 +579,7 @@ fn ping_target(
             server: client.server,
             psk: client.psk,
             ciphers: transport_ciphers(client.transport, client.ciphers),
+            cipher_choice: client.cipher_choice,
             deadline: client.handshake_timeout,
         }),
         Config::Server(server) => {
@@ -593,6 +595,7 @@ fn ping_target(
                 server: HostPort::from(addr),
                 psk: server.psk,
                 ciphers: transport_ciphers(server.transport, server.ciphers),
+                cipher_choice: server.cipher_choice,
                 deadline: server.handshake_timeout,
             })
         }

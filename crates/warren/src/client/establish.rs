@@ -9,7 +9,7 @@ use std::time::Duration;
 use tokio::net::TcpStream;
 
 use tokio::time::Instant;
-use warren_proto::CipherSuite;
+use warren_proto::CipherPolicy;
 use warren_proto::handshake::{HandshakeError, Refusal};
 use warren_proto::message::{ClaimKind, ControlMessage, ServiceClaim, Verdict};
 
@@ -102,7 +102,8 @@ pub struct Claim<'a> {
 }
 
 /// Connects with `dial` (directly or through a proxy; `server` names it in messages), runs
-/// the handshake offering `ciphers`, and sends a hello with `claims`. Zero claims make a
+/// the handshake offering `ciphers` (with its figures under `fastest`), and sends a hello
+/// with `claims`. Zero claims make a
 /// probe session (serves nothing, answers pings). One `deadline` bounds each of connect,
 /// handshake and hello.
 ///
@@ -112,7 +113,7 @@ pub async fn establish(
     dial: impl Future<Output = std::io::Result<TcpStream>>,
     server: &str,
     psk: &Secret,
-    ciphers: &[CipherSuite],
+    ciphers: &CipherPolicy,
     claims: &[Claim<'_>],
     deadline: Duration,
 ) -> Result<EstablishedSession, EstablishError> {

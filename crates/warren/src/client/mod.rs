@@ -600,6 +600,7 @@ impl ClientSession {
             id: short_id(self.keys.session_id()),
             peer: self.server_addr.to_string(),
             cipher: self.keys.cipher().to_string(),
+            cipher_choice: self.keys.negotiation().into(),
             since: unix_seconds(self.since),
             services: self.services.iter().cloned().collect(),
         }
@@ -630,6 +631,8 @@ async fn establish_session(
         Transport::Tcp => vec![CipherSuite::None],
         _ => config.ciphers.clone(),
     };
+    // Measured before the first handshake, then cached for the process.
+    let ciphers = crate::crypto::speed::policy_measured(&ciphers, config.cipher_choice).await;
     let deadline = config.handshake_timeout;
     let proxy = match &config.proxy {
         Some(setting) => setting
@@ -782,6 +785,7 @@ async fn serve_session(shared: Arc<Shared>, established: Established) -> Session
         session = %short_id(session.keys.session_id()),
         server = %config.server,
         cipher = %session.keys.cipher(),
+        cipher_choice = %session.keys.describe_choice(),
         services = %service_names.join(","),
         "connected"
     );

@@ -33,7 +33,7 @@ use tokio_util::task::TaskTracker;
 use tracing::{debug, info, warn};
 use warren_proto::handshake::{self as proto_handshake, DataHello, HandshakeError, SessionId};
 use warren_proto::message::{ControlMessage, StreamOpen};
-use warren_proto::{CipherSuite, message};
+use warren_proto::{CipherPolicy, CipherSuite, message};
 
 use crate::Side;
 use crate::config::proxy::PortRange;
@@ -284,6 +284,8 @@ impl Server {
             let binding = Binding::new(service, socket, &telemetry, &cancel);
             services.insert(service.name.clone(), binding);
         }
+        // This machine's cipher figures, before anyone is accepted (tens of ms, once).
+        crate::crypto::speed::prepare(&self.config.ciphers, self.config.cipher_choice).await;
         let shared = Arc::new(Shared {
             live: RwLock::new(Arc::new(Live::new(self.config))),
             sessions: Mutex::new(HashMap::new()),
@@ -549,11 +551,14 @@ impl Shared {
 struct Live {
     config: ServerConfig,
     noise_psk: [u8; 32],
-    /// Ciphers this server allows, already adjusted for the transport.
-    ciphers: Vec<CipherSuite>,
+    /// Ciphers this server allows, already adjusted for the transport, with
+    /// `cipher_choice` and this machine's figures.
+    ciphers: CipherPolicy,
 }
 
 impl Live {
+    /// Takes the cipher figures from the process's cache: call
+    /// [`crate::crypto::speed::prepare`] first, or this measures on the calling thread.
     fn new(config: ServerConfig) -> Live {
         let ciphers = match config.transport {
             Transport::Tcp => vec![CipherSuite::None],
@@ -561,7 +566,7 @@ impl Live {
         };
         Live {
             noise_psk: keys::noise_psk(&config.psk),
-            ciphers,
+            ciphers: crate::crypto::speed::policy(&ciphers, config.cipher_choice),
             config,
         }
     }
@@ -976,6 +981,7 @@ async fn run_session(shared: &Arc<Shared>, session: Arc<ServerSession>, channel:
         session = %short_id(&session.id()),
         peer = %session.peer,
         cipher = %session.keys.cipher(),
+        cipher_choice = %session.keys.describe_choice(),
         services = %session.services.join(","),
         "client connected"
     );
