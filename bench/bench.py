@@ -852,6 +852,11 @@ def write_outputs(doc: dict) -> None:
         "report and raw data: [bench/RESULTS.md](bench/RESULTS.md)). Compare rows within this\n"
         "table only, never with numbers from another run or machine. Record-layer\n"
         "micro-benchmarks: `cargo bench -p warren --bench record`.\n"
+        "\n"
+        "The fastest cipher depends on the CPU, so Warren picks it per machine by measured speed\n"
+        "([Choosing the cipher](#choosing-the-cipher)): the `Warren noise, default config` row\n"
+        "names the cipher it picked on the measuring machine, whose CPU features (and missing\n"
+        "ones) are on the Machine line; the other Warren rows pin one cipher each.\n"
     )
     readme.write_text(text[:idx] + intro + section)
 
