@@ -760,7 +760,7 @@ def targets(doc: dict) -> list[tuple[str, str, str, bool | None]]:
     return out
 
 
-def label(doc: dict, cfg: str) -> str:
+def row_label(doc: dict, cfg: str) -> str:
     """The config's name, with the cipher(s) a default config picked in these runs."""
     picked = sorted({run["configs"][cfg]["cipher"] for run in doc["runs"]
                      if "cipher" in run["configs"].get(cfg, {})})
@@ -792,7 +792,7 @@ def render(doc: dict, heading: str = "#") -> str:
     ]
     for c in cfgs:
         row = [fmt(med(doc, c, k), spec) for k, _, spec in FIGS]
-        lines.append(f"| {label(doc, c)} | " + " | ".join(row) + " |")
+        lines.append(f"| {row_label(doc, c)} | " + " | ".join(row) + " |")
     choices = [(r["run"], c, r["configs"][c]["cipher_choice"]) for r in doc["runs"] for c in cfgs
                if "cipher_choice" in r["configs"].get(c, {})]
     if choices:

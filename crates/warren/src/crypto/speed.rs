@@ -136,17 +136,30 @@ fn mbps(bytes: u64, time: Duration) -> u32 {
 /// call for a suite blocks for ~6 ms: call it off the accept path (at start, or from the
 /// reload task when the allowed list gained a suite).
 pub fn figures(suites: &[CipherSuite]) -> Vec<SuiteSpeed> {
-    static CACHE: [OnceLock<SuiteSpeed>; CipherSuite::ALL.len()] =
-        [const { OnceLock::new() }; CipherSuite::ALL.len()];
     let mut out: Vec<SuiteSpeed> = Vec::with_capacity(suites.len());
     for &suite in suites {
         if !suite.is_encrypting() || out.iter().any(|speed| speed.suite == suite) {
             continue;
         }
-        let slot = &CACHE[usize::from(suite.wire_id()) % CACHE.len()];
-        out.push(*slot.get_or_init(|| measure(suite, STARTUP)));
+        out.push(*cache_slot(suite).get_or_init(|| measure(suite, STARTUP)));
     }
     out
+}
+
+/// The process-wide start-up figure of `suite`, empty until first measured.
+fn cache_slot(suite: CipherSuite) -> &'static OnceLock<SuiteSpeed> {
+    static CACHE: [OnceLock<SuiteSpeed>; CipherSuite::ALL.len()] =
+        [const { OnceLock::new() }; CipherSuite::ALL.len()];
+    // Wire ids are 0..ALL.len(), one per suite; the modulo only keeps a future mistake from
+    // panicking.
+    &CACHE[usize::from(suite.wire_id()) % CACHE.len()]
+}
+
+/// Whether every encrypting suite of `suites` already has its start-up figure.
+fn all_measured(suites: &[CipherSuite]) -> bool {
+    suites
+        .iter()
+        .all(|&suite| !suite.is_encrypting() || cache_slot(suite).get().is_some())
 }
 
 /// Measures, on a blocking thread, whichever of `suites` has no figure yet, so that
@@ -154,7 +167,7 @@ pub fn figures(suites: &[CipherSuite]) -> Vec<SuiteSpeed> {
 /// Servers call it before accepting and before applying a reload; clients before their
 /// first handshake.
 pub async fn prepare(suites: &[CipherSuite], choice: CipherChoice) {
-    if choice == CipherChoice::Ordered {
+    if choice == CipherChoice::Ordered || all_measured(suites) {
         return;
     }
     let suites = suites.to_vec();
@@ -289,6 +302,7 @@ mod tests {
             [CipherSuite::Aegis128L, CipherSuite::ChaCha20Poly1305]
         );
         assert_eq!(figures(&suites), first, "measured once per process");
+        assert!(all_measured(&suites));
         assert!(policy(&suites, CipherChoice::Ordered).speeds.is_empty());
         assert_eq!(policy(&suites, CipherChoice::Fastest).speeds, first);
     }
