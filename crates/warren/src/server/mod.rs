@@ -271,6 +271,9 @@ impl Server {
     /// # Errors
     /// [`ServerError::Bind`] naming the port that could not be bound.
     pub async fn bind(self) -> Result<BoundServer, ServerError> {
+        // This machine's cipher figures (tens of ms, once), before the port listens: a
+        // server that accepts connections has finished starting.
+        crate::crypto::speed::prepare(&self.config.ciphers, self.config.cipher_choice).await;
         let listener = bind_listener("the server port", self.config.bind).await?;
         let admin_listener = match &self.config.admin {
             Some(admin) => Some(bind_listener("the admin API", admin.bind).await?),
@@ -284,8 +287,6 @@ impl Server {
             let binding = Binding::new(service, socket, &telemetry, &cancel);
             services.insert(service.name.clone(), binding);
         }
-        // This machine's cipher figures, before anyone is accepted (tens of ms, once).
-        crate::crypto::speed::prepare(&self.config.ciphers, self.config.cipher_choice).await;
         let shared = Arc::new(Shared {
             live: RwLock::new(Arc::new(Live::new(self.config))),
             sessions: Mutex::new(HashMap::new()),
