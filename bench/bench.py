@@ -39,6 +39,7 @@ LOOPBACK = "127.0.0.1"
 ALL_CONFIGS = [
     "raw",
     "rathole-tcp",
+    "warren-default",
     "warren-aes128",
     "rathole-noise",
     "warren-aes256",
@@ -52,6 +53,7 @@ ALL_CONFIGS = [
 # Display order in the tables.
 DISPLAY_ORDER = [
     "raw",
+    "warren-default",
     "warren-aes128",
     "warren-aes256",
     "warren-chacha20",
@@ -65,6 +67,7 @@ DISPLAY_ORDER = [
 ]
 LABELS = {
     "raw": "raw loopback (the limit)",
+    "warren-default": "Warren noise, default config (cipher picked per machine)",
     "warren-aes128": "Warren noise aes-128-gcm",
     "warren-aes256": "Warren noise aes-256-gcm",
     "warren-chacha20": "Warren noise chacha20-poly1305",
@@ -76,7 +79,11 @@ LABELS = {
     "frp-plain": "frp 0.71.0 plain",
     "frp-tls": "frp 0.71.0 TLS (default)",
 }
+# None of these for `warren-tcp`; `DEFAULT_CIPHERS` writes no `ciphers` key at all, so the
+# two sides pick by measured speed (`cipher_choice = "fastest"`, the default).
+DEFAULT_CIPHERS = ""
 WARREN_CIPHERS = {
+    "warren-default": DEFAULT_CIPHERS,
     "warren-aes128": "aes-128-gcm",
     "warren-aes256": "aes-256-gcm",
     "warren-chacha20": "chacha20-poly1305",
@@ -324,7 +331,9 @@ class Warren(Tunnel):
         visitors = {svc: free_port() for svc in targets}
         psk, token = secrets.token_hex(16), secrets.token_hex(16)
         common = f'psk = "{psk}"\ndefault_token = "{token}"\n'
-        if cipher:
+        if cipher == DEFAULT_CIPHERS:
+            common += 'transport = "noise"\n'
+        elif cipher:
             common += f'transport = "noise"\nciphers = ["{cipher}"]\n'
         else:
             common += 'transport = "tcp"\ninsecure = true\n'
@@ -342,6 +351,7 @@ class Warren(Tunnel):
             c += f'\n[client.services.iperf-udp]\ntype = "udp"\ntarget = "{LOOPBACK}:{targets["iperf"]}"\n'
         (self.dir / "server.toml").write_text(s)
         (self.dir / "client.toml").write_text(c)
+        self.client_config = self.dir / "client.toml"
         self.server = PROCS.start([self.warren, "--log-level", "warn", "server",
                                    str(self.dir / "server.toml")], self.dir / "server.log")
         wait_listening(server_port)
@@ -559,12 +569,24 @@ def fig_udp(port: int, seconds: int) -> dict:
     raise BenchError(f"iperf3 -u failed: {last}")
 
 
+def warren_choice(warren: str, client_config: Path) -> dict:
+    """The cipher a default config picks here, and both sides' figures: one `warren ping`
+    probe with the client's config against the running server."""
+    out = sh([warren, "ping", str(client_config), "-n", "1"])
+    m = re.search(r"^cipher\s+(\S+) chosen by (.+)$", out, re.M)
+    if not m:
+        raise BenchError(f"warren ping did not say which cipher it chose: {out[-300:]!r}")
+    return {"cipher": m.group(1), "cipher_choice": m.group(2)}
+
+
 def measure_config(name: str, svc: LocalServices, args, workdir: Path, warren: str) -> dict:
     t = make_tunnel(name, workdir, args.bench_home, warren)
     res: dict = {"errors": []}
     try:
         visitors = t.start(svc.ports)
         res["ready_s"] = round(wait_forwarding(visitors["echo"]), 3)
+        if name == "warren-default":
+            res.update(warren_choice(warren, t.client_config))
         time.sleep(0.3)  # the other services registered together with echo; let them settle
 
         def step(label, fn):
@@ -621,8 +643,13 @@ def machine_info() -> dict:
         pass
     flags = re.search(r"Flags:\s*(.+)", lscpu)
     have = set(flags.group(1).split()) if flags else set()
+    # The features that decide which cipher is fastest (see `warren doctor`); missing ones
+    # are listed too, since "no avx512f" is what changes the default pick.
+    decisive = ("aes", "vaes", "vpclmulqdq", "avx2", "avx512f")
+    missing = [f for f in decisive if f not in have]
     return {
-        "cpu_features": " ".join(f for f in ("aes", "vaes", "vpclmulqdq", "avx2", "avx512f") if f in have),
+        "cpu_features": " ".join(f for f in decisive if f in have)
+        + (f"; missing: {' '.join(missing)}" if missing and have else ""),
         "cpu": model.group(1).strip() if model else platform.processor(),
         "cores": os.cpu_count(),
         "kernel": platform.release(),
@@ -718,10 +745,26 @@ def targets(doc: dict) -> list[tuple[str, str, str, bool | None]]:
         ratio_target(cfg, "conn_per_s", "rathole-tcp", 2.0, "conn/s ≥ 2× rathole-tcp")
     if "warren-tcp" in doc["configs"]:
         ratio_target("warren-tcp", "p1_gbps", "rathole-tcp", 1.3, "P1 ≥ 1.3× rathole-tcp")
+    if "warren-default" in doc["configs"]:
+        # Issue 20: encryption with the default config within 15 % of plaintext.
+        for key, fig in (("p1_gbps", "P1"), ("p4_gbps", "P4"), ("r_gbps", "-R")):
+            if "warren-tcp" in doc["configs"]:
+                ratio_target("warren-default", key, "warren-tcp", 0.85, f"{fig} ≥ 0.85× Warren plaintext")
+            ratio_target("warren-default", key, "rathole-tcp", 1.6, f"{fig} ≥ 1.6× rathole-tcp")
+        if "warren-tcp" in doc["configs"]:
+            ratio_target("warren-default", "p1_cpu_s_per_gb", "warren-tcp", 1.25,
+                         "CPU s/GB ≤ 1.25× Warren plaintext", le=True)
     if "warren-chacha20" in doc["configs"]:
         for key, fig in (("p1_gbps", "P1"), ("p4_gbps", "P4"), ("r_gbps", "-R")):
             ratio_target("warren-chacha20", key, "rathole-noise", 1.5, f"{fig} ≥ 1.5× rathole-noise")
     return out
+
+
+def row_label(doc: dict, cfg: str) -> str:
+    """The config's name, with the cipher(s) a default config picked in these runs."""
+    picked = sorted({run["configs"][cfg]["cipher"] for run in doc["runs"]
+                     if "cipher" in run["configs"].get(cfg, {})})
+    return LABELS.get(cfg, cfg) + (f": {', '.join(picked)}" if picked else "")
 
 
 def render(doc: dict, heading: str = "#") -> str:
@@ -749,7 +792,13 @@ def render(doc: dict, heading: str = "#") -> str:
     ]
     for c in cfgs:
         row = [fmt(med(doc, c, k), spec) for k, _, spec in FIGS]
-        lines.append(f"| {LABELS.get(c, c)} | " + " | ".join(row) + " |")
+        lines.append(f"| {row_label(doc, c)} | " + " | ".join(row) + " |")
+    choices = [(r["run"], c, r["configs"][c]["cipher_choice"]) for r in doc["runs"] for c in cfgs
+               if "cipher_choice" in r["configs"].get(c, {})]
+    if choices:
+        lines += ["", "How the default config chose (seal/open GB/s on one core, measured by each "
+                  "side at start-up):", ""]
+        lines += [f"- run {run}, {LABELS.get(c, c)}: {how}" for run, c, how in choices]
     lines += [
         "",
         f"{heading}# Ratios (within each run, median over runs)",
@@ -809,6 +858,11 @@ def write_outputs(doc: dict) -> None:
         "report and raw data: [bench/RESULTS.md](bench/RESULTS.md)). Compare rows within this\n"
         "table only, never with numbers from another run or machine. Record-layer\n"
         "micro-benchmarks: `cargo bench -p warren --bench record`.\n"
+        "\n"
+        "The fastest cipher depends on the CPU, so Warren picks it per machine by measured speed\n"
+        "([Choosing the cipher](#choosing-the-cipher)): the `Warren noise, default config` row\n"
+        "names the cipher it picked on the measuring machine, whose CPU features (and missing\n"
+        "ones) are on the Machine line; the other Warren rows pin one cipher each.\n"
     )
     readme.write_text(text[:idx] + intro + section)
 

@@ -13,14 +13,7 @@ use warren::crypto::record::{
 };
 use warren_proto::CipherSuite;
 
-const SUITES: [CipherSuite; 6] = [
-    CipherSuite::Aes256Gcm,
-    CipherSuite::Aes128Gcm,
-    CipherSuite::ChaCha20Poly1305,
-    CipherSuite::Aegis128L,
-    CipherSuite::Aegis256,
-    CipherSuite::None,
-];
+const SUITES: [CipherSuite; 7] = CipherSuite::ALL;
 
 fn run(u: &mut Unstructured<'_>) -> arbitrary::Result<()> {
     let suite = SUITES[usize::from(u8::arbitrary(u)?) % SUITES.len()];

@@ -9,7 +9,9 @@
 //!   so its payload ([`ClientInit`]: protocol version and cipher offer) is already
 //!   authenticated: a peer without the PSK fails to decrypt it, costs the server no
 //!   Diffie-Hellman, and gets no answer at all. The server answers with one frame
-//!   `[len: u16][Noise message 2]` whose payload is a [`ServerInit`]. NN is enough: the PSK
+//!   `[len: u16][Noise message 2]` whose payload is a [`ServerInit`]. Newer peers append
+//!   their cipher figures after both payloads ([`crate::speed_ext`]), which older peers
+//!   ignore; the server then chooses with [`cipher::choose`]. NN is enough: the PSK
 //!   authenticates both sides and the `ee` DH gives forward secrecy; static keys would add a
 //!   DH per side and nothing to verify them against.
 //! * kind [`KIND_DATA`]: `body` is a [`DataHello`]. A data channel names its session and
@@ -27,7 +29,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::cipher::{self, CipherSuite};
+use crate::cipher::{self, CipherChoice, CipherPolicy, CipherSuite, SuiteSpeed};
+use crate::speed_ext::{AcceptExt, ClientExt, MAX_EXT_ENTRIES};
 
 /// Noise protocol name of the control-channel handshake.
 pub const NOISE_PARAMS: &str = "Noise_NNpsk0_25519_ChaChaPoly_BLAKE2s";
@@ -63,16 +66,19 @@ pub const MAC_LEN: usize = 32;
 /// Identifies a session to its data channels. Random, chosen by the server.
 pub type SessionId = [u8; SESSION_ID_LEN];
 
-/// Payload of Noise message 1: what the client speaks.
+/// Payload of Noise message 1: what the client speaks. A newer client appends a
+/// [`ClientExt`] after it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ClientInit {
     /// The client's [`PROTOCOL_VERSION`].
     pub version: u16,
-    /// Cipher suites for the record layer, most preferred first.
+    /// Cipher suites for the record layer, most preferred first; only suites of the first
+    /// protocol version ([`CipherSuite::is_v1`]), which every server can decode.
     pub ciphers: Vec<CipherSuite>,
 }
 
-/// Payload of Noise message 2: the server's decision.
+/// Payload of Noise message 2: the server's decision. A newer server appends an
+/// [`AcceptExt`] after `Accept` for a client that sent a [`ClientExt`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum ServerInit {
     /// Proceed with this cipher; data channels name this session id.
@@ -128,12 +134,28 @@ pub struct Established {
     pub handshake_hash: [u8; 32],
     /// Noise `Split()` output: (initiator→responder, responder→initiator) keys. Secret.
     pub split: ([u8; 32], [u8; 32]),
+    /// How the cipher was chosen and both sides' figures, for logs and diagnostics.
+    pub negotiation: Negotiation,
+}
+
+/// How the cipher of a session was chosen, as both sides know it after the handshake.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Negotiation {
+    /// The rule that decided: [`CipherChoice::Ordered`] also for a peer that predates
+    /// figures.
+    pub decided_by: CipherChoice,
+    /// The client's figures (empty when it sent none).
+    pub client_speeds: Vec<SuiteSpeed>,
+    /// The server's figures (empty when it measured none, or on a client whose server
+    /// predates figures).
+    pub server_speeds: Vec<SuiteSpeed>,
 }
 
 impl std::fmt::Debug for Established {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Established")
             .field("cipher", &self.cipher)
+            .field("negotiation", &self.negotiation)
             .field("split", &"****")
             .finish_non_exhaustive()
     }
@@ -217,6 +239,7 @@ fn established(
     version: u16,
     cipher: CipherSuite,
     session_id: SessionId,
+    negotiation: Negotiation,
 ) -> Result<Established, HandshakeError> {
     if !state.is_handshake_finished() {
         return Err(HandshakeError::Internal("handshake not finished".into()));
@@ -229,17 +252,66 @@ fn established(
         session_id,
         handshake_hash,
         split: state.dangerously_get_raw_split(),
+        negotiation,
     })
 }
 
 /// The client's half of the control-channel handshake.
 pub struct ClientHandshake {
     state: snow::HandshakeState,
+    /// The protocol version sent.
     version: u16,
+    /// Every suite offered: the server must pick one of them.
+    offered: Vec<CipherSuite>,
+    /// The figures sent, for [`Negotiation::client_speeds`].
+    speeds: Vec<SuiteSpeed>,
 }
 
 impl ClientHandshake {
-    /// Starts a handshake; returns the state and the complete preamble frame to send.
+    /// Starts a handshake offering `policy`'s suites (and, under `fastest`, its figures);
+    /// returns the state and the complete preamble frame to send. Suites an older server
+    /// would not know go only in the extension (see [`crate::speed_ext`]).
+    ///
+    /// # Errors
+    /// Only [`HandshakeError::Internal`].
+    pub fn start_with(
+        psk: &[u8; 32],
+        policy: &CipherPolicy,
+    ) -> Result<(Self, Vec<u8>), HandshakeError> {
+        let offered: Vec<CipherSuite> = policy
+            .suites
+            .iter()
+            .copied()
+            .take(MAX_EXT_ENTRIES)
+            .collect();
+        let speeds: Vec<SuiteSpeed> = match policy.choice {
+            CipherChoice::Fastest => policy
+                .speeds
+                .iter()
+                .copied()
+                .take(MAX_EXT_ENTRIES)
+                .collect(),
+            CipherChoice::Ordered => Vec::new(),
+        };
+        let mut init = crate::message::encode(&ClientInit {
+            version: PROTOCOL_VERSION,
+            ciphers: offered.iter().copied().filter(|s| s.is_v1()).collect(),
+        });
+        init.extend_from_slice(
+            &ClientExt {
+                choice: policy.choice,
+                offer: offered.clone(),
+                speeds: speeds.clone(),
+            }
+            .encode(),
+        );
+        Self::begin(psk, &init, PROTOCOL_VERSION, offered, speeds)
+    }
+
+    /// Starts a handshake the way clients of the first protocol version did: version 1,
+    /// `ciphers` in preference order and no extension, so the server follows that order
+    /// and expects a v1 `Hello`. Kept for tests and tools that play an older client;
+    /// `ciphers` must be v1 suites for an older server to decode them.
     ///
     /// # Errors
     /// Only [`HandshakeError::Internal`].
@@ -247,10 +319,10 @@ impl ClientHandshake {
         psk: &[u8; 32],
         ciphers: &[CipherSuite],
     ) -> Result<(Self, Vec<u8>), HandshakeError> {
-        Self::start_version(psk, ciphers, PROTOCOL_VERSION)
+        Self::start_version(psk, ciphers, 1)
     }
 
-    /// [`ClientHandshake::start`] speaking protocol `version` (tests of older peers).
+    /// [`ClientHandshake::start`] claiming protocol `version` (tests of other versions).
     ///
     /// # Errors
     /// Only [`HandshakeError::Internal`].
@@ -259,20 +331,36 @@ impl ClientHandshake {
         ciphers: &[CipherSuite],
         version: u16,
     ) -> Result<(Self, Vec<u8>), HandshakeError> {
-        let mut state = noise_builder(psk)?
-            .build_initiator()
-            .map_err(|e| HandshakeError::Internal(e.to_string()))?;
         let init = crate::message::encode(&ClientInit {
             version,
             ciphers: ciphers.to_vec(),
         });
+        Self::begin(psk, &init, version, ciphers.to_vec(), Vec::new())
+    }
+
+    fn begin(
+        psk: &[u8; 32],
+        init: &[u8],
+        version: u16,
+        offered: Vec<CipherSuite>,
+        speeds: Vec<SuiteSpeed>,
+    ) -> Result<(Self, Vec<u8>), HandshakeError> {
+        let mut state = noise_builder(psk)?
+            .build_initiator()
+            .map_err(|e| HandshakeError::Internal(e.to_string()))?;
         let mut body = vec![0u8; MAX_PREAMBLE_LEN];
         body[0] = KIND_CONTROL;
         let n = state
-            .write_message(&init, &mut body[1..])
+            .write_message(init, &mut body[1..])
             .map_err(|e| HandshakeError::Internal(e.to_string()))?;
         body.truncate(1 + n);
-        Ok((ClientHandshake { state, version }, frame(&body)))
+        let handshake = ClientHandshake {
+            state,
+            version,
+            offered,
+            speeds,
+        };
+        Ok((handshake, frame(&body)))
     }
 
     /// Handles the server's reply frame body (after its length prefix).
@@ -280,18 +368,38 @@ impl ClientHandshake {
     /// # Errors
     /// [`HandshakeError::Unauthenticated`] when the reply does not decrypt (the server has a
     /// different PSK — in practice servers stay silent instead), [`HandshakeError::Refused`]
-    /// when the server declined, [`HandshakeError::Malformed`] otherwise.
+    /// when the server declined, [`HandshakeError::Malformed`] otherwise (including a
+    /// cipher that was not offered and a malformed extension).
     pub fn handle_reply(mut self, reply: &[u8]) -> Result<Established, HandshakeError> {
         let mut payload = vec![0u8; MAX_PREAMBLE_LEN];
         let n = self
             .state
             .read_message(reply, &mut payload)
             .map_err(|_| HandshakeError::Unauthenticated)?;
-        let init: ServerInit =
-            postcard::from_bytes(&payload[..n]).map_err(|_| HandshakeError::Malformed)?;
+        let (init, rest): (ServerInit, &[u8]) =
+            postcard::take_from_bytes(&payload[..n]).map_err(|_| HandshakeError::Malformed)?;
         match init {
             ServerInit::Accept { cipher, session_id } => {
-                established(&mut self.state, self.version, cipher, session_id)
+                if !self.offered.contains(&cipher) {
+                    return Err(HandshakeError::Malformed);
+                }
+                // An older server sends no extension: it followed our order.
+                let ext = match rest {
+                    [] => None,
+                    bytes => Some(AcceptExt::decode(bytes).map_err(|_| HandshakeError::Malformed)?),
+                };
+                let negotiation = Negotiation {
+                    decided_by: ext.as_ref().map_or(CipherChoice::Ordered, |e| e.decided_by),
+                    client_speeds: self.speeds,
+                    server_speeds: ext.map(|e| e.speeds).unwrap_or_default(),
+                };
+                established(
+                    &mut self.state,
+                    self.version,
+                    cipher,
+                    session_id,
+                    negotiation,
+                )
             }
             ServerInit::Refuse(refusal) => Err(HandshakeError::Refused(refusal)),
         }
@@ -309,15 +417,17 @@ pub struct ServerHandshakeOutcome {
 
 /// The server's half: reads Noise message 1 and answers.
 ///
-/// `allowed` is the server's cipher list; `session_id` the id to assign if accepted.
+/// `policy` is the server's cipher list, `cipher_choice` and figures ([`cipher::choose`]
+/// decides); `session_id` the id to assign if accepted.
 ///
 /// # Errors
 /// [`HandshakeError::Unauthenticated`] for a wrong PSK or garbage (send nothing back),
-/// [`HandshakeError::Malformed`] for an authenticated but undecodable payload.
+/// [`HandshakeError::Malformed`] for an authenticated but undecodable payload (a malformed
+/// extension included).
 pub fn server_handshake(
     psk: &[u8; 32],
     message1: &[u8],
-    allowed: &[CipherSuite],
+    policy: &CipherPolicy,
     session_id: SessionId,
 ) -> Result<ServerHandshakeOutcome, HandshakeError> {
     let mut state = noise_builder(psk)?
@@ -327,34 +437,83 @@ pub fn server_handshake(
     let n = state
         .read_message(message1, &mut payload)
         .map_err(|_| HandshakeError::Unauthenticated)?;
-    let init: ClientInit =
-        postcard::from_bytes(&payload[..n]).map_err(|_| HandshakeError::Malformed)?;
+    let (init, rest): (ClientInit, &[u8]) =
+        postcard::take_from_bytes(&payload[..n]).map_err(|_| HandshakeError::Malformed)?;
     if init.ciphers.len() > 16 {
         return Err(HandshakeError::Malformed);
     }
+    // A client of the first version sends no extension and gets exactly the v1 answer.
+    let ext = match rest {
+        [] => None,
+        bytes => Some(ClientExt::decode(bytes).map_err(|_| HandshakeError::Malformed)?),
+    };
+    let (offered, client_speeds) = match &ext {
+        Some(ext) => (
+            &ext.offer[..],
+            (ext.choice == CipherChoice::Fastest).then_some(&ext.speeds[..]),
+        ),
+        None => (&init.ciphers[..], None),
+    };
     let decision = if !(MIN_PROTOCOL_VERSION..=PROTOCOL_VERSION).contains(&init.version) {
         Err(Refusal::Version {
             server: PROTOCOL_VERSION,
         })
     } else {
-        cipher::negotiate(&init.ciphers, allowed).ok_or_else(|| Refusal::NoCommonCipher {
-            server_allows: allowed.to_vec(),
+        cipher::choose(offered, client_speeds, policy).ok_or_else(|| Refusal::NoCommonCipher {
+            // An older client could not decode a suite it does not know, and would see a
+            // malformed reply instead of this refusal.
+            server_allows: policy
+                .suites
+                .iter()
+                .copied()
+                .filter(|suite| ext.is_some() || suite.is_v1())
+                .collect(),
         })
     };
-    let server_init = match &decision {
-        Ok(cipher) => ServerInit::Accept {
-            cipher: *cipher,
+    let server_speeds: Vec<SuiteSpeed> = policy
+        .speeds
+        .iter()
+        .copied()
+        .take(MAX_EXT_ENTRIES)
+        .collect();
+    let mut server_init = crate::message::encode(&match &decision {
+        Ok(choice) => ServerInit::Accept {
+            cipher: choice.suite,
             session_id,
         },
         Err(refusal) => ServerInit::Refuse(refusal.clone()),
-    };
+    });
+    if let (Ok(choice), Some(_)) = (&decision, &ext) {
+        server_init.extend_from_slice(
+            &AcceptExt {
+                decided_by: choice.by,
+                speeds: server_speeds.clone(),
+            }
+            .encode(),
+        );
+    }
     let mut body = vec![0u8; MAX_PREAMBLE_LEN];
     let n = state
-        .write_message(&crate::message::encode(&server_init), &mut body)
+        .write_message(&server_init, &mut body)
         .map_err(|e| HandshakeError::Internal(e.to_string()))?;
     let reply = frame(&body[..n]);
     let result = match decision {
-        Ok(cipher) => Ok(established(&mut state, init.version, cipher, session_id)?),
+        Ok(choice) => {
+            let negotiation = Negotiation {
+                decided_by: choice.by,
+                client_speeds: client_speeds
+                    .map(<[SuiteSpeed]>::to_vec)
+                    .unwrap_or_default(),
+                server_speeds,
+            };
+            Ok(established(
+                &mut state,
+                init.version,
+                choice.suite,
+                session_id,
+                negotiation,
+            )?)
+        }
         Err(refusal) => Err(refusal),
     };
     Ok(ServerHandshakeOutcome { reply, result })
@@ -459,6 +618,43 @@ mod tests {
     const PSK: [u8; 32] = [7; 32];
     const SID: SessionId = [9; 16];
 
+    fn ordered(suites: &[CipherSuite]) -> CipherPolicy {
+        CipherPolicy::ordered(suites.to_vec())
+    }
+
+    fn speed(suite: CipherSuite, mbps: u32) -> SuiteSpeed {
+        SuiteSpeed {
+            suite,
+            seal_mbps: mbps,
+            open_mbps: mbps,
+        }
+    }
+
+    /// The payload of message 1 as a server sees it after decryption.
+    fn decrypt_message1(m1: &[u8]) -> Vec<u8> {
+        let mut responder = noise_builder(&PSK).unwrap().build_responder().unwrap();
+        let mut payload = vec![0u8; MAX_PREAMBLE_LEN];
+        let n = responder.read_message(m1, &mut payload).unwrap();
+        payload.truncate(n);
+        payload
+    }
+
+    /// Message 1 carrying `payload` as is, for payloads our own encoder would never make.
+    fn message1_with(payload: &[u8]) -> Vec<u8> {
+        let mut initiator = noise_builder(&PSK).unwrap().build_initiator().unwrap();
+        let mut m1 = vec![0u8; MAX_PREAMBLE_LEN];
+        let n = initiator.write_message(payload, &mut m1).unwrap();
+        m1.truncate(n);
+        m1
+    }
+
+    fn control(preamble: &[u8]) -> &[u8] {
+        let Preamble::Control(m1) = parse_preamble(body_of(preamble)).unwrap() else {
+            panic!("expected control preamble")
+        };
+        m1
+    }
+
     fn body_of(frame: &[u8]) -> &[u8] {
         let len = frame_len([frame[0], frame[1]]).unwrap();
         assert_eq!(frame.len(), 2 + len);
@@ -475,7 +671,7 @@ mod tests {
         let out = server_handshake(
             &PSK,
             m1,
-            &[CipherSuite::Aes256Gcm, CipherSuite::ChaCha20Poly1305],
+            &ordered(&[CipherSuite::Aes256Gcm, CipherSuite::ChaCha20Poly1305]),
             SID,
         )
         .unwrap();
@@ -493,7 +689,7 @@ mod tests {
         let Preamble::Control(m1) = parse_preamble(body_of(&preamble)).unwrap() else {
             panic!()
         };
-        let err = server_handshake(&PSK, m1, &[CipherSuite::Aes128Gcm], SID).unwrap_err();
+        let err = server_handshake(&PSK, m1, &ordered(&[CipherSuite::Aes128Gcm]), SID).unwrap_err();
         assert_eq!(err, HandshakeError::Unauthenticated);
     }
 
@@ -503,7 +699,7 @@ mod tests {
         let Preamble::Control(m1) = parse_preamble(body_of(&preamble)).unwrap() else {
             panic!()
         };
-        let out = server_handshake(&PSK, m1, &[CipherSuite::Aes128Gcm], SID).unwrap();
+        let out = server_handshake(&PSK, m1, &ordered(&[CipherSuite::Aes128Gcm]), SID).unwrap();
         assert!(matches!(out.result, Err(Refusal::NoCommonCipher { .. })));
         let err = client.handle_reply(body_of(&out.reply)).unwrap_err();
         assert!(err.to_string().contains("aes-128-gcm"), "{err}");
@@ -518,10 +714,15 @@ mod tests {
         for i in 0..m1.len() {
             let mut bad = m1.to_vec();
             bad[i] ^= 0x01;
-            assert!(server_handshake(&PSK, &bad, &[CipherSuite::Aes128Gcm], SID).is_err());
+            assert!(
+                server_handshake(&PSK, &bad, &ordered(&[CipherSuite::Aes128Gcm]), SID).is_err()
+            );
         }
         for cut in 0..m1.len() {
-            assert!(server_handshake(&PSK, &m1[..cut], &[CipherSuite::Aes128Gcm], SID).is_err());
+            assert!(
+                server_handshake(&PSK, &m1[..cut], &ordered(&[CipherSuite::Aes128Gcm]), SID)
+                    .is_err()
+            );
         }
     }
 
@@ -560,5 +761,222 @@ mod tests {
             DataAccept::from_bytes(body_of(&accept.to_frame())).unwrap(),
             accept
         );
+    }
+
+    #[test]
+    fn fastest_on_both_sides_chooses_by_figures_and_both_know_them() {
+        use CipherSuite::{Aegis128L, Aegis128X2, Aes128Gcm};
+        let client_policy = CipherPolicy {
+            suites: vec![Aes128Gcm, Aegis128L, Aegis128X2],
+            choice: CipherChoice::Fastest,
+            speeds: vec![
+                speed(Aes128Gcm, 2_000),
+                speed(Aegis128L, 9_000),
+                speed(Aegis128X2, 12_000),
+            ],
+        };
+        let server_policy = CipherPolicy {
+            suites: vec![Aes128Gcm, Aegis128X2, Aegis128L],
+            choice: CipherChoice::Fastest,
+            speeds: vec![
+                speed(Aes128Gcm, 20_000),
+                speed(Aegis128L, 9_500),
+                speed(Aegis128X2, 11_000),
+            ],
+        };
+        let (client, preamble) = ClientHandshake::start_with(&PSK, &client_policy).unwrap();
+        let out = server_handshake(&PSK, control(&preamble), &server_policy, SID).unwrap();
+        let server = out.result.unwrap();
+        let client = client.handle_reply(body_of(&out.reply)).unwrap();
+        assert_eq!(client, server);
+        assert_eq!(server.cipher, Aegis128X2);
+        assert_eq!(
+            server.negotiation,
+            Negotiation {
+                decided_by: CipherChoice::Fastest,
+                client_speeds: client_policy.speeds.clone(),
+                server_speeds: server_policy.speeds.clone(),
+            }
+        );
+        // The client asks for its order: figures are neither sent nor used.
+        let client_policy = CipherPolicy {
+            choice: CipherChoice::Ordered,
+            ..client_policy
+        };
+        let (client, preamble) = ClientHandshake::start_with(&PSK, &client_policy).unwrap();
+        let out = server_handshake(&PSK, control(&preamble), &server_policy, SID).unwrap();
+        let client = client.handle_reply(body_of(&out.reply)).unwrap();
+        assert_eq!(client.cipher, Aes128Gcm);
+        assert_eq!(client.negotiation.decided_by, CipherChoice::Ordered);
+        assert!(client.negotiation.client_speeds.is_empty());
+        assert_eq!(client.negotiation.server_speeds, server_policy.speeds);
+    }
+
+    #[test]
+    fn an_old_client_init_still_decodes_and_gets_the_v1_answer() {
+        // Exactly what a client of the first version sends: the v1 struct, nothing after.
+        let old = crate::message::encode(&ClientInit {
+            version: 1,
+            ciphers: vec![CipherSuite::ChaCha20Poly1305, CipherSuite::Aes128Gcm],
+        });
+        let (_, legacy) = ClientHandshake::start(
+            &PSK,
+            &[CipherSuite::ChaCha20Poly1305, CipherSuite::Aes128Gcm],
+        )
+        .unwrap();
+        assert_eq!(decrypt_message1(control(&legacy)), old);
+        let server_policy = CipherPolicy {
+            suites: vec![
+                CipherSuite::Aegis128L,
+                CipherSuite::Aes128Gcm,
+                CipherSuite::ChaCha20Poly1305,
+            ],
+            choice: CipherChoice::Fastest,
+            speeds: vec![
+                speed(CipherSuite::Aes128Gcm, 9_000),
+                speed(CipherSuite::ChaCha20Poly1305, 2_000),
+            ],
+        };
+        let out = server_handshake(&PSK, &message1_with(&old), &server_policy, SID).unwrap();
+        let server = out.result.unwrap();
+        // The client's order decides, as before figures existed.
+        assert_eq!(server.cipher, CipherSuite::ChaCha20Poly1305);
+        assert_eq!(server.negotiation.decided_by, CipherChoice::Ordered);
+        // The reply is byte for byte the v1 one: no extension for an old client.
+        let mut initiator = noise_builder(&PSK).unwrap().build_initiator().unwrap();
+        let mut m1 = vec![0u8; MAX_PREAMBLE_LEN];
+        let n = initiator.write_message(&old, &mut m1).unwrap();
+        let out = server_handshake(&PSK, &m1[..n], &server_policy, SID).unwrap();
+        let mut reply = vec![0u8; MAX_PREAMBLE_LEN];
+        let n = initiator
+            .read_message(body_of(&out.reply), &mut reply)
+            .unwrap();
+        assert_eq!(
+            reply[..n],
+            crate::message::encode(&ServerInit::Accept {
+                cipher: CipherSuite::ChaCha20Poly1305,
+                session_id: SID
+            })[..]
+        );
+        // A refusal lists only suites an old client can decode.
+        let only_new = CipherPolicy::ordered(vec![CipherSuite::Aegis128X2, CipherSuite::Aegis256]);
+        let out = server_handshake(&PSK, &message1_with(&old), &only_new, SID).unwrap();
+        assert_eq!(
+            out.result.unwrap_err(),
+            Refusal::NoCommonCipher {
+                server_allows: vec![CipherSuite::Aegis256]
+            }
+        );
+    }
+
+    #[test]
+    fn a_new_client_init_decodes_on_an_old_style_decoder() {
+        let policy = CipherPolicy {
+            suites: vec![
+                CipherSuite::Aegis128X2,
+                CipherSuite::Aegis128L,
+                CipherSuite::Aes128Gcm,
+            ],
+            choice: CipherChoice::Fastest,
+            speeds: vec![
+                speed(CipherSuite::Aegis128X2, 12_000),
+                speed(CipherSuite::Aegis128L, 9_000),
+            ],
+        };
+        let (_, preamble) = ClientHandshake::start_with(&PSK, &policy).unwrap();
+        let payload = decrypt_message1(control(&preamble));
+        // What a server of the first version does: `from_bytes`, which ignores the rest.
+        let seen: ClientInit = postcard::from_bytes(&payload).unwrap();
+        let v1 = ClientInit {
+            version: PROTOCOL_VERSION,
+            // The suite v1 does not know is not in the list it decodes.
+            ciphers: vec![CipherSuite::Aegis128L, CipherSuite::Aes128Gcm],
+        };
+        assert_eq!(seen, v1);
+        // The prefix is the v1 encoding, unchanged; the extension follows it.
+        let prefix = crate::message::encode(&v1);
+        assert_eq!(payload[..prefix.len()], prefix[..]);
+        let ext = ClientExt::decode(&payload[prefix.len()..]).unwrap();
+        assert_eq!(ext.offer, policy.suites);
+        // An old server answers with the v1 accept and no extension: the client takes it
+        // as an ordered choice without server figures.
+        let (client, preamble) = ClientHandshake::start_with(&PSK, &policy).unwrap();
+        let mut responder = noise_builder(&PSK).unwrap().build_responder().unwrap();
+        let mut scratch = vec![0u8; MAX_PREAMBLE_LEN];
+        responder
+            .read_message(control(&preamble), &mut scratch)
+            .unwrap();
+        let accept = crate::message::encode(&ServerInit::Accept {
+            cipher: CipherSuite::Aegis128L,
+            session_id: SID,
+        });
+        let n = responder.write_message(&accept, &mut scratch).unwrap();
+        let established = client.handle_reply(&scratch[..n]).unwrap();
+        assert_eq!(established.cipher, CipherSuite::Aegis128L);
+        assert_eq!(established.negotiation.decided_by, CipherChoice::Ordered);
+        assert!(established.negotiation.server_speeds.is_empty());
+    }
+
+    #[test]
+    fn a_malformed_extension_is_malformed() {
+        let mut payload = crate::message::encode(&ClientInit {
+            version: PROTOCOL_VERSION,
+            ciphers: vec![CipherSuite::Aes128Gcm],
+        });
+        payload.extend_from_slice(&[0, 0xff, 0xff, 0xff, 0xff, 0x0f]);
+        let policy = ordered(&[CipherSuite::Aes128Gcm]);
+        assert_eq!(
+            server_handshake(&PSK, &message1_with(&payload), &policy, SID).unwrap_err(),
+            HandshakeError::Malformed
+        );
+        payload.truncate(payload.len() - 6);
+        payload.push(9); // not a cipher choice
+        assert_eq!(
+            server_handshake(&PSK, &message1_with(&payload), &policy, SID).unwrap_err(),
+            HandshakeError::Malformed
+        );
+    }
+
+    #[test]
+    fn the_client_refuses_a_cipher_it_did_not_offer() {
+        let (client, preamble) = ClientHandshake::start(&PSK, &[CipherSuite::Aes128Gcm]).unwrap();
+        let mut responder = noise_builder(&PSK).unwrap().build_responder().unwrap();
+        let mut scratch = vec![0u8; MAX_PREAMBLE_LEN];
+        responder
+            .read_message(control(&preamble), &mut scratch)
+            .unwrap();
+        let accept = crate::message::encode(&ServerInit::Accept {
+            cipher: CipherSuite::None,
+            session_id: SID,
+        });
+        let n = responder.write_message(&accept, &mut scratch).unwrap();
+        assert_eq!(
+            client.handle_reply(&scratch[..n]).unwrap_err(),
+            HandshakeError::Malformed
+        );
+    }
+
+    #[test]
+    fn the_largest_offer_and_answer_fit_the_preamble_bound() {
+        let every: Vec<CipherSuite> = CipherSuite::ALL.iter().copied().cycle().take(40).collect();
+        let worst = |suites: &[CipherSuite]| CipherPolicy {
+            suites: suites.to_vec(),
+            choice: CipherChoice::Fastest,
+            speeds: suites
+                .iter()
+                .map(|&suite| SuiteSpeed {
+                    suite,
+                    seal_mbps: u32::MAX,
+                    open_mbps: u32::MAX,
+                })
+                .collect(),
+        };
+        let (client, preamble) = ClientHandshake::start_with(&PSK, &worst(&every)).unwrap();
+        assert!(preamble.len() <= 2 + MAX_PREAMBLE_LEN);
+        let out = server_handshake(&PSK, control(&preamble), &worst(&every), SID).unwrap();
+        assert!(out.reply.len() <= 2 + MAX_PREAMBLE_LEN);
+        assert!(frame_len([out.reply[0], out.reply[1]]).is_ok());
+        let established = client.handle_reply(body_of(&out.reply)).unwrap();
+        assert_eq!(established.negotiation.server_speeds.len(), MAX_EXT_ENTRIES);
     }
 }

@@ -5,8 +5,9 @@
 //! the caller, so it can be unit-tested on a virtual clock and fuzzed without a network.
 //!
 //! * [`balance`]: the set of sessions serving a service and how visitors are spread.
-//! * [`cipher`]: cipher suites and their negotiation.
+//! * [`cipher`]: cipher suites and how the server chooses one (by measured speed or order).
 //! * [`handshake`]: connection preambles, the Noise handshake, data channel hellos.
+//! * [`speed_ext`]: the cipher-speed extensions appended to the handshake payloads.
 //! * [`message`]: control messages and their size-capped codec.
 //! * [`liveness`]: heartbeat and reconnect backoff state machines.
 //! * [`proxy_header`]: PROXY protocol v1/v2 headers towards a service's target.
@@ -19,5 +20,6 @@ pub mod handshake;
 pub mod liveness;
 pub mod message;
 pub mod proxy_header;
+pub mod speed_ext;
 
-pub use cipher::CipherSuite;
+pub use cipher::{CipherChoice, CipherPolicy, CipherSuite, SuiteSpeed};

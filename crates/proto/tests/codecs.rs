@@ -4,11 +4,11 @@
 //! each decoder. The fuzz targets in `fuzz/` push the same decoders further.
 
 use proptest::prelude::*;
-use warren_proto::CipherSuite;
 use warren_proto::handshake::{
     self, ClientInit, DataAccept, DataHello, HandshakeError, Preamble, Refusal, ServerInit,
 };
 use warren_proto::message::{self, ControlMessage, StreamOpen};
+use warren_proto::{CipherPolicy, CipherSuite};
 
 fn arb_suite() -> impl Strategy<Value = CipherSuite> {
     prop_oneof![
@@ -92,7 +92,7 @@ proptest! {
         let _ = message::decode_control(&bytes);
         let _ = message::decode_stream_open(&bytes);
         // A stranger's message 1 is refused in silence.
-        let refused = handshake::server_handshake(&[9; 32], &bytes, &[CipherSuite::Aes256Gcm], [0; 16]);
+        let refused = handshake::server_handshake(&[9; 32], &bytes, &CipherPolicy::ordered(vec![CipherSuite::Aes256Gcm]), [0; 16]);
         prop_assert!(matches!(
             refused,
             Err(HandshakeError::Unauthenticated | HandshakeError::Malformed)
@@ -127,17 +127,26 @@ fn a_full_handshake_round_trips_and_a_replayed_message_1_gives_other_keys() {
     let (client, frame) =
         handshake::ClientHandshake::start(&psk, &[CipherSuite::ChaCha20Poly1305]).expect("start");
     let body = &frame[3..];
-    let outcome =
-        handshake::server_handshake(&psk, body, &[CipherSuite::ChaCha20Poly1305], [5; 16])
-            .expect("server");
+    let outcome = handshake::server_handshake(
+        &psk,
+        body,
+        &CipherPolicy::ordered(vec![CipherSuite::ChaCha20Poly1305]),
+        [5; 16],
+    )
+    .expect("server");
     let server = outcome.result.expect("accepted");
     let established = client.handle_reply(&outcome.reply[2..]).expect("client");
     assert_eq!(established, server);
     // The replayed message 1 is answered (the server cannot tell), but the session keys
     // differ: the replayer learns nothing usable.
-    let replay = handshake::server_handshake(&psk, body, &[CipherSuite::ChaCha20Poly1305], [5; 16])
-        .expect("server")
-        .result
-        .expect("accepted");
+    let replay = handshake::server_handshake(
+        &psk,
+        body,
+        &CipherPolicy::ordered(vec![CipherSuite::ChaCha20Poly1305]),
+        [5; 16],
+    )
+    .expect("server")
+    .result
+    .expect("accepted");
     assert_ne!(replay.split, server.split);
 }

@@ -33,6 +33,13 @@ macro_rules! common_setters {
             self
         }
 
+        /// Whether measured speed (`Fastest`, the default) or the client's `ciphers`
+        /// order (`Ordered`) picks the cipher.
+        pub fn cipher_choice(mut self, choice: $crate::CipherChoice) -> Self {
+            self.config.cipher_choice = choice;
+            self
+        }
+
         /// Allows weak secrets and the plaintext transport.
         pub fn insecure(mut self, insecure: bool) -> Self {
             self.config.insecure = insecure;

@@ -6,8 +6,9 @@
 //! resolves (IPv4 / IPv6), that a configured proxy reaches the server, a full handshake and
 //! hello with the server (through the proxy, cipher chosen, each service's verdict), that
 //! every TCP target accepts connections (with connect time) and every forward port is free;
-//! then this machine's AEAD seal speed for each cipher. Every check is one [`Check`] with a status
-//! and, for a failure, a fix.
+//! then this machine's CPU features and its AEAD seal and open speed for each cipher
+//! (the same measuring as the start-up figures of `cipher_choice = "fastest"`, for longer).
+//! Every check is one [`Check`] with a status and, for a failure, a fix.
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -22,8 +23,8 @@ use crate::client::establish::{self, EstablishError};
 use crate::config::HostPort;
 use crate::config::proxy::ProxyUrl;
 use crate::config::{ClientConfig, Config, MIN_SECRET_LEN, ServerConfig, ServiceKind, Transport};
-use crate::crypto::record::{DirectionKeys, HEADER_LEN, MAX_PAYLOAD, RecordKind, Sealer};
 use crate::crypto::secret::Secret;
+use crate::crypto::speed;
 use crate::transport;
 use crate::transport::proxy::ProxyError;
 use crate::transport::tcp::{self, Family};
@@ -32,8 +33,6 @@ use crate::transport::tcp::{self, Family};
 const EARLIEST_PLAUSIBLE_UNIX: u64 = 1_793_491_200;
 /// Deadline of each network check.
 const NETWORK_DEADLINE: Duration = Duration::from_secs(3);
-/// How long each cipher is measured.
-const AEAD_MEASURE: Duration = Duration::from_millis(50);
 
 /// The outcome of one check.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -183,7 +182,7 @@ pub async fn diagnose(path: &Path) -> Report {
             diagnose_client(&mut report, &client).await;
         }
     }
-    aead_speed(&mut report);
+    aead_speed(&mut report).await;
     report
 }
 
@@ -567,6 +566,7 @@ async fn handshake(
         Transport::Tcp => vec![CipherSuite::None],
         _ => config.ciphers.clone(),
     };
+    let ciphers = speed::policy_measured(&ciphers, config.cipher_choice).await;
     let claims = crate::client::claims_of(config);
     let deadline = config.handshake_timeout.min(NETWORK_DEADLINE);
     let dial = async {
@@ -606,6 +606,15 @@ async fn handshake(
                     ms(session.connect_time),
                     ms(session.handshake_time),
                     ms(session.hello_time)
+                ),
+            );
+            report.push(
+                Status::Ok,
+                "cipher choice",
+                format!(
+                    "{} chosen by {} (seal/open GB/s at start-up)",
+                    session.keys.cipher(),
+                    session.keys.describe_choice()
                 ),
             );
             let several = config.servers().len() > 1;
@@ -670,35 +679,35 @@ async fn handshake(
     }
 }
 
-/// Seals 64 KiB records with every encrypting cipher for a moment each.
-fn aead_speed(report: &mut Report) {
-    let len = (64 * 1024).min(MAX_PAYLOAD);
-    let mut results = Vec::new();
-    for suite in CipherSuite::ENCRYPTING {
-        let keys = DirectionKeys::derive(suite, b"doctor", b"speed");
-        let mut sealer = Sealer::new(suite, keys);
-        let mut buf = Vec::with_capacity(HEADER_LEN + len + 64);
-        let started = Instant::now();
-        let mut bytes = 0u64;
-        // Bounded: at most 100k records even on an impossibly fast machine.
-        for _ in 0..100_000 {
-            buf.clear();
-            buf.resize(HEADER_LEN + len, 0x5a);
-            if sealer.seal(RecordKind::Data, &mut buf).is_err() {
-                break;
-            }
-            bytes += len as u64;
-            if started.elapsed() >= AEAD_MEASURE {
-                break;
-            }
-        }
-        let rate = bytes as f64 / started.elapsed().as_secs_f64().max(1e-9) / 1e9;
-        results.push(format!("{} {rate:.1} GB/s", suite.name()));
-    }
+/// The CPU features that decide the fastest cipher, then every encrypting cipher's seal and
+/// open speed on one core, measured as at start-up but longer ([`speed::DOCTOR`]), on a
+/// blocking thread.
+async fn aead_speed(report: &mut Report) {
+    let masked = std::env::var_os("OPENSSL_ia32cap").map_or(String::new(), |_| {
+        " (OPENSSL_ia32cap is set: aws-lc may use fewer of them)".to_owned()
+    });
+    report.push(
+        Status::Ok,
+        "cpu features",
+        format!("{}{masked}", speed::describe_cpu_features()),
+    );
+    let measured = tokio::task::spawn_blocking(|| {
+        CipherSuite::ENCRYPTING.map(|suite| speed::measure(suite, speed::DOCTOR))
+    })
+    .await;
+    let Ok(mut speeds) = measured else {
+        report.push(Status::Warn, "aead speed", "the measuring thread failed");
+        return;
+    };
+    speeds.sort_by_key(|speed| std::cmp::Reverse(speed.slower()));
     report.push(
         Status::Ok,
         "aead speed",
-        format!("seal, 64 KiB records, one core: {}", results.join(", ")),
+        format!(
+            "seal/open GB/s, {} KiB records, one core, fastest first: {}",
+            speed::RECORD_PAYLOAD / 1024,
+            speed::describe(&speeds)
+        ),
     );
 }
 

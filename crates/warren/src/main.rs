@@ -574,6 +574,7 @@ fn ping_targets(
             server,
             psk: Secret::new(psk),
             ciphers: warren::CipherSuite::default_preference(has_aes_hardware()),
+            cipher_choice: warren::CipherChoice::default(),
             deadline: warren::config::DEFAULT_HANDSHAKE_TIMEOUT,
         }]);
     }
@@ -588,6 +589,7 @@ fn ping_targets(
                     server: server.clone(),
                     psk: client.psk.clone(),
                     ciphers: ciphers.clone(),
+                    cipher_choice: client.cipher_choice,
                     deadline: client.handshake_timeout,
                 })
                 .collect())
@@ -605,6 +607,7 @@ fn ping_targets(
                 server: HostPort::from(addr),
                 psk: server.psk,
                 ciphers: transport_ciphers(server.transport, server.ciphers),
+                cipher_choice: server.cipher_choice,
                 deadline: server.handshake_timeout,
             }])
         }

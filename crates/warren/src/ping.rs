@@ -3,12 +3,13 @@
 //! Each probe is a fresh TCP connect, a Noise handshake, a hello with no service claims (a
 //! *probe session*, which the server accepts and which serves nothing; see
 //! docs/protocol.md), one `Ping`/`Pong` round trip on the control channel, and a goodbye.
+//! Each probe reports the cipher chosen, how, and both sides' speed figures.
 
 use std::time::Duration;
 
 use serde::Serialize;
-use warren_proto::CipherSuite;
 use warren_proto::message::HelloMode;
+use warren_proto::{CipherChoice, CipherSuite};
 
 use crate::client::establish::{self, EstablishError};
 use crate::config::HostPort;
@@ -16,7 +17,7 @@ use crate::crypto::secret::Secret;
 use crate::doctor::ms;
 
 /// The times of one successful probe.
-#[derive(Debug, Clone, Copy, Serialize)]
+#[derive(Debug, Clone, Serialize)]
 pub struct Probe {
     /// TCP connect.
     pub connect: Duration,
@@ -27,6 +28,8 @@ pub struct Probe {
     /// The negotiated cipher.
     #[serde(serialize_with = "cipher_name")]
     pub cipher: CipherSuite,
+    /// How it was chosen and both sides' figures (`SessionKeys::describe_choice`).
+    pub choice: String,
 }
 
 fn cipher_name<S: serde::Serializer>(cipher: &CipherSuite, s: S) -> Result<S::Ok, S::Error> {
@@ -42,6 +45,8 @@ pub struct PingTarget {
     pub psk: Secret,
     /// Ciphers to offer.
     pub ciphers: Vec<CipherSuite>,
+    /// Whether to send figures and let the server pick the fastest.
+    pub cipher_choice: CipherChoice,
     /// Deadline of each step.
     pub deadline: Duration,
 }
@@ -51,11 +56,12 @@ pub struct PingTarget {
 /// # Errors
 /// The step that failed.
 pub async fn probe(target: &PingTarget, seq: u64) -> Result<Probe, EstablishError> {
+    let policy = crate::crypto::speed::policy_measured(&target.ciphers, target.cipher_choice).await;
     let mut session = establish::establish(
         crate::transport::tcp::connect(&target.server, target.deadline),
         &target.server.to_string(),
         &target.psk,
-        &target.ciphers,
+        &policy,
         &[],
         HelloMode::Probe,
         target.deadline,
@@ -67,6 +73,7 @@ pub async fn probe(target: &PingTarget, seq: u64) -> Result<Probe, EstablishErro
         handshake: session.handshake_time,
         rtt,
         cipher: session.keys.cipher(),
+        choice: session.keys.describe_choice(),
     };
     establish::goodbye(session.channel, "warren ping done").await;
     Ok(probe)
@@ -100,6 +107,12 @@ pub fn summary(probes: &[Probe], sent: usize) -> String {
         ("handshake", |p| p.handshake),
         ("rtt", |p| p.rtt),
     ];
+    if let Some(first) = probes.first() {
+        out.push_str(&format!(
+            "cipher    {} chosen by {} (seal/open GB/s)\n",
+            first.cipher, first.choice
+        ));
+    }
     for (name, pick) in rows {
         if let Some((min, median, max)) = stats(probes.iter().map(pick).collect()) {
             out.push_str(&format!(

@@ -108,6 +108,15 @@ async fn admin_api_without_token_on_loopback_lists_sessions_and_services() {
     assert_eq!(sessions.as_array().unwrap().len(), 1, "{body}");
     assert_eq!(sessions[0]["services"][0], "web");
     assert!(sessions[0]["cipher"].as_str().unwrap().len() > 3);
+    // Issue 20: how the cipher was chosen, with both sides' figures (default: fastest).
+    let choice = &sessions[0]["cipher_choice"];
+    assert_eq!(choice["decided_by"], "fastest", "{body}");
+    for side in ["client", "server"] {
+        let figures = choice[side].as_array().unwrap();
+        assert!(!figures.is_empty(), "{side}: {body}");
+        assert!(figures[0]["seal_mbps"].as_u64().unwrap() > 0, "{body}");
+        assert!(figures.iter().any(|f| f["cipher"] == sessions[0]["cipher"]));
+    }
     let (_, body) = http(setup.admin, "GET", "/api/v1/services", None).await;
     let services = json(&body);
     assert_eq!(services[0]["name"], "web");

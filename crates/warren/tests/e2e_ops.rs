@@ -32,6 +32,10 @@ async fn doctor_passes_on_a_healthy_setup() {
     assert!(out.contains("[OK]   target web"), "{out}");
     assert!(out.contains("[OK]   aead speed"), "{out}");
     assert!(out.contains("GB/s"), "{out}");
+    // Issue 20: the choice with both sides' figures, and the CPU features behind them.
+    assert!(out.contains("[OK]   cipher choice"), "{out}");
+    assert!(out.contains("chosen by fastest; client "), "{out}");
+    assert!(out.contains("[OK]   cpu features"), "{out}");
     assert!(!out.contains(PSK) && !out.contains(TOKEN), "{out}");
 
     let (code, out, _) = Proc::warren_output(

@@ -235,6 +235,7 @@ async fn doctor_ping_and_a_second_client_never_take_a_live_clients_service() {
         psk: warren::crypto::secret::Secret::new(PSK),
         ciphers: warren::config::ClientConfig::new(HostPort::from(addr), Default::default())
             .ciphers,
+        cipher_choice: Default::default(),
         deadline: Duration::from_secs(5),
     };
     for seq in 1..=3 {

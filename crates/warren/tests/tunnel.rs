@@ -46,9 +46,10 @@ async fn every_cipher_carries_bytes() {
 }
 
 #[tokio::test]
-async fn client_preference_wins_among_allowed_ciphers() {
+async fn client_preference_wins_among_allowed_ciphers_when_ordered() {
     let echo = echo_target().await;
     let setup = Setup {
+        cipher_choice: Some(warren::CipherChoice::Ordered),
         server_ciphers: Some(vec![CipherSuite::Aes256Gcm, CipherSuite::ChaCha20Poly1305]),
         client_ciphers: Some(vec![
             CipherSuite::Aegis256,

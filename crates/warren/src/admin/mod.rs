@@ -36,6 +36,8 @@ use subtle::ConstantTimeEq;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
+use warren_proto::SuiteSpeed;
+use warren_proto::handshake::Negotiation;
 
 use crate::crypto::secret::Secret;
 use crate::metrics::{ConnectionInfo, Telemetry, unix_seconds};
@@ -127,6 +129,8 @@ pub struct SessionInfo {
     pub peer: String,
     /// The negotiated cipher.
     pub cipher: String,
+    /// How the cipher was chosen, with both sides' figures.
+    pub cipher_choice: CipherChoiceInfo,
     /// Seconds since the Unix epoch when the session was established.
     pub since: u64,
     /// Services the session serves.
@@ -153,6 +157,49 @@ pub struct ServingSession {
     pub open_streams: u32,
     /// The service's visitors it was picked for since it joined.
     pub picked: u64,
+}
+
+/// How a session's cipher was chosen (`cipher_choice` of a [`SessionInfo`]).
+#[derive(Debug, Clone, Serialize)]
+pub struct CipherChoiceInfo {
+    /// `fastest` (both sides' measured speeds decided) or `ordered` (the client's order did,
+    /// also when a peer predates figures).
+    pub decided_by: &'static str,
+    /// The client's figures (empty when it sent none).
+    pub client: Vec<CipherSpeedInfo>,
+    /// The server's figures (empty when it measured none or predates figures).
+    pub server: Vec<CipherSpeedInfo>,
+}
+
+/// One side's measured speed for one cipher.
+#[derive(Debug, Clone, Serialize)]
+pub struct CipherSpeedInfo {
+    /// The cipher.
+    pub cipher: &'static str,
+    /// Seal speed, MB/s on one core.
+    pub seal_mbps: u32,
+    /// Open speed, MB/s on one core.
+    pub open_mbps: u32,
+}
+
+impl From<&Negotiation> for CipherChoiceInfo {
+    fn from(negotiation: &Negotiation) -> Self {
+        let speeds = |speeds: &[SuiteSpeed]| {
+            speeds
+                .iter()
+                .map(|speed| CipherSpeedInfo {
+                    cipher: speed.suite.name(),
+                    seal_mbps: speed.seal_mbps,
+                    open_mbps: speed.open_mbps,
+                })
+                .collect()
+        };
+        CipherChoiceInfo {
+            decided_by: negotiation.decided_by.name(),
+            client: speeds(&negotiation.client_speeds),
+            server: speeds(&negotiation.server_speeds),
+        }
+    }
 }
 
 /// One entry of `/api/v1/services`.

@@ -9,7 +9,7 @@ use std::time::Duration;
 use tokio::net::TcpStream;
 
 use tokio::time::Instant;
-use warren_proto::CipherSuite;
+use warren_proto::CipherPolicy;
 use warren_proto::handshake::{HandshakeError, Refusal};
 use warren_proto::message::{
     self, ClaimKind, ControlMessage, HelloClaim, HelloMode, ReplyAssembler, ServiceClaim, Verdict,
@@ -116,10 +116,11 @@ pub struct Claim<'a> {
 }
 
 /// Connects with `dial` (directly or through a proxy; `server` names it in messages), runs
-/// the handshake offering `ciphers`, and sends a hello with `claims` in as many parts as
-/// they need. [`HelloMode::Probe`] (or zero claims) makes a probe session: the server judges
-/// the claims but serves nothing and takes nothing over; the session answers pings. One
-/// `deadline` bounds each of connect, handshake and hello.
+/// the handshake offering `ciphers` (with its figures under `fastest`), and sends a hello
+/// with `claims` in as many parts as they need. [`HelloMode::Probe`] (or zero claims)
+/// makes a probe session: the server judges the claims but serves nothing and takes
+/// nothing over; the session answers pings. One `deadline` bounds each of connect,
+/// handshake and hello.
 ///
 /// # Errors
 /// [`EstablishError`], naming the step that failed.
@@ -127,7 +128,7 @@ pub async fn establish(
     dial: impl Future<Output = std::io::Result<TcpStream>>,
     server: &str,
     psk: &Secret,
-    ciphers: &[CipherSuite],
+    ciphers: &CipherPolicy,
     claims: &[Claim<'_>],
     mode: HelloMode,
     deadline: Duration,

@@ -701,6 +701,7 @@ impl ClientSession {
             id: short_id(self.keys.session_id()),
             peer: self.server_addr.to_string(),
             cipher: self.keys.cipher().to_string(),
+            cipher_choice: self.keys.negotiation().into(),
             since: unix_seconds(self.since),
             services: self.service_names(),
             open_streams: self.open_streams.load(Ordering::Relaxed),
@@ -756,6 +757,8 @@ async fn establish_session(
         Transport::Tcp => vec![CipherSuite::None],
         _ => config.ciphers.clone(),
     };
+    // Measured before the first handshake, then cached for the process.
+    let ciphers = crate::crypto::speed::policy_measured(&ciphers, config.cipher_choice).await;
     let deadline = config.handshake_timeout;
     let proxy = match &config.proxy {
         Some(setting) => setting
@@ -928,6 +931,7 @@ async fn serve_session(shared: Arc<Shared>, established: Established) -> Session
         server = %session.server,
         cipher = %session.keys.cipher(),
         rtt_ms = session.rtt.as_secs_f64() * 1000.0,
+        cipher_choice = %session.keys.describe_choice(),
         services = %summarize(&names),
         "connected"
     );

@@ -9,7 +9,8 @@ use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
-use warren_proto::CipherSuite;
+use warren_proto::cipher::UnknownChoice;
+use warren_proto::{CipherChoice, CipherSuite};
 
 use super::Config;
 use super::duration::{format_duration, parse_duration};
@@ -153,6 +154,7 @@ pub(crate) fn convert_server(file: FileServer, report: &mut Report) -> ServerCon
     let mut config = ServerConfig::new(bind, psk);
     config.transport = transport(report, side, file.transport.as_deref());
     config.ciphers = ciphers(report, side, file.ciphers.as_deref());
+    config.cipher_choice = cipher_choice(report, side, file.cipher_choice.as_deref());
     config.heartbeat_interval = duration(
         report,
         "server.heartbeat_interval",
@@ -332,6 +334,7 @@ pub(crate) fn convert_client(file: FileClient, report: &mut Report) -> ClientCon
     config.more_servers = more_servers;
     config.transport = transport(report, side, file.transport.as_deref());
     config.ciphers = ciphers(report, side, file.ciphers.as_deref());
+    config.cipher_choice = cipher_choice(report, side, file.cipher_choice.as_deref());
     config.heartbeat_timeout = duration(
         report,
         "client.heartbeat_timeout",
@@ -758,15 +761,26 @@ fn udp_settings(
     })
 }
 
+fn cipher_choice(report: &mut Report, side: &str, name: Option<&str>) -> CipherChoice {
+    let Some(name) = name else {
+        return CipherChoice::default();
+    };
+    name.parse().unwrap_or_else(|error: UnknownChoice| {
+        report.push(
+            ConfigError::new(join_key(side, "cipher_choice"), error.to_string()).with_hint(
+                "write \"fastest\" (pick by measured speed) or \"ordered\" (the client's `ciphers` order decides)",
+            ),
+        );
+        CipherChoice::default()
+    })
+}
+
 fn ciphers(report: &mut Report, side: &str, names: Option<&[String]>) -> Vec<CipherSuite> {
     let key = join_key(side, "ciphers");
     let Some(names) = names else {
         return CipherSuite::default_preference(has_aes_hardware());
     };
-    let all: Vec<&str> = std::iter::once(CipherSuite::None)
-        .chain(CipherSuite::ENCRYPTING)
-        .map(CipherSuite::name)
-        .collect();
+    let all: Vec<&str> = CipherSuite::ALL.map(CipherSuite::name).to_vec();
     let mut suites = Vec::with_capacity(names.len());
     let mut failed = false;
     for (i, name) in names.iter().enumerate() {

@@ -46,9 +46,13 @@ pub struct FileServer {
     pub default_token: Option<String>,
     /// `"noise"` (default) or `"tcp"` (plaintext, needs `insecure = true`).
     pub transport: Option<String>,
-    /// Allowed ciphers, in preference order. Default: AES-GCM first on CPUs with AES
-    /// instructions, ChaCha20-Poly1305 first elsewhere.
+    /// Allowed ciphers. Default: every encrypting cipher, AES-GCM first on CPUs with AES
+    /// instructions, ChaCha20-Poly1305 first elsewhere (the order breaks ties under
+    /// `cipher_choice = "fastest"`).
     pub ciphers: Option<Vec<String>>,
+    /// `"fastest"` (default: the allowed cipher both sides seal and open fastest, measured
+    /// at start) or `"ordered"` (the client's `ciphers` order decides, as before figures).
+    pub cipher_choice: Option<String>,
     /// How often the server sends a heartbeat. Default `"10s"`.
     pub heartbeat_interval: Option<RawDuration>,
     /// One deadline for handshake, hello and auth. Default `"10s"`.
@@ -112,6 +116,8 @@ pub struct FileClient {
     pub transport: Option<String>,
     /// Offered ciphers, in preference order. Default as for the server.
     pub ciphers: Option<Vec<String>>,
+    /// `"fastest"` (default) or `"ordered"`, as for the server.
+    pub cipher_choice: Option<String>,
     /// Reconnect when the server has been silent this long. Default `"30s"`.
     pub heartbeat_timeout: Option<RawDuration>,
     /// First wait before reconnecting. Default `"1s"`.

@@ -406,6 +406,7 @@ fn type_hint(key: &str) -> Option<&'static str> {
             "write it as a quoted string, e.g. \"${WARREN_PSK}\" to read it from the environment"
         }
         "transport" => "write \"noise\" or \"tcp\"",
+        "cipher_choice" => "write \"fastest\" or \"ordered\"",
         "ciphers" => {
             "write a list of names, e.g. ciphers = [\"aes-256-gcm\", \"chacha20-poly1305\"]"
         }
@@ -426,7 +427,7 @@ fn type_hint(key: &str) -> Option<&'static str> {
 mod tests {
     use std::time::Duration;
 
-    use warren_proto::CipherSuite;
+    use warren_proto::{CipherChoice, CipherSuite};
 
     use super::super::{
         ClientConfig, Config, ConfigErrors, HostPort, ServerConfig, ServiceKind, Transport,
@@ -736,6 +737,38 @@ token = "db-token-0123456789"
             "{text}"
         );
         assert!(text.contains("did you mean \"aes-256-gcm\"?"), "{text}");
+    }
+
+    #[test]
+    fn cipher_choice_and_the_newer_suite() {
+        let ordered = client(
+            "[client]\nserver = \"a:1\"\npsk = \"${WARREN_TEST_PSK}\"\nciphers = [\"aegis-128x2\", \"aegis-128l\"]\ncipher_choice = \"ordered\"\n",
+        );
+        assert_eq!(ordered.cipher_choice, CipherChoice::Ordered);
+        assert_eq!(
+            ordered.ciphers,
+            [CipherSuite::Aegis128X2, CipherSuite::Aegis128L]
+        );
+        let default = client("[client]\nserver = \"a:1\"\npsk = \"${WARREN_TEST_PSK}\"\n");
+        assert_eq!(default.cipher_choice, CipherChoice::Fastest, "the default");
+        let wrong = errors(
+            "[client]\nserver = \"a:1\"\npsk = \"${WARREN_TEST_PSK}\"\ncipher_choice = \"quickest\"\n",
+        );
+        assert_eq!(
+            keys_and_lines(&wrong),
+            [("client.cipher_choice".to_owned(), Some(4))]
+        );
+        let text = wrong.to_string();
+        assert!(text.contains("`fastest` or `ordered`"), "{text}");
+        let typed = errors(
+            "[server]\nbind = \"0.0.0.0:7000\"\npsk = \"${WARREN_TEST_PSK}\"\ncipher_choice = 1\n",
+        );
+        assert!(
+            typed
+                .to_string()
+                .contains("write \"fastest\" or \"ordered\""),
+            "{typed}"
+        );
     }
 
     #[test]

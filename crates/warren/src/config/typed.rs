@@ -12,7 +12,7 @@ use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::str::FromStr;
 use std::time::Duration;
 
-use warren_proto::CipherSuite;
+use warren_proto::{CipherChoice, CipherSuite};
 
 use super::duration::format_duration;
 use super::error::{ConfigError, ConfigErrors, Report, join_index, join_key};
@@ -303,6 +303,8 @@ pub struct ServerConfig {
     pub transport: Transport,
     /// Allowed ciphers in preference order; never empty.
     pub ciphers: Vec<CipherSuite>,
+    /// Whether measured speed or the clients' order picks the cipher.
+    pub cipher_choice: CipherChoice,
     /// How often to send heartbeats.
     pub heartbeat_interval: Duration,
     /// One deadline for handshake, hello and auth.
@@ -403,6 +405,9 @@ pub struct ClientConfig {
     pub transport: Transport,
     /// Offered ciphers in preference order; never empty.
     pub ciphers: Vec<CipherSuite>,
+    /// Whether measured speed (when the server agrees) or this list's order picks the
+    /// cipher.
+    pub cipher_choice: CipherChoice,
     /// Reconnect when the server has been silent this long.
     pub heartbeat_timeout: Duration,
     /// First wait before reconnecting.
@@ -491,6 +496,7 @@ impl ServerConfig {
             default_token: None,
             transport: Transport::default(),
             ciphers: CipherSuite::default_preference(has_aes_hardware()),
+            cipher_choice: CipherChoice::default(),
             heartbeat_interval: DEFAULT_HEARTBEAT_INTERVAL,
             handshake_timeout: DEFAULT_HANDSHAKE_TIMEOUT,
             insecure: false,
@@ -611,6 +617,7 @@ impl ClientConfig {
             default_token: None,
             transport: Transport::default(),
             ciphers: CipherSuite::default_preference(has_aes_hardware()),
+            cipher_choice: CipherChoice::default(),
             heartbeat_timeout: DEFAULT_HEARTBEAT_TIMEOUT,
             reconnect_initial_delay: DEFAULT_RECONNECT_INITIAL_DELAY,
             reconnect_max_delay: DEFAULT_RECONNECT_MAX_DELAY,

@@ -13,7 +13,7 @@
 //! handshake.
 
 use warren_proto::CipherSuite;
-use warren_proto::handshake::{Established, MAC_LEN, NONCE_LEN, SessionId};
+use warren_proto::handshake::{Established, MAC_LEN, NONCE_LEN, Negotiation, SessionId};
 
 use crate::Side;
 use crate::crypto::kdf;
@@ -70,6 +70,8 @@ pub fn verify_token_proof(
 /// Secrets of one session, held by both sides for as long as the session lives.
 pub struct SessionKeys {
     cipher: CipherSuite,
+    /// How the cipher was chosen and both sides' figures: shown, never used for keys.
+    negotiation: Negotiation,
     session_id: SessionId,
     handshake_hash: [u8; 32],
     secret: [u8; 32],
@@ -94,6 +96,7 @@ impl SessionKeys {
         let channel_auth = derive32(&secret, b"", CHANNEL_AUTH);
         SessionKeys {
             cipher: established.cipher,
+            negotiation: established.negotiation.clone(),
             session_id: established.session_id,
             handshake_hash: established.handshake_hash,
             secret,
@@ -104,6 +107,23 @@ impl SessionKeys {
     /// The negotiated record cipher.
     pub fn cipher(&self) -> CipherSuite {
         self.cipher
+    }
+
+    /// How the cipher was chosen, with both sides' figures.
+    pub fn negotiation(&self) -> &Negotiation {
+        &self.negotiation
+    }
+
+    /// One line for logs and diagnostics: the rule that chose the cipher and both sides'
+    /// seal/open figures in GB/s, e.g. `fastest; client aegis-128l 9.1/8.7; server ...`.
+    pub fn describe_choice(&self) -> String {
+        let n = &self.negotiation;
+        format!(
+            "{}; client {}; server {}",
+            n.decided_by,
+            crate::crypto::speed::describe(&n.client_speeds),
+            crate::crypto::speed::describe(&n.server_speeds)
+        )
     }
 
     /// The session id.

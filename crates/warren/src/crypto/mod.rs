@@ -4,10 +4,12 @@
 //! * [`kdf`]: HKDF-SHA256 and HMAC-SHA256 (aws-lc-rs).
 //! * [`keys`]: what one handshake derives: control, data channel and token-proof keys.
 //! * [`secret`]: masked, constant-time-compared secrets from the config.
+//! * [`speed`]: this machine's measured seal/open speed per cipher, and its CPU features.
 
 pub mod kdf;
 pub mod keys;
 pub mod record;
 pub mod secret;
+pub mod speed;
 
 pub use secret::Secret;

@@ -5,7 +5,8 @@
 //! generic framing or Noise transport: each record is sealed and opened *in place* in a
 //! buffer the caller reuses, with up to 64 KiB per record, an implicit counter nonce, no
 //! allocation and no copy beyond appending the tag. AES-GCM and ChaCha20-Poly1305 come from
-//! aws-lc-rs (`LessSafeKey`), AEGIS-128L and AEGIS-256 from the `aegis` crate's C backend.
+//! aws-lc-rs (`LessSafeKey`), AEGIS-128L, AEGIS-128X2 and AEGIS-256 from the `aegis`
+//! crate's C backend.
 //! Nothing here does IO; the transport reads and writes the bytes.
 //!
 //! # Wire format
@@ -35,7 +36,7 @@
 //! Each direction has its own [`DirectionKeys`]: an AEAD key and a nonce base (IV) derived
 //! with HKDF-SHA256 from the handshake's shared secret and a per-direction label
 //! ([`DirectionKeys::derive`]). The IV is as long as the cipher's nonce: 12 bytes for
-//! AES-GCM and ChaCha20-Poly1305, 16 for AEGIS-128L, 32 for AEGIS-256. Record number `n`
+//! AES-GCM and ChaCha20-Poly1305, 16 for AEGIS-128L and AEGIS-128X2, 32 for AEGIS-256. Record number `n`
 //! (counted from 0 by both sides, never sent) is sealed with the nonce `IV XOR n`, `n`
 //! written big-endian into the nonce's last 8 bytes (as in TLS 1.3).
 //!
@@ -63,6 +64,7 @@
 use std::fmt;
 
 use aegis::aegis128l::Aegis128L;
+use aegis::aegis128x2::Aegis128X2;
 use aegis::aegis256::Aegis256;
 use aws_lc_rs::aead::{self, Aad, LessSafeKey, Nonce, UnboundKey};
 use warren_proto::CipherSuite;
@@ -274,7 +276,7 @@ fn key_len(suite: CipherSuite) -> usize {
 /// Nonce (and IV) length of a suite.
 fn iv_len(suite: CipherSuite) -> usize {
     match suite {
-        CipherSuite::Aegis128L => 16,
+        CipherSuite::Aegis128L | CipherSuite::Aegis128X2 => 16,
         CipherSuite::Aegis256 => 32,
         CipherSuite::None => 0,
         // AES-GCM, ChaCha20-Poly1305 and any suite added later through aws-lc.
@@ -289,6 +291,8 @@ enum Cipher {
     /// AEGIS-128L key; the AEGIS state is initialised from key and nonce per record anyway,
     /// so nothing is gained by keeping more than the key.
     Aegis128L([u8; 16]),
+    /// AEGIS-128X2 key.
+    Aegis128X2([u8; 16]),
     /// AEGIS-256 key.
     Aegis256([u8; 32]),
     /// [`CipherSuite::None`]: framing only.
@@ -310,11 +314,8 @@ impl Cipher {
             CipherSuite::Aes128Gcm => aws(&aead::AES_128_GCM, 16),
             CipherSuite::Aes256Gcm => aws(&aead::AES_256_GCM, 32),
             CipherSuite::ChaCha20Poly1305 => aws(&aead::CHACHA20_POLY1305, 32),
-            CipherSuite::Aegis128L => {
-                let mut k = [0u8; 16];
-                k.copy_from_slice(&key[..16]);
-                Cipher::Aegis128L(k)
-            }
+            CipherSuite::Aegis128L => Cipher::Aegis128L(key16(key)),
+            CipherSuite::Aegis128X2 => Cipher::Aegis128X2(key16(key)),
             CipherSuite::Aegis256 => Cipher::Aegis256(*key),
             CipherSuite::None => Cipher::Plain,
             // `CipherSuite` is `#[non_exhaustive]`: a suite added to warren-proto before this
@@ -322,6 +323,13 @@ impl Cipher {
             _ => Cipher::Unsupported,
         }
     }
+}
+
+/// The first 16 bytes of a key buffer: the key of a 128-bit suite.
+fn key16(key: &[u8; MAX_KEY_LEN]) -> [u8; 16] {
+    let mut k = [0u8; 16];
+    k.copy_from_slice(&key[..16]);
+    k
 }
 
 /// Key, IV and record counter of one direction; shared by [`Sealer`] and [`Opener`].
@@ -504,6 +512,12 @@ impl Sealer {
                 buf.extend_from_slice(&tag);
                 Ok(())
             }
+            Cipher::Aegis128X2(key) => {
+                let tag = Aegis128X2::<16>::new(key, &self.dir.nonce())
+                    .encrypt_in_place(payload, &header);
+                buf.extend_from_slice(&tag);
+                Ok(())
+            }
             Cipher::Aegis256(key) => {
                 let tag =
                     Aegis256::<16>::new(key, &self.dir.nonce()).encrypt_in_place(payload, &header);
@@ -633,6 +647,15 @@ impl Opener {
                     .map_err(|_| RecordError::Decrypt)?;
                 ciphertext.len()
             }
+            Cipher::Aegis128X2(key) => {
+                let (ciphertext, tag) = body
+                    .split_last_chunk_mut::<16>()
+                    .ok_or(RecordError::Decrypt)?;
+                Aegis128X2::<16>::new(key, &self.dir.nonce())
+                    .decrypt_in_place(ciphertext, tag, &header)
+                    .map_err(|_| RecordError::Decrypt)?;
+                ciphertext.len()
+            }
             Cipher::Aegis256(key) => {
                 let (ciphertext, tag) = body
                     .split_last_chunk_mut::<16>()
@@ -656,14 +679,7 @@ mod tests {
 
     use super::*;
 
-    const ALL: [CipherSuite; 6] = [
-        CipherSuite::Aes256Gcm,
-        CipherSuite::Aes128Gcm,
-        CipherSuite::ChaCha20Poly1305,
-        CipherSuite::Aegis128L,
-        CipherSuite::Aegis256,
-        CipherSuite::None,
-    ];
+    const ALL: [CipherSuite; 7] = CipherSuite::ALL;
 
     fn pair(suite: CipherSuite) -> (Sealer, Opener) {
         let keys = DirectionKeys::derive(suite, b"shared secret", b"client to server");

@@ -35,6 +35,7 @@ impl AdminSource for ServerAdmin {
                 id: short_id(&session.id()),
                 peer: session.peer.to_string(),
                 cipher: session.keys.cipher().to_string(),
+                cipher_choice: session.keys.negotiation().into(),
                 since: unix_seconds(session.since),
                 services: session.services.clone(),
                 open_streams: session.open_streams(),

@@ -36,7 +36,7 @@ use tracing::{debug, info, warn};
 use warren_proto::balance::Strategy;
 use warren_proto::handshake::{self as proto_handshake, DataHello, HandshakeError, SessionId};
 use warren_proto::message::{ControlMessage, HelloClaim, StreamOpen};
-use warren_proto::{CipherSuite, message};
+use warren_proto::{CipherPolicy, CipherSuite, message};
 
 use crate::Side;
 use crate::config::proxy::PortRange;
@@ -287,6 +287,9 @@ impl Server {
     /// # Errors
     /// [`ServerError::Bind`] naming the port that could not be bound.
     pub async fn bind(self) -> Result<BoundServer, ServerError> {
+        // This machine's cipher figures (tens of ms, once), before the port listens: a
+        // server that accepts connections has finished starting.
+        crate::crypto::speed::prepare(&self.config.ciphers, self.config.cipher_choice).await;
         let listener = bind_listener("the server port", self.config.bind).await?;
         let admin_listener = match &self.config.admin {
             Some(admin) => Some(bind_listener("the admin API", admin.bind).await?),
@@ -565,11 +568,14 @@ impl Shared {
 struct Live {
     config: ServerConfig,
     noise_psk: [u8; 32],
-    /// Ciphers this server allows, already adjusted for the transport.
-    ciphers: Vec<CipherSuite>,
+    /// Ciphers this server allows, already adjusted for the transport, with
+    /// `cipher_choice` and this machine's figures.
+    ciphers: CipherPolicy,
 }
 
 impl Live {
+    /// Takes the cipher figures from the process's cache: call
+    /// [`crate::crypto::speed::prepare`] first, or this measures on the calling thread.
     fn new(config: ServerConfig) -> Live {
         let ciphers = match config.transport {
             Transport::Tcp => vec![CipherSuite::None],
@@ -577,7 +583,7 @@ impl Live {
         };
         Live {
             noise_psk: keys::noise_psk(&config.psk),
-            ciphers,
+            ciphers: crate::crypto::speed::policy(&ciphers, config.cipher_choice),
             config,
         }
     }
@@ -1051,6 +1057,7 @@ async fn run_session(shared: &Arc<Shared>, session: Arc<ServerSession>, channel:
             peer = %session.peer,
             version = session.version,
             cipher = %session.keys.cipher(),
+            cipher_choice = %session.keys.describe_choice(),
             services = %summarize(&session.services),
             "client connected"
         );

@@ -101,7 +101,9 @@ pub(super) async fn apply(shared: &Arc<Shared>, new: ServerConfig) -> ReloadResu
         || new.allow_bind_addrs != old.allow_bind_addrs
         || new.default_token != old.default_token;
 
-    // 3. Swap the config, then the services.
+    // 3. Swap the config, then the services. A cipher first allowed now is measured here,
+    // off the accept path; the others keep their start-up figures.
+    crate::crypto::speed::prepare(&new.ciphers, new.cipher_choice).await;
     *shared.live.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(Live::new(new.clone()));
     {
         let mut services = shared

@@ -9,7 +9,7 @@ use std::io;
 use rand::RngCore;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-use warren_proto::CipherSuite;
+use warren_proto::CipherPolicy;
 use warren_proto::handshake::{
     self, ClientHandshake, DataAccept, DataHello, Established, HandshakeError, NONCE_LEN, Preamble,
 };
@@ -52,9 +52,9 @@ pub async fn read_frame(stream: &mut TcpStream) -> Result<Vec<u8>, PreambleError
 pub async fn client_handshake(
     stream: &mut TcpStream,
     noise_psk: &[u8; 32],
-    ciphers: &[CipherSuite],
+    ciphers: &CipherPolicy,
 ) -> Result<Established, PreambleError> {
-    let (state, first) = ClientHandshake::start(noise_psk, ciphers)?;
+    let (state, first) = ClientHandshake::start_with(noise_psk, ciphers)?;
     stream.write_all(&first).await?;
     let reply = read_frame(stream).await?;
     Ok(state.handle_reply(&reply)?)

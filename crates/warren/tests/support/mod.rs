@@ -11,7 +11,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use warren::config::Transport;
-use warren::{CipherSuite, Client, ClientStatus, HostPort, Server};
+use warren::{CipherChoice, CipherSuite, Client, ClientStatus, HostPort, Server};
 
 pub const PSK: &str = "test-psk-0123456789-abcdef";
 pub const TOKEN: &str = "test-token-0123456789-abcdef";
@@ -93,6 +93,8 @@ pub struct Setup {
     pub insecure: bool,
     pub server_ciphers: Option<Vec<CipherSuite>>,
     pub client_ciphers: Option<Vec<CipherSuite>>,
+    /// `cipher_choice` of both sides (`None`: the default, `fastest`).
+    pub cipher_choice: Option<CipherChoice>,
     pub server_token: String,
     pub client_token: String,
     pub client_psk: String,
@@ -105,6 +107,7 @@ impl Default for Setup {
             insecure: false,
             server_ciphers: None,
             client_ciphers: None,
+            cipher_choice: None,
             server_token: TOKEN.into(),
             client_token: TOKEN.into(),
             client_psk: PSK.into(),
@@ -123,6 +126,9 @@ pub async fn start_server(setup: &Setup, bind: SocketAddr, service_bind: SocketA
         .tcp_service("web", service_bind);
     if let Some(ciphers) = &setup.server_ciphers {
         builder = builder.ciphers(ciphers.clone());
+    }
+    if let Some(choice) = setup.cipher_choice {
+        builder = builder.cipher_choice(choice);
     }
     let bound = builder
         .build()
@@ -159,6 +165,9 @@ pub fn start_client(setup: &Setup, server: SocketAddr, target: SocketAddr) -> Te
         .tcp_service("web", HostPort::from(target));
     if let Some(ciphers) = &setup.client_ciphers {
         builder = builder.ciphers(ciphers.clone());
+    }
+    if let Some(choice) = setup.cipher_choice {
+        builder = builder.cipher_choice(choice);
     }
     let client = builder.build().expect("valid client");
     let status = client.status();
