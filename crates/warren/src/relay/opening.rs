@@ -138,7 +138,9 @@ impl Opening {
     async fn replay(&mut self, visitor: &TcpStream, channel: &mut Channel) -> Result<(), String> {
         let writer = &mut channel.writer;
         if self.sent.is_empty() && !self.ended {
-            let mut first = [0u8; READ_LEN];
+            // On the heap: an array here would live in every visitor task's future, for
+            // the whole life of the connection.
+            let mut first = vec![0u8; READ_LEN];
             match visitor.try_read(&mut first) {
                 Ok(0) => self.ended = true,
                 Ok(n) => self.sent.extend_from_slice(&first[..n]),

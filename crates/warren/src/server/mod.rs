@@ -1157,60 +1157,25 @@ async fn serve_visitor(
     let local = visitor.local_addr().ok();
     // Retry before reset: a session that fails the visitor before any byte went back hands
     // it on to the next one, replaying what the visitor sent.
-    let mut tried: Vec<SessionId> = Vec::new();
+    // The opening phase runs boxed: its state (select!, replay copy) is needed only until
+    // the first answer, and must not size the future every visitor task holds for the
+    // whole connection.
     let mut opening = Opening::default();
-    let (lease, mut channel, start) = loop {
-        let Some(lease) = slot.pick(&tried) else {
-            slot.meter.error();
-            if tried.is_empty() {
-                debug!(event = "visitor_rejected", service = %slot.name, %peer, "no client serves this service; closing visitor");
-            } else {
-                warn!(event = "visitor_rejected", service = %slot.name, %peer, sessions = tried.len(), "every session serving this service failed the visitor; resetting it");
+    let opened = Box::pin(open_for_visitor(
+        &slot,
+        &mut visitor,
+        &mut opening,
+        (peer, local),
+        &cancel,
+    ))
+    .await;
+    let (lease, mut channel, start) = match opened {
+        Ok(opened) => opened,
+        Err(reset) => {
+            if reset {
+                tcp::reset(visitor);
             }
-            tcp::reset(visitor);
             return;
-        };
-        if !tried.is_empty() {
-            slot.retried();
-        }
-        tried.push(lease.session.id());
-        let opened = tokio::select! {
-            () = cancel.cancelled() => return,
-            opened = tokio::time::timeout(
-                STREAM_OPEN_TIMEOUT,
-                open_stream(&lease.session, &slot.name, Some(peer), local),
-            ) => opened,
-        };
-        let mut channel = match opened {
-            Ok(Ok(channel)) => channel,
-            Ok(Err(error)) => {
-                debug!(event = "stream_open_failed", service = %slot.name, %peer, session = %short_id(&lease.session.id()), %error, "could not open a stream to the client; trying another session");
-                continue;
-            }
-            Err(_) => {
-                warn!(event = "stream_open_failed", service = %slot.name, %peer, session = %short_id(&lease.session.id()), "no data channel from the client within {STREAM_OPEN_TIMEOUT:?}; trying another session");
-                continue;
-            }
-        };
-        match opening.open(&mut visitor, &mut channel, &cancel).await {
-            Opened::Answered(start) => break (lease, channel, start),
-            Opened::Refused(reason) if opening.replayable() => {
-                debug!(event = "stream_refused", service = %slot.name, %peer, session = %short_id(&lease.session.id()), %reason, "the client could not serve the stream; trying another session");
-            }
-            Opened::Refused(reason) => {
-                slot.meter.error();
-                debug!(event = "stream_aborted", service = %slot.name, %peer, %reason, "stream refused after more than a replay keeps; resetting the visitor");
-                tcp::reset(visitor);
-                return;
-            }
-            Opened::Aborted(error) => {
-                if !matches!(error, relay::RelayError::Cancelled) {
-                    slot.meter.error();
-                }
-                debug!(event = "stream_aborted", service = %slot.name, %peer, %error, "visitor connection aborted");
-                tcp::reset(visitor);
-                return;
-            }
         }
     };
     // What a replay would have needed is not needed any more.
@@ -1234,6 +1199,70 @@ async fn serve_visitor(
                 slot.meter.error();
             }
             debug!(event = "stream_aborted", service = %slot.name, %peer, %error, "visitor connection aborted")
+        }
+    }
+}
+
+/// Picks a session for a visitor and opens its stream there, handing the visitor on to the
+/// next session while one fails it before any byte went back (retry before reset). `Err`
+/// says whether the visitor must be reset (`false`: we are shutting down).
+async fn open_for_visitor(
+    slot: &Arc<ServiceSlot>,
+    visitor: &mut TcpStream,
+    opening: &mut Opening,
+    (peer, local): (SocketAddr, Option<SocketAddr>),
+    cancel: &CancellationToken,
+) -> Result<(serving::Lease, Channel, relay::StreamStart), bool> {
+    let mut tried: Vec<SessionId> = Vec::new();
+    loop {
+        let Some(lease) = slot.pick(&tried) else {
+            slot.meter.error();
+            if tried.is_empty() {
+                debug!(event = "visitor_rejected", service = %slot.name, %peer, "no client serves this service; closing visitor");
+            } else {
+                warn!(event = "visitor_rejected", service = %slot.name, %peer, sessions = tried.len(), "every session serving this service failed the visitor; resetting it");
+            }
+            return Err(true);
+        };
+        if !tried.is_empty() {
+            slot.retried();
+        }
+        tried.push(lease.session.id());
+        let opened = tokio::select! {
+            () = cancel.cancelled() => return Err(false),
+            opened = tokio::time::timeout(
+                STREAM_OPEN_TIMEOUT,
+                open_stream(&lease.session, &slot.name, Some(peer), local),
+            ) => opened,
+        };
+        let mut channel = match opened {
+            Ok(Ok(channel)) => channel,
+            Ok(Err(error)) => {
+                debug!(event = "stream_open_failed", service = %slot.name, %peer, session = %short_id(&lease.session.id()), %error, "could not open a stream to the client; trying another session");
+                continue;
+            }
+            Err(_) => {
+                warn!(event = "stream_open_failed", service = %slot.name, %peer, session = %short_id(&lease.session.id()), "no data channel from the client within {STREAM_OPEN_TIMEOUT:?}; trying another session");
+                continue;
+            }
+        };
+        match opening.open(visitor, &mut channel, cancel).await {
+            Opened::Answered(start) => return Ok((lease, channel, start)),
+            Opened::Refused(reason) if opening.replayable() => {
+                debug!(event = "stream_refused", service = %slot.name, %peer, session = %short_id(&lease.session.id()), %reason, "the client could not serve the stream; trying another session");
+            }
+            Opened::Refused(reason) => {
+                slot.meter.error();
+                debug!(event = "stream_aborted", service = %slot.name, %peer, %reason, "stream refused after more than a replay keeps; resetting the visitor");
+                return Err(true);
+            }
+            Opened::Aborted(error) => {
+                if !matches!(error, relay::RelayError::Cancelled) {
+                    slot.meter.error();
+                }
+                debug!(event = "stream_aborted", service = %slot.name, %peer, %error, "visitor connection aborted");
+                return Err(true);
+            }
         }
     }
 }
