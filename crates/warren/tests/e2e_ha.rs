@@ -24,34 +24,6 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
-fn have_haproxy() -> bool {
-    let found = std::process::Command::new("sh")
-        .args(["-c", "command -v haproxy"])
-        .stdout(std::process::Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if !found {
-        if std::env::var("WARREN_E2E_REQUIRE_TOOLS").as_deref() == Ok("1") {
-            panic!(
-                "haproxy is not on PATH but WARREN_E2E_REQUIRE_TOOLS=1: apt-get install haproxy"
-            );
-        }
-        eprintln!("SKIPPED e2e_ha: haproxy is not on PATH (apt-get install haproxy)");
-    }
-    found
-}
-
-/// Waits until `addr` accepts a connection.
-async fn wait_listening(addr: SocketAddr, what: &str) {
-    for _ in 0..200 {
-        if TcpStream::connect(addr).await.is_ok() {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("{what} did not start listening on {addr}");
-}
-
 /// How one visitor ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Outcome {
@@ -215,7 +187,7 @@ fn tally(entries: &[(Instant, Instant, Outcome)]) -> (usize, usize, usize, usize
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_servers_two_clients_behind_haproxy_survive_sigkill_of_each() {
-    if !have_haproxy() {
+    if !have_tool("haproxy", "haproxy", "e2e_ha") {
         return;
     }
     let dir = TestDir::new("e2e-ha");
@@ -230,8 +202,8 @@ async fn two_servers_two_clients_behind_haproxy_survive_sigkill_of_each() {
 
     let mut server1 = start_server(&dir, &server1_toml);
     let mut server2 = start_server(&dir, &server2_toml);
-    wait_listening(loopback(port1), "server 1").await;
-    wait_listening(loopback(port2), "server 2").await;
+    wait_listening(port1, "server 1").await;
+    wait_listening(port2, "server 2").await;
     let mut client_a = start_client(&dir, &client_toml, PSK);
     let mut client_b = start_client(&dir, &client_toml, PSK);
     let mut haproxy = Proc::spawn(
@@ -241,7 +213,7 @@ async fn two_servers_two_clients_behind_haproxy_survive_sigkill_of_each() {
         &["-db", "-f", haproxy_cfg.to_str().expect("path")],
         &[],
     );
-    wait_listening(loopback(front), "haproxy").await;
+    wait_listening(front, "haproxy").await;
     // Both clients with both servers: each server logs two sessions.
     for server in [&mut server1, &mut server2] {
         let deadline = Instant::now() + READY_TIMEOUT;
@@ -361,7 +333,7 @@ async fn two_servers_two_clients_behind_haproxy_survive_sigkill_of_each() {
 
     // Without any operator action the service is whole again: server 1 serves it with both
     // clients (the restarted client reconnected, and so did client B to the new server 1).
-    wait_listening(loopback(web1), "restarted server 1").await;
+    wait_listening(web1, "restarted server 1").await;
     let deadline = Instant::now() + READY_TIMEOUT;
     while server1.logs().matches("client connected").count() < 2 {
         assert!(

@@ -14,38 +14,9 @@ use std::time::Duration;
 
 use e2e_support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 
 const PROXY_USER: &str = "warren";
 const PROXY_PASSWORD: &str = "s3cret-proxy-pass";
-
-fn have_tool(tool: &str, package: &str, test: &str) -> bool {
-    let found = std::process::Command::new("sh")
-        .args(["-c", &format!("command -v {tool}")])
-        .stdout(std::process::Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if !found {
-        if std::env::var("WARREN_E2E_REQUIRE_TOOLS").as_deref() == Ok("1") {
-            panic!(
-                "{tool} is not on PATH but WARREN_E2E_REQUIRE_TOOLS=1: apt-get install {package}"
-            );
-        }
-        eprintln!("SKIPPED {test}: {tool} is not on PATH (apt-get install {package})");
-    }
-    found
-}
-
-/// Waits until something listens on `port`.
-async fn wait_listening(port: u16, what: &str) {
-    for _ in 0..100 {
-        if TcpStream::connect(loopback(port)).await.is_ok() {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("{what} did not start listening on {port}");
-}
 
 /// A server with one reverse service `web`, returns (server proc, server port, web port).
 async fn server_with_web(dir: &TestDir, extra: &str) -> (Proc, u16, u16) {

@@ -48,7 +48,7 @@ use crate::crypto::keys::SessionKeys;
 use crate::crypto::secret::Secret;
 use crate::metrics::{HandshakeFailure, ServiceMeter, Telemetry, unix_seconds};
 use crate::reload::{ConfigSource, Reloader, Requests};
-use crate::session::{self as control, CONTROL_QUEUE, Liveness, SessionEnd, short_id};
+use crate::session::{self as control, CONTROL_QUEUE, Liveness, SessionEnd, short_id, summarize};
 use crate::transport::Channel;
 use establish::{Claim, EstablishError, EstablishedSession};
 
@@ -1000,15 +1000,6 @@ async fn serve_session(shared: Arc<Shared>, established: Established) -> Session
         .retain(|s| !Arc::ptr_eq(s, &session));
     shared.refresh_status(false);
     end
-}
-
-/// At most the first few names of a long list, for a log line.
-fn summarize(names: &[String]) -> String {
-    const SHOWN: usize = 16;
-    if names.len() <= SHOWN {
-        return names.join(",");
-    }
-    format!("{},… ({} in all)", names[..SHOWN].join(","), names.len())
 }
 
 /// Holds a session until it ends, returning how. A reload that needs a new session gets

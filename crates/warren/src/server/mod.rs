@@ -52,7 +52,7 @@ use crate::relay;
 use crate::relay::opening::{Opened, Opening};
 use crate::relay::udp::{UdpStats, UdpStatsSnapshot};
 use crate::reload::{ConfigSource, Reloader, Requests};
-use crate::session::{self as control, Liveness, SessionEnd, short_id};
+use crate::session::{self as control, Liveness, SessionEnd, short_id, summarize};
 use crate::transport::preamble::{self, Incoming, PreambleError};
 use crate::transport::{Channel, tcp};
 use pending::{PendingGuard, PendingLimiter};
@@ -1096,15 +1096,6 @@ async fn run_session(shared: &Arc<Shared>, session: Arc<ServerSession>, channel:
             info!(event = "session_ended", session = %short_id(&session.id()), peer = %session.peer, reason = %other, "client disconnected")
         }
     }
-}
-
-/// At most the first few names of a long list, for a log line.
-fn summarize(names: &[String]) -> String {
-    const SHOWN: usize = 16;
-    if names.len() <= SHOWN {
-        return names.join(",");
-    }
-    format!("{},… ({} in all)", names[..SHOWN].join(","), names.len())
 }
 
 /// Accepts visitors of one service until its slot stops (or `until`, for a declared

@@ -162,3 +162,12 @@ pub async fn run_control(
 pub fn short_id(id: &[u8]) -> String {
     id.iter().take(4).map(|b| format!("{b:02x}")).collect()
 }
+
+/// At most the first few names of a long list, for a log line.
+pub fn summarize(names: &[String]) -> String {
+    const SHOWN: usize = 16;
+    if names.len() <= SHOWN {
+        return names.join(",");
+    }
+    format!("{},… ({} in all)", names[..SHOWN].join(","), names.len())
+}

@@ -756,3 +756,33 @@ pub async fn hashed_transfers(
     assert_eq!(down * visitors, total_down);
     (total_up, total_down)
 }
+
+/// Whether `tool` is on PATH; without it the test named `test` is skipped (with a line
+/// saying how to install `package`), or fails when `WARREN_E2E_REQUIRE_TOOLS=1` (CI).
+pub fn have_tool(tool: &str, package: &str, test: &str) -> bool {
+    let found = std::process::Command::new("sh")
+        .args(["-c", &format!("command -v {tool}")])
+        .stdout(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !found {
+        if std::env::var("WARREN_E2E_REQUIRE_TOOLS").as_deref() == Ok("1") {
+            panic!(
+                "{tool} is not on PATH but WARREN_E2E_REQUIRE_TOOLS=1: apt-get install {package}"
+            );
+        }
+        eprintln!("SKIPPED {test}: {tool} is not on PATH (apt-get install {package})");
+    }
+    found
+}
+
+/// Waits until something listens on `port` (at most 5 s).
+pub async fn wait_listening(port: u16, what: &str) {
+    for _ in 0..100 {
+        if TcpStream::connect(loopback(port)).await.is_ok() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("{what} did not start listening on {port}");
+}
