@@ -14,6 +14,7 @@ use warren::client::establish;
 use warren::crypto::keys::{self, SessionKeys};
 use warren::crypto::secret::Secret;
 use warren::crypto::speed;
+use warren::session::stream::Stream;
 use warren::transport::{Channel, preamble};
 use warren::{CipherChoice, CipherSuite, HostPort, Side};
 use warren_proto::cipher::{self, CipherPolicy};
@@ -73,7 +74,7 @@ async fn an_old_client_without_figures_gets_the_ordered_choice() {
     // And the session works: a probe hello and a ping on the control channel.
     let keys = SessionKeys::new(&established);
     let (sealer, opener) = keys.control_channel(Side::Client);
-    let mut channel = Channel::new(stream, sealer, opener);
+    let mut channel = Stream::tcp(Channel::new(stream, sealer, opener));
     warren::session::send_control(&mut channel, &ControlMessage::Hello { services: vec![] })
         .await
         .unwrap();

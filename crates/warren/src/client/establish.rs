@@ -19,13 +19,14 @@ use crate::Side;
 use crate::crypto::keys::{self, SessionKeys};
 use crate::crypto::secret::Secret;
 use crate::session as control;
+use crate::session::stream::Stream;
 use crate::transport::Channel;
 use crate::transport::preamble::{self, PreambleError};
 
 /// A session that is up: the control channel, its keys, and how long each step took.
 pub struct EstablishedSession {
     /// The control channel, ready for [`control::run_control`].
-    pub channel: Channel,
+    pub channel: Stream,
     /// The session's keys.
     pub keys: SessionKeys,
     /// The address the TCP connection reached.
@@ -178,7 +179,7 @@ pub async fn establish(
     let handshake_time = started.elapsed();
     let keys = SessionKeys::new(&established);
     let (sealer, opener) = keys.control_channel(Side::Client);
-    let mut channel = Channel::new(stream, sealer, opener);
+    let mut channel = Stream::tcp(Channel::new(stream, sealer, opener));
     let claims: Vec<HelloClaim> = claims
         .iter()
         .map(|claim| HelloClaim {
@@ -209,7 +210,7 @@ pub async fn establish(
 
 /// Sends the hello in parts and collects the verdicts (one per claim, in order).
 async fn hello(
-    channel: &mut Channel,
+    channel: &mut Stream,
     mode: HelloMode,
     claims: Vec<HelloClaim>,
 ) -> Result<Vec<Verdict>, EstablishError> {
@@ -252,7 +253,7 @@ async fn hello(
 /// # Errors
 /// The session ended or broke the protocol, or no answer within `deadline`.
 pub async fn ping(
-    channel: &mut Channel,
+    channel: &mut Stream,
     seq: u64,
     deadline: Duration,
 ) -> Result<Duration, EstablishError> {
@@ -280,7 +281,7 @@ pub async fn ping(
 }
 
 /// Says goodbye on an established session and closes it (best effort, bounded).
-pub async fn goodbye(mut channel: Channel, reason: &str) {
+pub async fn goodbye(mut channel: Stream, reason: &str) {
     let message = ControlMessage::Goodbye {
         reason: reason.to_owned(),
     };

@@ -2,12 +2,12 @@
 //!
 //! A forward service listens on the client's `bind` from the moment the client starts (so a
 //! busy port is reported at once and the port stays the same across reconnects). For each
-//! local connection the client opens a *new* data channel with the `KIND_DATA_OPEN`
-//! preamble, sends `StreamOpen { service }` on it and relays; the server dials the target
-//! its config names. While no session is up, local connections are reset at once.
+//! local connection the client opens a stream to the server with `StreamOpen { service }`
+//! and relays; the server dials the target its config names. While no session is up, local
+//! connections are reset at once.
 //!
 //! A UDP forward service binds a UDP socket instead; each source address is a flow, and
-//! the flows' datagrams travel over one `KIND_DATA_OPEN` channel per session, opened at the
+//! the flows' datagrams travel over one datagram channel per session, opened at the
 //! first datagram (the visitor-facing machinery of a reverse UDP service on the server,
 //! [`crate::relay::udp::visitors`], with channels from here). While no session is up,
 //! datagrams are dropped and counted.
@@ -23,17 +23,15 @@ use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream, UdpSocket};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
-use warren_proto::handshake::KIND_DATA_OPEN;
-use warren_proto::message::{self, StreamOpen};
+use warren_proto::message::StreamOpen;
 
 use super::{ClientError, ClientSession, Shared};
 use crate::config::proxy::ProxyUrl;
 use crate::config::{ClientConfig, ClientForward, HostPort, ServiceKind, UdpSettings};
-use crate::crypto::record::RecordKind;
 use crate::relay;
 use crate::relay::udp::visitors::{self, ChannelSource, VisitorSide};
+use crate::session::stream::Stream;
 use crate::transport::tcp::{self, Family};
-use crate::transport::{Channel, preamble, proxy};
 
 /// Pause after a failed `accept()` before trying again.
 const ACCEPT_ERROR_BACKOFF: Duration = Duration::from_millis(100);
@@ -47,8 +45,8 @@ pub(super) fn family(config: &ClientConfig) -> Family {
     }
 }
 
-/// Opens a TCP connection to `server`: through `proxy` when set, else to `resolved`
-/// (the address the control channel reached) or, without it, by resolving the name.
+/// Opens a TCP connection to `server` the way `config` says (see
+/// [`tcp::dial_server`]).
 ///
 /// # Errors
 /// Connection and proxy failures, with a message naming what failed.
@@ -56,26 +54,9 @@ pub(super) async fn dial_server(
     config: &ClientConfig,
     server: &HostPort,
     proxy: Option<&ProxyUrl>,
-    resolved: Option<SocketAddr>,
     deadline: Duration,
 ) -> io::Result<TcpStream> {
-    let family = family(config);
-    match (proxy, resolved) {
-        (Some(proxy), _) => Ok(proxy::connect(proxy, server, deadline, family).await?),
-        (None, Some(addr)) => {
-            let stream = tokio::time::timeout(deadline, TcpStream::connect(addr))
-                .await
-                .unwrap_or_else(|_| {
-                    Err(io::Error::new(
-                        io::ErrorKind::TimedOut,
-                        format!("connecting to {addr} timed out"),
-                    ))
-                })?;
-            tcp::tune(&stream);
-            Ok(stream)
-        }
-        (None, None) => tcp::connect_preferring(server, deadline, family).await,
-    }
+    tcp::dial_server(server, proxy, None, deadline, family(config)).await
 }
 
 /// A forward service's local port, shared so that a reload can hand it to the service's
@@ -193,7 +174,7 @@ pub(super) fn start(
     replaced
 }
 
-/// Datagram channels of a UDP forward service: new `KIND_DATA_OPEN` channels of the
+/// Datagram channels of a UDP forward service: new streams to the server on the
 /// session up right now, if it serves the service.
 struct ForwardSource {
     shared: Arc<Shared>,
@@ -216,7 +197,7 @@ impl ChannelSource for ForwardSource {
         !session.cancel.is_cancelled()
     }
 
-    async fn open(&self, session: Arc<ClientSession>) -> Result<Channel, String> {
+    async fn open(&self, session: Arc<ClientSession>) -> Result<Stream, String> {
         // No visitor address: one channel carries every flow.
         open_stream(&session, &self.name, None, None).await
     }
@@ -307,42 +288,23 @@ async fn serve_local(
     }
 }
 
+/// Opens a forward stream for `service` on `session`.
 async fn open_stream(
     session: &ClientSession,
     service: &str,
     visitor: Option<SocketAddr>,
     local: Option<SocketAddr>,
-) -> Result<Channel, String> {
-    let deadline = session.handshake_timeout;
-    let attempt = async {
-        let stream = dial_server(
-            &session.config,
-            &session.server,
-            session.proxy.as_ref(),
-            Some(session.server_addr),
-            deadline,
-        )
-        .await
-        .map_err(|e| e.to_string())?;
-        let mut channel =
-            preamble::client_data_channel_of_kind(stream, &session.keys, KIND_DATA_OPEN)
-                .await
-                .map_err(|e| e.to_string())?;
-        let open = message::encode(&StreamOpen {
-            service: service.to_owned(),
-            visitor,
-            local,
-        });
-        channel
-            .writer
-            .send(RecordKind::Control, &open)
-            .await
-            .map_err(|e| e.to_string())?;
-        Ok(channel)
+) -> Result<Stream, String> {
+    let open = StreamOpen {
+        service: service.to_owned(),
+        visitor,
+        local,
     };
-    tokio::time::timeout(deadline, attempt)
+    session
+        .link
+        .open_stream(&open)
         .await
-        .unwrap_or_else(|_| Err("forward channel handshake timed out".into()))
+        .map_err(|e| e.to_string())
 }
 
 /// The server as a `HostPort`, for messages.

@@ -17,8 +17,8 @@ mod admin;
 pub mod establish;
 mod forward;
 mod health;
-mod pool;
 mod reload;
+mod reverse;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::SocketAddr;
@@ -27,7 +27,7 @@ use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::Duration;
 
 use rand::RngCore;
-use tokio::sync::{Semaphore, mpsc, watch};
+use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{debug, error, info, warn};
@@ -39,7 +39,7 @@ use warren_proto::message::{ClaimKind, ControlMessage, HelloMode, Verdict};
 use crate::Side;
 use crate::admin::SessionInfo;
 use crate::config::ha::HealthCheck;
-use crate::config::proxy::{ProxySetting, ProxyUrl};
+use crate::config::proxy::ProxySetting;
 use crate::config::{
     ClientConfig, ClientForward, ClientService, ConfigErrors, HostPort, ProxyProtocol, ServiceKind,
     Transport, UdpSettings,
@@ -48,14 +48,11 @@ use crate::crypto::keys::SessionKeys;
 use crate::crypto::secret::Secret;
 use crate::metrics::{HandshakeFailure, ServiceMeter, Telemetry, unix_seconds};
 use crate::reload::{ConfigSource, Reloader, Requests};
+use crate::session::link::ClientLink;
+use crate::session::stream::Stream;
+use crate::session::tcp::{ClientPool, Dialer};
 use crate::session::{self as control, CONTROL_QUEUE, Liveness, SessionEnd, short_id, summarize};
-use crate::transport::Channel;
 use establish::{Claim, EstablishError, EstablishedSession};
-
-/// Data channels kept open and idle at the server, ready for visitors.
-pub(crate) const POOL_SIZE: usize = 8;
-/// Most data channels being opened or idle at once (requests beyond wait).
-pub(crate) const MAX_POOLED: usize = 128;
 
 /// Errors that end the client (everything else is retried).
 #[derive(Debug, thiserror::Error)]
@@ -652,16 +649,15 @@ enum Failure {
 
 /// One session's state, shared with its data channel tasks.
 pub(crate) struct ClientSession {
-    keys: SessionKeys,
+    keys: Arc<SessionKeys>,
     /// The config the session was established with (how to reach the server).
     config: Arc<ClientConfig>,
     /// The server this session is with, as configured.
     server: HostPort,
-    /// Where data channels connect: the address the control channel reached (the proxy's,
-    /// when there is one).
+    /// The address the control channel reached (the proxy's, when there is one).
     server_addr: SocketAddr,
-    /// The proxy every connection to the server goes through, if any.
-    proxy: Option<ProxyUrl>,
+    /// The session's streams.
+    link: ClientLink,
     /// Services the server accepted (their targets come from the config in force).
     services: HashSet<String>,
     /// Forward services the server accepted.
@@ -673,8 +669,7 @@ pub(crate) struct ClientSession {
     /// Messages for the server (health reports); the control loop sends them.
     control: mpsc::Sender<ControlMessage>,
     control_rx: Mutex<Option<mpsc::Receiver<ControlMessage>>>,
-    /// Cancelled when the session ends: idle pooled channels close (see
-    /// [`ClientSession::pool_closed`]).
+    /// Cancelled when the session ends.
     cancel: CancellationToken,
     /// Set when a newer session took this one's place (a reload).
     replaced: AtomicBool,
@@ -682,16 +677,13 @@ pub(crate) struct ClientSession {
     shutdown: CancellationToken,
     /// When the server accepted the session (for the admin API).
     since: std::time::SystemTime,
-    /// Bounds channels opening or idle.
-    pool_slots: Arc<Semaphore>,
     /// Streams open on the session now.
     open_streams: std::sync::atomic::AtomicU64,
-    handshake_timeout: Duration,
 }
 
-/// How long the idle pool channels of a replaced session stay open: the server may have
-/// handed one to a visitor just before it moved the services to the new session, and that
-/// stream must land. The server closes the others itself when it drops the old session.
+/// How long a replaced session still takes streams from the server: it may have opened one
+/// for a visitor just before it moved the services to the new session, and that stream
+/// must land.
 const REPLACED_POOL_GRACE: Duration = Duration::from_secs(2);
 
 impl ClientSession {
@@ -721,16 +713,21 @@ impl ClientSession {
         names
     }
 
-    /// Resolves when idle pool channels must close: at once when the session ended, a
-    /// grace period later when a newer session replaced it.
-    pub(crate) async fn pool_closed(&self) {
-        self.cancel.cancelled().await;
-        if self.replaced.load(Ordering::Acquire) {
+    /// Stops taking streams from the server: at once when the session ended, a grace
+    /// period later when a newer session replaced it.
+    fn close_link(self: &Arc<Self>, tasks: &TaskTracker) {
+        if !self.replaced.load(Ordering::Acquire) || self.shutdown.is_cancelled() {
+            self.link.close();
+            return;
+        }
+        let session = Arc::clone(self);
+        tasks.spawn(async move {
             tokio::select! {
                 () = tokio::time::sleep(REPLACED_POOL_GRACE) => {}
-                () = self.shutdown.cancelled() => {}
+                () = session.shutdown.cancelled() => {}
             }
-        }
+            session.link.close();
+        });
     }
 
     /// Counts a stream on this session while `f` runs.
@@ -772,7 +769,7 @@ async fn establish_session(
     }
     let server_name = forward::describe(server, proxy.as_ref());
     let attempt = establish::establish(
-        forward::dial_server(&config, server, proxy.as_ref(), None, deadline),
+        forward::dial_server(&config, server, proxy.as_ref(), deadline),
         &server_name,
         &config.psk,
         &ciphers,
@@ -879,11 +876,20 @@ async fn establish_session(
     backoff.reset();
 
     let (control, control_rx) = mpsc::channel(CONTROL_QUEUE);
+    let keys = Arc::new(keys);
+    let dialer = Dialer {
+        server: server.clone(),
+        addr: server_addr,
+        proxy,
+        family: forward::family(&config),
+        timeout: deadline,
+        keys: Arc::clone(&keys),
+    };
     let session = Arc::new(ClientSession {
         config: Arc::clone(&config),
         server: server.clone(),
         server_addr,
-        proxy,
+        link: ClientLink::Tcp(ClientPool::new(dialer, shared.tasks.clone())),
         services: accepted,
         forwards,
         bound,
@@ -894,9 +900,7 @@ async fn establish_session(
         replaced: AtomicBool::new(false),
         shutdown: shared.cancel.clone(),
         since: std::time::SystemTime::now(),
-        pool_slots: Arc::new(Semaphore::new(MAX_POOLED)),
         open_streams: std::sync::atomic::AtomicU64::new(0),
-        handshake_timeout: deadline,
         keys,
     });
     // A target whose health changed while the hello was under way: say so now.
@@ -915,7 +919,7 @@ async fn establish_session(
 
 /// A session the server accepted, not yet served.
 struct Established {
-    channel: Channel,
+    channel: Stream,
     session: Arc<ClientSession>,
 }
 
@@ -954,9 +958,11 @@ async fn serve_session(shared: Arc<Shared>, established: Established) -> Session
         .unwrap_or_else(PoisonError::into_inner)
         .take()
         .unwrap_or_else(|| mpsc::channel(1).1);
-    for _ in 0..POOL_SIZE {
-        pool::spawn_channel(&shared, &session);
-    }
+    let streams = Arc::new(reverse::ReverseStreams {
+        shared: Arc::clone(&shared),
+        session: Arc::clone(&session),
+    });
+    session.link.serve(&streams);
     let liveness = Liveness {
         ping_interval: None,
         timeout: config.heartbeat_timeout,
@@ -974,11 +980,7 @@ async fn serve_session(shared: Arc<Shared>, established: Established) -> Session
             }
         },
         |message| match message {
-            ControlMessage::NeedChannels { count } => {
-                for _ in 0..count.min(MAX_POOLED as u16) {
-                    pool::spawn_channel(&shared, &session);
-                }
-            }
+            ControlMessage::NeedChannels { count } => session.link.more_streams(&streams, count),
             ControlMessage::Reclaim { reason } => {
                 info!(event = "reclaim_requested", server = %session.server, %reason, "the server asks for a new session");
                 shared.restart_session();
@@ -992,6 +994,7 @@ async fn serve_session(shared: Arc<Shared>, established: Established) -> Session
     )
     .await;
     session.cancel.cancel();
+    session.close_link(&shared.tasks);
     shared.telemetry.metrics.session_ended();
     shared
         .sessions

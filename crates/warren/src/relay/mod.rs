@@ -1,14 +1,14 @@
 //! Byte pumps between a local TCP connection (a visitor, or the target service) and a
-//! tunnel [`Channel`]; UDP flow tables and counters live in [`udp`].
+//! session's [`Stream`]; UDP flow tables and counters live in [`udp`].
 //!
 //! Semantics both sides rely on:
-//! * EOF from the local side becomes an `End` record; an `End` record becomes a write
-//!   shutdown (FIN) towards the local side. Each direction closes on its own, so half-closed
-//!   protocols work.
-//! * A channel that dies without `End`, or a `Close` record from the peer, resets the local
-//!   connection (RST): a cut transfer must never look complete.
-//! * A local connection that fails (e.g. reset by the visitor) sends `Close` to the peer, which
-//!   resets its own local connection in turn.
+//! * EOF from the local side finishes the stream's direction; the peer's end of stream
+//!   becomes a write shutdown (FIN) towards the local side. Each direction closes on its
+//!   own, so half-closed protocols work.
+//! * A stream that is cut (its transport died without an end), or that the peer resets,
+//!   resets the local connection (RST): a cut transfer must never look complete.
+//! * A local connection that fails (e.g. reset by the visitor) resets the stream, and the
+//!   peer resets its own local connection in turn.
 
 pub mod opening;
 pub mod udp;
@@ -24,20 +24,19 @@ use tokio_util::sync::CancellationToken;
 use warren_proto::proxy_header;
 
 use crate::config::ProxyProtocol;
-use crate::crypto::record::RecordKind;
 use crate::metrics::Meter;
-use crate::transport::records::{Record, RecordIoError, RecordReader, RecordWriter, SendFromError};
-use crate::transport::{Channel, tcp};
+use crate::session::stream::{Chunk, SendError, Stream, StreamError, StreamReader, StreamWriter};
+use crate::transport::tcp;
 
 /// How a relayed connection ended.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum RelayError {
-    /// The tunnel side failed or was cut; the local connection was reset.
-    #[error("tunnel channel failed: {0}")]
-    Tunnel(#[from] RecordIoError),
-    /// The channel ended without an end-of-stream record; the local connection was reset.
-    #[error("tunnel channel closed without end-of-stream")]
+    /// The tunnel side failed; the local connection was reset.
+    #[error("tunnel stream failed: {0}")]
+    Tunnel(StreamError),
+    /// The stream was cut without an end of stream; the local connection was reset.
+    #[error("tunnel stream closed without end-of-stream")]
     TunnelCut,
     /// The peer aborted the stream; the local connection was reset.
     #[error("peer aborted the stream: {0}")]
@@ -45,9 +44,9 @@ pub enum RelayError {
     /// The local connection failed; the peer was told to abort.
     #[error("local connection failed: {0}")]
     Local(io::Error),
-    /// The peer sent a control or datagram record inside a stream.
-    #[error("protocol violation: unexpected control or datagram record inside a stream")]
-    Protocol,
+    /// The peer sent something a stream does not allow.
+    #[error("protocol violation: {0}")]
+    Protocol(&'static str),
     /// Warren is shutting down.
     #[error("shutting down")]
     Cancelled,
@@ -64,14 +63,14 @@ pub struct Transferred {
 
 /// Writes a PROXY protocol header to a freshly dialed `target`, before any relayed byte:
 /// the stream came from `visitor` to `local` (an "unknown" header when either is missing).
-/// On failure the peer is told to abort the stream (`Close`). The header (at most 232
+/// On failure the stream is reset. The header (at most 232
 /// bytes) fits the new socket's send buffer, so this never waits on the target.
 ///
 /// # Errors
 /// The write error (the stream is then over).
 pub async fn write_proxy_header(
     target: &mut TcpStream,
-    channel: &mut Channel,
+    channel: &mut Stream,
     version: ProxyProtocol,
     visitor: Option<SocketAddr>,
     local: Option<SocketAddr>,
@@ -79,10 +78,7 @@ pub async fn write_proxy_header(
     let header = proxy_header::encode(version, visitor.zip(local));
     let written = target.write_all(&header).await;
     if written.is_err() {
-        let _ = channel
-            .writer
-            .send(RecordKind::Close, b"target closed")
-            .await;
+        let _ = channel.writer.reset("target closed").await;
     }
     written
 }
@@ -98,7 +94,7 @@ pub async fn write_proxy_header(
 /// How the relay failed; a clean finish in both directions is `Ok`.
 pub async fn pump(
     local: TcpStream,
-    channel: &mut Channel,
+    channel: &mut Stream,
     cancel: &CancellationToken,
 ) -> Result<Transferred, RelayError> {
     pump_metered(local, channel, cancel, None).await
@@ -111,7 +107,7 @@ pub async fn pump(
 /// As [`pump`].
 pub async fn pump_metered(
     local: TcpStream,
-    channel: &mut Channel,
+    channel: &mut Stream,
     cancel: &CancellationToken,
     meter: Option<&Meter>,
 ) -> Result<Transferred, RelayError> {
@@ -134,7 +130,7 @@ pub async fn pump_metered(
 /// As [`pump`].
 pub async fn pump_from(
     local: TcpStream,
-    channel: &mut Channel,
+    channel: &mut Stream,
     cancel: &CancellationToken,
     meter: Option<&Meter>,
     start: StreamStart,
@@ -153,18 +149,17 @@ pub struct StreamStart {
     pub moved: Transferred,
 }
 
-/// [`pump_metered`] for a channel the caller means to reuse: the `End` record of the
+/// [`pump_metered`] for a stream the caller means to hand back for reuse: the end of the
 /// direction that finishes last is staged instead of sent, so it leaves in one segment with
-/// the caller's [`announce_idle`] (one write and one wake-up of the peer fewer per stream).
-/// After `Ok`, the caller must send something or call
-/// [`RecordWriter::flush_staged`] before it drops the channel, or the peer never sees that
-/// `End`.
+/// what the transport sends next (the TCP pool's "idle again": one write and one wake-up of
+/// the peer fewer per stream). After `Ok`, the caller must send something or call
+/// [`StreamWriter::flush`] before it drops the stream, or the peer never sees that end.
 ///
 /// # Errors
 /// As [`pump`].
 pub async fn pump_for_reuse(
     local: TcpStream,
-    channel: &mut Channel,
+    channel: &mut Stream,
     cancel: &CancellationToken,
     meter: Option<&Meter>,
 ) -> Result<Transferred, RelayError> {
@@ -190,13 +185,13 @@ enum LastEnd {
 
 async fn pump_inner(
     mut local: TcpStream,
-    channel: &mut Channel,
+    channel: &mut Stream,
     cancel: &CancellationToken,
     meter: Option<&Meter>,
     last_end: LastEnd,
     start: StreamStart,
 ) -> Result<Transferred, RelayError> {
-    let Channel { reader, writer } = channel;
+    let Stream { reader, writer } = channel;
     // Until the stream ends cleanly, closing `local` means a reset: if this process dies
     // (even by SIGKILL), the kernel aborts the connection instead of sending a FIN that
     // would make a cut transfer look complete. Cleared below on the clean path.
@@ -237,40 +232,14 @@ async fn pump_inner(
             if matches!(error, RelayError::Local(_) | RelayError::Cancelled) {
                 // Best effort: the channel may be the thing that is broken.
                 let reason = error.to_string();
-                let _ = tokio::time::timeout(
-                    std::time::Duration::from_secs(1),
-                    writer.send(RecordKind::Close, reason.as_bytes()),
-                )
-                .await;
+                let _ =
+                    tokio::time::timeout(std::time::Duration::from_secs(1), writer.reset(&reason))
+                        .await;
             }
             tcp::reset(local);
             Err(error)
         }
     }
-}
-
-/// How long the server waits for a client's "idle again" after a clean stream.
-const IDLE_NOTICE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
-
-/// Client side of channel reuse: after a clean stream, tells the server (an empty `Control`
-/// record) that this end is idle again too, in one write with the `End` that
-/// [`pump_for_reuse`] may have staged. `false` if the channel failed.
-pub async fn announce_idle(writer: &mut RecordWriter<tokio::net::tcp::OwnedWriteHalf>) -> bool {
-    writer.send(RecordKind::Control, &[]).await.is_ok()
-}
-
-/// Server side of channel reuse: after a clean stream, waits for the client's "idle again"
-/// (an empty `Control` record). A channel whose client end failed after the server's end
-/// finished (say, the target reset while the last bytes were written) answers `Close` or
-/// nothing instead, and must not carry another visitor.
-pub async fn await_idle(reader: &mut RecordReader<tokio::net::tcp::OwnedReadHalf>) -> bool {
-    let idle = matches!(
-        tokio::time::timeout(IDLE_NOTICE_TIMEOUT, reader.read()).await,
-        Ok(Ok(Some(Record::Control([]))))
-    );
-    // The notice came with the read buffer; a pooled channel holds none while it waits.
-    reader.shrink();
-    idle
 }
 
 /// Which way a direction's bytes go.
@@ -309,36 +278,36 @@ impl<'a> Tally<'a> {
 
 async fn local_to_tunnel(
     local: &mut ReadHalf<'_>,
-    writer: &mut RecordWriter<tokio::net::tcp::OwnedWriteHalf>,
+    writer: &mut StreamWriter,
     mut tally: Tally<'_>,
     (last_end, down_ended): (LastEnd, &AtomicBool),
 ) -> Result<(), RelayError> {
     loop {
         match writer.send_from(&*local).await {
             Ok(0) => {
-                if last_end == LastEnd::Stage && down_ended.load(Ordering::Relaxed) {
-                    writer.stage(RecordKind::End, &[])?;
+                let finished = if last_end == LastEnd::Stage && down_ended.load(Ordering::Relaxed) {
+                    writer.stage_finish()
                 } else {
-                    writer.send(RecordKind::End, &[]).await?;
-                }
-                return Ok(());
+                    writer.finish().await
+                };
+                return finished.map_err(RelayError::from);
             }
             Ok(n) => tally.add(n),
-            Err(SendFromError::Source(e)) => return Err(RelayError::Local(e)),
-            Err(SendFromError::Sink(e)) => return Err(RelayError::Tunnel(e)),
+            Err(SendError::Source(e)) => return Err(RelayError::Local(e)),
+            Err(SendError::Sink(e)) => return Err(e.into()),
         }
     }
 }
 
 async fn tunnel_to_local(
-    reader: &mut RecordReader<tokio::net::tcp::OwnedReadHalf>,
+    reader: &mut StreamReader,
     local: &mut WriteHalf<'_>,
     mut tally: Tally<'_>,
     ended: &AtomicBool,
 ) -> Result<(), RelayError> {
     loop {
-        let record = reader.read().await?;
-        if deliver(record, local, &mut tally).await? == Flow::Ended {
+        let chunk = reader.read().await?;
+        if deliver(chunk, local, &mut tally).await? == Flow::Ended {
             reader.shrink();
             ended.store(true, Ordering::Relaxed);
             return Ok(());
@@ -346,36 +315,42 @@ async fn tunnel_to_local(
     }
 }
 
-/// Whether a direction goes on after a record.
+/// Whether a direction goes on after a chunk.
 #[derive(Debug, PartialEq, Eq)]
 enum Flow {
     More,
     Ended,
 }
 
-/// Acts on one record from the tunnel: bytes to the local side, `End` as a half-close,
-/// anything else as the failure it is.
+/// Acts on one chunk from the tunnel: bytes to the local side, the end as a half-close, a
+/// reset as the failure it is.
 async fn deliver(
-    record: Option<Record<'_>>,
+    chunk: Chunk<'_>,
     local: &mut WriteHalf<'_>,
     tally: &mut Tally<'_>,
 ) -> Result<Flow, RelayError> {
-    match record {
-        Some(Record::Data(bytes)) => {
+    match chunk {
+        Chunk::Data(bytes) => {
             local.write_all(bytes).await.map_err(RelayError::Local)?;
             tally.add(bytes.len());
             Ok(Flow::More)
         }
-        Some(Record::End) => {
+        Chunk::End => {
             // Half-close towards the local side; the other direction carries on.
             local.shutdown().await.map_err(RelayError::Local)?;
             Ok(Flow::Ended)
         }
-        Some(Record::Close(reason)) => Err(RelayError::PeerAborted(
-            String::from_utf8_lossy(reason).into_owned(),
-        )),
-        Some(Record::Control(_) | Record::Datagram(_)) => Err(RelayError::Protocol),
-        None => Err(RelayError::TunnelCut),
+        Chunk::Reset(reason) => Err(RelayError::PeerAborted(reason.into_owned())),
+    }
+}
+
+impl From<StreamError> for RelayError {
+    fn from(error: StreamError) -> Self {
+        match error {
+            StreamError::Cut => RelayError::TunnelCut,
+            StreamError::Protocol(what) => RelayError::Protocol(what),
+            other => RelayError::Tunnel(other),
+        }
     }
 }
 
@@ -386,7 +361,9 @@ mod tests {
     use warren_proto::CipherSuite;
 
     use super::*;
-    use crate::crypto::record::{DirectionKeys, Opener, Sealer};
+    use crate::crypto::record::{DirectionKeys, Opener, RecordKind, Sealer};
+    use crate::transport::Channel;
+    use crate::transport::records::Record;
 
     const SUITE: CipherSuite = CipherSuite::Aes128Gcm;
 
@@ -403,8 +380,8 @@ mod tests {
         (near, far)
     }
 
-    /// Both ends of a channel: ours (for the pump) and the peer's.
-    async fn channels() -> (Channel, Channel) {
+    /// Both ends of a channel: ours (a stream, for the pump) and the peer's (records).
+    async fn channels() -> (Stream, Channel) {
         let (ours, theirs) = pair().await;
         let ours = Channel::new(
             ours,
@@ -416,13 +393,13 @@ mod tests {
             Sealer::new(SUITE, keys(b"down")),
             Opener::new(SUITE, keys(b"up")),
         );
-        (ours, theirs)
+        (Stream::tcp(ours), theirs)
     }
 
     /// The peer half-closes first, then the local side ends: the local side's `End` is the
     /// last one, and `pump_for_reuse` stages it.
     async fn stream_that_ends_locally_last(
-        ours: &mut Channel,
+        ours: &mut Stream,
         theirs: &mut Channel,
     ) -> Result<Transferred, RelayError> {
         let (mut app, local) = pair().await;
@@ -441,7 +418,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn the_last_end_leaves_with_the_idle_notice() {
+    async fn the_last_end_leaves_with_the_next_message() {
         let (mut ours, mut theirs) = channels().await;
         let moved = stream_that_ends_locally_last(&mut ours, &mut theirs)
             .await
@@ -451,12 +428,11 @@ mod tests {
             theirs.reader.read().await.unwrap(),
             Some(Record::Data(b"pong"))
         );
-        assert!(announce_idle(&mut ours.writer).await);
+        ours.writer.send_message(&[]).await.unwrap();
         assert_eq!(theirs.reader.read().await.unwrap(), Some(Record::End));
-        assert!(await_idle(&mut theirs.reader).await);
-        assert!(
-            !theirs.reader.holds_buffer(),
-            "a channel back in the pool kept its read buffer"
+        assert_eq!(
+            theirs.reader.read().await.unwrap(),
+            Some(Record::Control(&[]))
         );
     }
 
@@ -466,7 +442,7 @@ mod tests {
         stream_that_ends_locally_last(&mut ours, &mut theirs)
             .await
             .unwrap();
-        ours.writer.flush_staged().await.unwrap();
+        ours.writer.flush().await.unwrap();
         drop(ours);
         assert_eq!(
             theirs.reader.read().await.unwrap(),

@@ -4,9 +4,9 @@
 //!
 //! The visitor's bytes are not held back: they go into the tunnel at once, as they would
 //! through [`super::pump`], and a copy is kept (up to [`REPLAY_LIMIT`]). The opening ends
-//! with the first record from the far end: data or `End` commits the stream to this
-//! channel and the pump takes over ([`super::pump_from`]); `Close`, or a channel that dies
-//! first, means nothing reached the visitor and the caller may try again elsewhere with the
+//! with the first chunk from the far end: data or its end commits the stream to this
+//! session and the pump takes over ([`super::pump_from`]); a reset, or a stream cut first,
+//! means nothing reached the visitor and the caller may try again elsewhere with the
 //! same [`Opening`]. A visitor that sends more than the limit before any answer commits the
 //! stream too: past that point a replay could not be complete.
 
@@ -17,14 +17,12 @@ use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
 
 use super::{RelayError, StreamStart, Transferred};
-use crate::crypto::record::RecordKind;
-use crate::transport::Channel;
-use crate::transport::records::Record;
+use crate::session::stream::{Chunk, Stream};
 
 /// Most visitor bytes kept for a replay.
 pub const REPLAY_LIMIT: usize = 64 * 1024;
 
-/// Largest record a replay sends.
+/// Largest write a replay makes.
 const CHUNK: usize = 16 * 1024;
 
 /// What one read of the visitor takes while the stream opens: its first bytes are usually
@@ -45,14 +43,14 @@ pub struct Opening {
     overflowed: bool,
 }
 
-/// How the opening of a stream on one channel ended.
+/// How the opening of a stream on one session ended.
 #[derive(Debug)]
 pub enum Opened {
     /// The far end answered (or the visitor sent more than a replay keeps): relay the rest
-    /// with [`super::pump_from`] on this channel.
+    /// with [`super::pump_from`] on this stream.
     Answered(StreamStart),
-    /// The far end refused the stream, or its channel failed, before any byte went back to
-    /// the visitor: the stream may be replayed on another channel.
+    /// The far end refused the stream, or it was cut, before any byte went back to the
+    /// visitor: the stream may be replayed on another session.
     Refused(String),
     /// The visitor failed or we are shutting down: the stream is over (the far end was told).
     Aborted(RelayError),
@@ -64,7 +62,7 @@ impl Opening {
     pub async fn open(
         &mut self,
         visitor: &mut TcpStream,
-        channel: &mut Channel,
+        channel: &mut Stream,
         cancel: &CancellationToken,
     ) -> Opened {
         if let Err(error) = self.replay(visitor, channel).await {
@@ -72,37 +70,33 @@ impl Opening {
         }
         let mut buf = vec![0u8; READ_LEN];
         loop {
-            let Channel { reader, writer } = &mut *channel;
+            let Stream { reader, writer } = &mut *channel;
             tokio::select! {
                 () = cancel.cancelled() => {
                     close(channel, "shutting down").await;
                     return Opened::Aborted(RelayError::Cancelled);
                 }
-                record = reader.read() => {
-                    return match record {
-                        Ok(Some(Record::Data(bytes))) => match visitor.write_all(bytes).await {
+                chunk = reader.read() => {
+                    return match chunk {
+                        Ok(Chunk::Data(bytes)) => match visitor.write_all(bytes).await {
                             Ok(()) => Opened::Answered(self.start(false, bytes.len())),
                             Err(error) => {
                                 close(channel, "the visitor's connection failed").await;
                                 Opened::Aborted(RelayError::Local(error))
                             }
                         },
-                        Ok(Some(Record::End)) => match visitor.shutdown().await {
+                        Ok(Chunk::End) => match visitor.shutdown().await {
                             Ok(()) => Opened::Answered(self.start(true, 0)),
                             Err(error) => Opened::Aborted(RelayError::Local(error)),
                         },
-                        Ok(Some(Record::Close(reason))) => {
-                            Opened::Refused(String::from_utf8_lossy(reason).into_owned())
-                        }
-                        Ok(Some(_)) => Opened::Refused(RelayError::Protocol.to_string()),
-                        Ok(None) => Opened::Refused(RelayError::TunnelCut.to_string()),
-                        Err(error) => Opened::Refused(error.to_string()),
+                        Ok(Chunk::Reset(reason)) => Opened::Refused(reason.into_owned()),
+                        Err(error) => Opened::Refused(RelayError::from(error).to_string()),
                     };
                 }
                 read = visitor.read(&mut buf), if !self.ended => match read {
                     Ok(0) => {
                         self.ended = true;
-                        if let Err(error) = writer.send(RecordKind::End, &[]).await {
+                        if let Err(error) = writer.finish().await {
                             return Opened::Refused(error.to_string());
                         }
                     }
@@ -111,7 +105,7 @@ impl Opening {
                         // the next channel, these bytes included.
                         self.overflowed = self.sent.len() + n > REPLAY_LIMIT;
                         self.sent.extend_from_slice(&buf[..n]);
-                        if let Err(error) = writer.send(RecordKind::Data, &buf[..n]).await {
+                        if let Err(error) = writer.send(&buf[..n]).await {
                             return Opened::Refused(error.to_string());
                         }
                         if self.overflowed {
@@ -135,7 +129,7 @@ impl Opening {
     /// Sends what earlier attempts carried (the staged `StreamOpen` leaves with the first
     /// write), or whatever the visitor already sent; then makes sure the `StreamOpen` is out
     /// even if the visitor waits for the far end to speak first.
-    async fn replay(&mut self, visitor: &TcpStream, channel: &mut Channel) -> Result<(), String> {
+    async fn replay(&mut self, visitor: &TcpStream, channel: &mut Stream) -> Result<(), String> {
         let writer = &mut channel.writer;
         if self.sent.is_empty() && !self.ended {
             // On the heap: an array here would live in every visitor task's future, for
@@ -148,18 +142,12 @@ impl Opening {
             }
         }
         for chunk in self.sent.chunks(CHUNK) {
-            writer
-                .send(RecordKind::Data, chunk)
-                .await
-                .map_err(|e| e.to_string())?;
+            writer.send(chunk).await.map_err(|e| e.to_string())?;
         }
         if self.ended {
-            writer
-                .send(RecordKind::End, &[])
-                .await
-                .map_err(|e| e.to_string())?;
+            writer.finish().await.map_err(|e| e.to_string())?;
         }
-        writer.flush_staged().await.map_err(|e| e.to_string())
+        writer.flush().await.map_err(|e| e.to_string())
     }
 
     fn start(&self, down_ended: bool, to_local: usize) -> StreamStart {
@@ -175,10 +163,6 @@ impl Opening {
 }
 
 /// Tells the far end the stream is aborted (best effort, bounded).
-async fn close(channel: &mut Channel, reason: &str) {
-    let _ = tokio::time::timeout(
-        CLOSE_TIMEOUT,
-        channel.writer.send(RecordKind::Close, reason.as_bytes()),
-    )
-    .await;
+async fn close(channel: &mut Stream, reason: &str) {
+    let _ = tokio::time::timeout(CLOSE_TIMEOUT, channel.writer.reset(reason)).await;
 }

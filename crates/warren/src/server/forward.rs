@@ -39,11 +39,10 @@ use super::{Authenticated, Rejected, ServiceSlot, Shared, serve_visitors, udp};
 use crate::config::proxy::PortRange;
 use crate::config::{HostPort, ServerConfig, ServerForward, ServiceKind, UdpSettings};
 use crate::crypto::keys::{self, SessionKeys};
-use crate::crypto::record::RecordKind;
 use crate::crypto::secret::Secret;
 use crate::relay;
-use crate::transport::records::Record;
-use crate::transport::{Channel, preamble, tcp};
+use crate::session::stream::Stream;
+use crate::transport::{preamble, tcp};
 
 /// How long dialing a forward service's target may take.
 const TARGET_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -394,27 +393,9 @@ pub(super) async fn accept_open_channel(
     {
         return Err(Rejected::Silent("data channel MAC did not verify"));
     }
-    let mut channel = preamble::server_accept_data_channel(stream, &session.keys, hello).await?;
-    let open = match channel.reader.read().await {
-        Ok(Some(Record::Control(bytes))) => message::decode_stream_open(bytes)
-            .map_err(|e| Rejected::Protocol(format!("bad stream open: {e}")))?,
-        Ok(_) => {
-            return Err(Rejected::Protocol(
-                "forward channel did not start with a stream open".into(),
-            ));
-        }
-        Err(e) => return Err(Rejected::Protocol(e.to_string())),
-    };
-    let Some(forward) = session.forwards.get(&open.service).cloned() else {
-        let _ = channel
-            .writer
-            .send(RecordKind::Close, b"not a forward service of this session")
-            .await;
-        return Err(Rejected::Protocol(format!(
-            "stream open for `{}`, which is not a forward service of this session",
-            open.service
-        )));
-    };
+    let channel = preamble::server_accept_data_channel(stream, &session.keys, hello).await?;
+    let mut channel = Stream::tcp(channel);
+    let (open, forward) = accept_forward(&session, &mut channel).await?;
     Ok(Authenticated::Forward {
         session,
         channel: Box::new(channel),
@@ -423,12 +404,41 @@ pub(super) async fn accept_open_channel(
     })
 }
 
+/// Reads the `StreamOpen` a client-opened stream starts with and finds the forward service
+/// it names among those granted to `session`; a stream for anything else is reset.
+async fn accept_forward(
+    session: &ServerSession,
+    channel: &mut Stream,
+) -> Result<(StreamOpen, ServerForward), Rejected> {
+    let open = match channel.reader.read_message().await {
+        Ok(Ok(bytes)) => message::decode_stream_open(bytes)
+            .map_err(|e| Rejected::Protocol(format!("bad stream open: {e}")))?,
+        Ok(Err(_)) => {
+            return Err(Rejected::Protocol(
+                "forward stream reset before its stream open".into(),
+            ));
+        }
+        Err(e) => return Err(Rejected::Protocol(e.to_string())),
+    };
+    let Some(forward) = session.forwards.get(&open.service).cloned() else {
+        let _ = channel
+            .writer
+            .reset("not a forward service of this session")
+            .await;
+        return Err(Rejected::Protocol(format!(
+            "stream open for `{}`, which is not a forward service of this session",
+            open.service
+        )));
+    };
+    Ok((open, forward))
+}
+
 /// Dials a forward service's target and relays (a UDP service: carries the channel's
 /// datagrams to the target, one socket per flow).
 pub(super) async fn serve_forward(
     shared: &Arc<Shared>,
     session: Arc<ServerSession>,
-    mut channel: Channel,
+    mut channel: Stream,
     open: StreamOpen,
     forward: ServerForward,
 ) {
@@ -450,10 +460,7 @@ pub(super) async fn serve_forward(
         Err(error) => {
             warn!(event = "target_unreachable", %service, %target, %error, "cannot reach the forward service's target");
             let reason = format!("target unreachable: {error}");
-            let _ = channel
-                .writer
-                .send(RecordKind::Close, reason.as_bytes())
-                .await;
+            let _ = channel.writer.reset(&reason).await;
             return;
         }
     };

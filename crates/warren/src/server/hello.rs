@@ -13,9 +13,8 @@ use warren_proto::message::{
 };
 
 use super::Rejected;
+use crate::session::stream::{Stream, StreamError};
 use crate::session::{self as control, SessionEnd};
-use crate::transport::Channel;
-use crate::transport::records::{Record, RecordIoError};
 
 /// How long a refusal may take to send: the peer may not be reading.
 const REFUSAL_TIMEOUT: Duration = Duration::from_secs(1);
@@ -34,7 +33,7 @@ impl Hello {
 }
 
 /// Receives the whole hello of a client speaking `version`.
-pub(super) async fn receive(channel: &mut Channel, version: u16) -> Result<Hello, Rejected> {
+pub(super) async fn receive(channel: &mut Stream, version: u16) -> Result<Hello, Rejected> {
     if version < 2 {
         return match receive_v1(channel).await? {
             ControlMessage::Hello { services } => Ok(Hello {
@@ -70,15 +69,11 @@ pub(super) async fn receive(channel: &mut Channel, version: u16) -> Result<Hello
 /// Receives a v1 client's one hello message. A hello over v1's caps (one message of
 /// [`message::MAX_CONTROL_LEN`] bytes, [`message::MAX_SERVICES_PER_SESSION`] claims) is
 /// not the client's fault but its protocol's: it is told to upgrade.
-async fn receive_v1(channel: &mut Channel) -> Result<ControlMessage, Rejected> {
-    let bytes = match channel.reader.read().await {
-        Ok(Some(Record::Control(bytes))) => bytes,
-        Ok(Some(Record::Close(_)) | None) => return Err(protocol(SessionEnd::Closed)),
-        Ok(Some(_)) => {
-            return Err(Rejected::Protocol(
-                "data record on the control channel".into(),
-            ));
-        }
+async fn receive_v1(channel: &mut Stream) -> Result<ControlMessage, Rejected> {
+    let bytes = match channel.reader.read_message().await {
+        Ok(Ok(bytes)) => bytes,
+        Ok(Err(_)) | Err(StreamError::Cut) => return Err(protocol(SessionEnd::Closed)),
+        Err(StreamError::Protocol(what)) => return Err(Rejected::Protocol(what.into())),
         Err(error) => return Err(protocol(SessionEnd::Transport(error))),
     };
     message::decode_control(bytes).map_err(|error| match error {
@@ -92,10 +87,10 @@ async fn receive_v1(channel: &mut Channel) -> Result<ControlMessage, Rejected> {
 
 /// Sends the verdicts, in one message (v1) or in parts (v2).
 pub(super) async fn reply(
-    channel: &mut Channel,
+    channel: &mut Stream,
     version: u16,
     verdicts: Vec<message::Verdict>,
-) -> Result<(), RecordIoError> {
+) -> Result<(), StreamError> {
     if version < 2 {
         return control::send_control(channel, &ControlMessage::HelloReply { verdicts }).await;
     }
@@ -106,7 +101,7 @@ pub(super) async fn reply(
 }
 
 /// Tells an authenticated client why it is refused (best effort, bounded).
-pub(super) async fn refuse(channel: &mut Channel, version: u16, reason: &str, retry: bool) {
+pub(super) async fn refuse(channel: &mut Stream, version: u16, reason: &str, retry: bool) {
     let mut reason = reason.to_owned();
     truncate(&mut reason, message::MAX_REASON_LEN);
     let message = if version < 2 {

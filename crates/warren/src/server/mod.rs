@@ -45,13 +45,14 @@ use crate::config::{
     Transport, UdpSettings,
 };
 use crate::crypto::keys::{self, SessionKeys};
-use crate::crypto::record::RecordKind;
 use crate::crypto::secret::Secret;
 use crate::metrics::{HandshakeFailure, LocalEnd, Telemetry};
 use crate::relay;
 use crate::relay::opening::{Opened, Opening};
 use crate::relay::udp::{UdpStats, UdpStatsSnapshot};
 use crate::reload::{ConfigSource, Reloader, Requests};
+use crate::session::link::{OpenError, ServerLink};
+use crate::session::stream::Stream;
 use crate::session::{self as control, Liveness, SessionEnd, short_id, summarize};
 use crate::transport::preamble::{self, Incoming, PreambleError};
 use crate::transport::{Channel, tcp};
@@ -688,13 +689,13 @@ async fn accept_loop(shared: &Arc<Shared>, listener: TcpListener) {
 enum Authenticated {
     Control {
         session: Arc<ServerSession>,
-        channel: Box<Channel>,
+        channel: Box<Stream>,
     },
     Data,
     /// A forward stream: dial the service's target and relay.
     Forward {
         session: Arc<ServerSession>,
-        channel: Box<Channel>,
+        channel: Box<Stream>,
         open: StreamOpen,
         forward: Box<ServerForward>,
     },
@@ -877,7 +878,9 @@ async fn accept_data_channel(
         return Err(Rejected::Silent("data channel MAC did not verify"));
     }
     let channel = preamble::server_accept_data_channel(stream, &session.keys, hello).await?;
-    session.add_idle_channel(channel);
+    match &session.link {
+        ServerLink::Tcp(pool) => pool.add_idle(channel),
+    }
     Ok(Authenticated::Data)
 }
 
@@ -902,7 +905,7 @@ async fn accept_control_channel(
     let version = established.version;
     let keys = SessionKeys::new(&established);
     let (sealer, opener) = keys.control_channel(Side::Server);
-    let mut channel = Channel::new(stream, sealer, opener);
+    let mut channel = Stream::tcp(Channel::new(stream, sealer, opener));
     // From here on the peer has proven the PSK: a refusal says why before it closes.
     match serve_hello(shared, &live, &mut channel, keys, peer, version).await {
         Ok(session) => Ok(Authenticated::Control {
@@ -923,7 +926,7 @@ async fn accept_control_channel(
 async fn serve_hello(
     shared: &Arc<Shared>,
     live: &Live,
-    channel: &mut Channel,
+    channel: &mut Stream,
     keys: SessionKeys,
     peer: SocketAddr,
     version: u16,
@@ -1046,7 +1049,7 @@ fn apply_health(shared: &Shared, session: &ServerSession, services: &[String], r
     }
 }
 
-async fn run_session(shared: &Arc<Shared>, session: Arc<ServerSession>, channel: Channel) {
+async fn run_session(shared: &Arc<Shared>, session: Arc<ServerSession>, channel: Stream) {
     shared.telemetry.metrics.session_started();
     if session.probe {
         debug!(event = "probe_started", session = %short_id(&session.id()), peer = %session.peer, "a diagnostic session (doctor or ping) connected; it serves nothing");
@@ -1179,11 +1182,8 @@ async fn serve_visitor(
     match relay::pump_from(visitor, &mut channel, &cancel, Some(&meter), start).await {
         Ok(moved) => {
             debug!(event = "stream_closed", service = %slot.name, %peer, up = moved.to_tunnel, down = moved.to_local, "visitor done");
-            // Reusing the channel spares the client a connect and a channel handshake, but
-            // only the client knows its side ended cleanly too: wait for its word.
-            if relay::await_idle(&mut channel.reader).await {
-                lease.session.add_idle_channel(channel);
-            }
+            // The transport may carry another stream on it.
+            lease.session.link.recycle(channel).await;
         }
         Err(error) => {
             if !matches!(error, relay::RelayError::Cancelled) {
@@ -1203,7 +1203,7 @@ async fn open_for_visitor(
     opening: &mut Opening,
     (peer, local): (SocketAddr, Option<SocketAddr>),
     cancel: &CancellationToken,
-) -> Result<(serving::Lease, Channel, relay::StreamStart), bool> {
+) -> Result<(serving::Lease, Stream, relay::StreamStart), bool> {
     let mut tried: Vec<SessionId> = Vec::new();
     loop {
         let Some(lease) = slot.pick(&tried) else {
@@ -1258,22 +1258,17 @@ async fn open_for_visitor(
     }
 }
 
+/// Opens a stream for a visitor of `service` on `session`.
 async fn open_stream(
     session: &ServerSession,
     service: &str,
     visitor: Option<SocketAddr>,
     local: Option<SocketAddr>,
-) -> Result<Channel, crate::transport::records::RecordIoError> {
-    let mut channel = session
-        .take_channel()
-        .await
-        .map_err(|e| std::io::Error::other(e.to_string()))?;
-    let open = message::encode(&StreamOpen {
+) -> Result<Stream, OpenError> {
+    let open = StreamOpen {
         service: service.to_owned(),
         visitor,
         local,
-    });
-    // Staged: it leaves with the visitor's first bytes if they are already there.
-    channel.writer.stage(RecordKind::Control, &open)?;
-    Ok(channel)
+    };
+    session.link.open_stream(&open).await
 }

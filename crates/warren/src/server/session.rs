@@ -1,9 +1,5 @@
-//! The server's half of one session: its keys, its control queue, and the pool of idle data
-//! channels the client keeps filled.
-//!
-//! Opening a stream takes an idle channel, so a visitor never waits for a TCP or crypto
-//! handshake. When the pool is empty the server asks the client for more over the control
-//! channel (`NeedChannels`) and waits; the client replaces every channel it sees used.
+//! The server's half of one session: its keys, its control queue, what it serves, and its
+//! streams ([`ServerLink`]: how they are carried is the transport's business).
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -14,27 +10,16 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use tracing::debug;
 use warren_proto::handshake::SessionId;
 use warren_proto::message::ControlMessage;
 
 use crate::config::ServerForward;
 use crate::crypto::keys::SessionKeys;
 use crate::session::CONTROL_QUEUE;
-use crate::transport::Channel;
-
-/// Idle data channels the server holds per session; extra ones are closed.
-const MAX_IDLE_CHANNELS: usize = 64;
+use crate::session::link::ServerLink;
+use crate::session::tcp::ServerPool;
 /// How long a client asked to claim again may take before the server ends its session.
 pub(super) const RECLAIM_GRACE: Duration = Duration::from_secs(10);
-
-/// Why no data channel could be had.
-#[derive(Debug, thiserror::Error)]
-pub enum TakeChannelError {
-    /// The session ended while waiting.
-    #[error("the client's session ended")]
-    SessionGone,
-}
 
 /// Server-side state of one authenticated client.
 pub struct ServerSession {
@@ -61,9 +46,8 @@ pub struct ServerSession {
     goodbye: Mutex<Option<String>>,
     control: mpsc::Sender<ControlMessage>,
     control_rx: Mutex<Option<mpsc::Receiver<ControlMessage>>>,
-    idle_tx: mpsc::Sender<Channel>,
-    /// Visitors queue on this lock, so channels go out first come, first served.
-    idle_rx: tokio::sync::Mutex<mpsc::Receiver<Channel>>,
+    /// The session's streams.
+    pub(super) link: ServerLink,
 }
 
 impl ServerSession {
@@ -71,7 +55,7 @@ impl ServerSession {
     /// before sharing it.
     pub(super) fn new(keys: SessionKeys, peer: SocketAddr, cancel: CancellationToken) -> Self {
         let (control, control_rx) = mpsc::channel(CONTROL_QUEUE);
-        let (idle_tx, idle_rx) = mpsc::channel(MAX_IDLE_CHANNELS);
+        let link = ServerLink::Tcp(ServerPool::new(control.clone(), cancel.clone()));
         ServerSession {
             keys,
             peer,
@@ -86,8 +70,7 @@ impl ServerSession {
             goodbye: Mutex::new(None),
             control,
             control_rx: Mutex::new(Some(control_rx)),
-            idle_tx,
-            idle_rx: tokio::sync::Mutex::new(idle_rx),
+            link,
         }
     }
 
@@ -154,35 +137,5 @@ impl ServerSession {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .take()
             .unwrap_or_else(|| mpsc::channel(1).1)
-    }
-
-    /// Adds an idle data channel (fresh, or done with a stream) to the pool; closes it if
-    /// the pool is full or the session is over.
-    pub(super) fn add_idle_channel(&self, channel: Channel) {
-        if self.cancel.is_cancelled() {
-            return;
-        }
-        if self.idle_tx.try_send(channel).is_err() {
-            debug!(
-                event = "pool_full",
-                "idle data channel pool full; closing the extra channel"
-            );
-        }
-    }
-
-    /// Takes an idle data channel, asking the client for more when there is none.
-    pub(super) async fn take_channel(&self) -> Result<Channel, TakeChannelError> {
-        let mut idle = self.idle_rx.lock().await;
-        if let Ok(channel) = idle.try_recv() {
-            return Ok(channel);
-        }
-        // Dropped if the queue is full: the waiters already queued have asked.
-        let _ = self
-            .control
-            .try_send(ControlMessage::NeedChannels { count: 1 });
-        tokio::select! {
-            channel = idle.recv() => channel.ok_or(TakeChannelError::SessionGone),
-            () = self.cancel.cancelled() => Err(TakeChannelError::SessionGone),
-        }
     }
 }

@@ -16,7 +16,7 @@ use super::{STREAM_OPEN_TIMEOUT, ServiceSlot, Shared, open_stream};
 use crate::config::UdpSettings;
 use crate::relay::udp::UdpStats;
 use crate::relay::udp::visitors::{self, ChannelSource, VisitorSide};
-use crate::transport::Channel;
+use crate::session::stream::Stream;
 
 /// A UDP service, bound and ready to serve.
 pub(super) struct UdpService {
@@ -46,7 +46,7 @@ impl ChannelSource for SlotSource {
         !session.cancel.is_cancelled()
     }
 
-    async fn open(&self, session: Arc<ServerSession>) -> Result<Channel, String> {
+    async fn open(&self, session: Arc<ServerSession>) -> Result<Stream, String> {
         match tokio::time::timeout(
             STREAM_OPEN_TIMEOUT,
             open_stream(&session, &self.0.name, None, None),

@@ -1,8 +1,8 @@
 //! Datagrams over a session: whole UDP datagrams, tagged with a flow id, carried by one
 //! channel.
 //!
-//! On the TCP-based transports a [`DatagramChannel`] is a data channel taken from the
-//! session's pool (after its `StreamOpen`) that carries `Datagram` records only; each record
+//! On the TCP-based transports a [`DatagramChannel`] is a stream (a data channel, after its
+//! `StreamOpen`) that carries `Datagram` records only; each record
 //! is one datagram, so a datagram arrives whole or not at all and two are never merged:
 //!
 //! ```text
@@ -20,8 +20,8 @@
 
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 
+use super::stream::{Stream, StreamReader, StreamWriter};
 use crate::crypto::record::RecordKind;
-use crate::transport::Channel;
 use crate::transport::records::{Record, RecordIoError, RecordReader, RecordWriter};
 
 /// The largest UDP payload over IPv4 (65,535 − 8 UDP − 20 IP header bytes); larger
@@ -60,9 +60,9 @@ pub struct DatagramChannel {
 }
 
 impl DatagramChannel {
-    /// Uses `channel` (whose `StreamOpen` has been sent or received) for datagrams.
-    pub fn new(channel: Channel) -> Self {
-        let Channel { reader, writer } = channel;
+    /// Uses `stream` (whose `StreamOpen` has been sent or received) for datagrams.
+    pub fn new(stream: Stream) -> Self {
+        let (StreamReader::Tcp(reader), StreamWriter::Tcp(writer)) = (stream.reader, stream.writer);
         DatagramChannel {
             sender: DatagramSender { writer },
             receiver: DatagramReceiver { reader },

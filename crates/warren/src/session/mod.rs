@@ -1,13 +1,16 @@
 //! Sessions: one authenticated client–server association.
 //!
 //! A session is a control channel (this module drives it: hello, heartbeats, requests,
-//! goodbye) plus data channels that carry one stream each. The server opens streams towards
-//! the client for reverse services by taking a pre-opened data channel from the pool the
-//! client keeps filled ([`crate::server`] and [`crate::client`] hold the two halves of the
-//! pool). Code above this layer never sees how a stream is carried. UDP services use
-//! [`datagram`] channels: one channel per service carries every flow's datagrams.
+//! goodbye) plus streams, one per visitor connection ([`stream`]). A session's two sides
+//! open, accept and recycle streams through [`link`], which hides the transport: code above
+//! this layer never sees how a stream is carried ([`tcp`] holds the TCP transports' way,
+//! with its pool of pre-opened data channels). UDP services use [`datagram`] channels: one
+//! channel per service carries every flow's datagrams.
 
 pub mod datagram;
+pub mod link;
+pub mod stream;
+pub mod tcp;
 
 use std::time::Duration;
 
@@ -17,9 +20,7 @@ use tokio_util::sync::CancellationToken;
 use warren_proto::liveness::{Heartbeat, HeartbeatAction};
 use warren_proto::message::{self, ControlMessage};
 
-use crate::crypto::record::RecordKind;
-use crate::transport::Channel;
-use crate::transport::records::{Record, RecordIoError};
+use stream::{Stream, StreamError};
 
 /// Capacity of a session's outgoing control queue; senders that find it full drop the
 /// message (requests are retried) rather than block the data path.
@@ -38,9 +39,9 @@ pub enum SessionEnd {
     /// Nothing heard from the peer within the heartbeat timeout.
     #[error("no heartbeat from the peer for {0:?}; the connection is dead")]
     HeartbeatTimeout(Duration),
-    /// The connection failed or closed.
+    /// The connection failed.
     #[error("control connection lost: {0}")]
-    Transport(#[from] RecordIoError),
+    Transport(StreamError),
     /// The connection closed without a goodbye.
     #[error("control connection closed by the peer")]
     Closed,
@@ -54,31 +55,25 @@ pub enum SessionEnd {
 /// # Errors
 /// Socket errors.
 pub async fn send_control(
-    channel: &mut Channel,
+    channel: &mut Stream,
     message: &ControlMessage,
-) -> Result<(), RecordIoError> {
-    channel
-        .writer
-        .send(RecordKind::Control, &message::encode(message))
-        .await
+) -> Result<(), StreamError> {
+    channel.writer.send_message(&message::encode(message)).await
 }
 
 /// Receives one control message (no deadline: callers add one).
 ///
 /// # Errors
 /// [`SessionEnd`] for a closed connection or a record that is not a control message.
-pub async fn recv_control(channel: &mut Channel) -> Result<ControlMessage, SessionEnd> {
-    match channel.reader.read().await? {
-        Some(Record::Control(bytes)) => {
+pub async fn recv_control(channel: &mut Stream) -> Result<ControlMessage, SessionEnd> {
+    match channel.reader.read_message().await {
+        Ok(Ok(bytes)) => {
             message::decode_control(bytes).map_err(|e| SessionEnd::Protocol(e.to_string()))
         }
-        Some(Record::Close(reason)) => Err(SessionEnd::Goodbye(
-            String::from_utf8_lossy(reason).into_owned(),
-        )),
-        Some(_) => Err(SessionEnd::Protocol(
-            "data record on the control channel".into(),
-        )),
-        None => Err(SessionEnd::Closed),
+        Ok(Err(reason)) => Err(SessionEnd::Goodbye(reason.into_owned())),
+        Err(StreamError::Cut) => Err(SessionEnd::Closed),
+        Err(StreamError::Protocol(what)) => Err(SessionEnd::Protocol(what.into())),
+        Err(error) => Err(SessionEnd::Transport(error)),
     }
 }
 
@@ -95,7 +90,7 @@ pub struct Liveness {
 /// the messages queued on `outgoing`, enforces the heartbeat timeout, and hands every other
 /// message to `on_message`. When `cancel` fires it says goodbye with `goodbye_reason()`.
 pub async fn run_control(
-    mut channel: Channel,
+    mut channel: Stream,
     liveness: Liveness,
     mut outgoing: mpsc::Receiver<ControlMessage>,
     cancel: CancellationToken,

@@ -249,6 +249,7 @@ impl<R: ReadReady> RecordReader<R> {
 
     /// Whether a read buffer is held (an idle channel must hold none).
     #[cfg(test)]
+    #[allow(dead_code)] // used by some test builds only
     pub(crate) fn holds_buffer(&self) -> bool {
         !self.buf.is_empty()
     }

@@ -9,6 +9,7 @@ use std::time::Duration;
 use tokio::net::{TcpStream, lookup_host};
 
 use crate::config::HostPort;
+use crate::config::proxy::ProxyUrl;
 
 /// Which address family to try first when a name resolves to both.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -79,6 +80,38 @@ pub async fn connect_preferring(
                 format!("connecting to {target} timed out after {deadline:?}"),
             ))
         })
+}
+
+/// Opens a TCP connection to a Warren server: the one place a client does. Through `proxy`
+/// when there is one; else to `resolved` (where an earlier connection of the session went,
+/// so every connection of a session reaches the same server behind a name), else to
+/// `server` resolved now, trying `family` first.
+///
+/// # Errors
+/// Connect, proxy and deadline failures, naming the server or the proxy.
+pub async fn dial_server(
+    server: &HostPort,
+    proxy: Option<&ProxyUrl>,
+    resolved: Option<SocketAddr>,
+    deadline: Duration,
+    family: Family,
+) -> io::Result<TcpStream> {
+    match (proxy, resolved) {
+        (Some(proxy), _) => Ok(super::proxy::connect(proxy, server, deadline, family).await?),
+        (None, Some(addr)) => {
+            let stream = tokio::time::timeout(deadline, TcpStream::connect(addr))
+                .await
+                .unwrap_or_else(|_| {
+                    Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        format!("connecting to {addr} timed out"),
+                    ))
+                })?;
+            tune(&stream);
+            Ok(stream)
+        }
+        (None, None) => connect_preferring(server, deadline, family).await,
+    }
 }
 
 /// TCP keepalive: a connection whose peer vanished without a FIN or RST (a cut cable, a

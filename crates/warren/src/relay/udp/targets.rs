@@ -27,7 +27,7 @@ use tracing::{debug, info, warn};
 use super::{Counter, FlowTable, Received, TUNNEL_QUEUE, UdpStats, recv_connected, sweep_interval};
 use crate::config::{HostPort, UdpSettings};
 use crate::session::datagram::{DatagramChannel, FlowId};
-use crate::transport::Channel;
+use crate::session::stream::Stream;
 
 /// How long resolving the target's name may take.
 const RESOLVE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -55,7 +55,7 @@ pub struct TargetSide<'a> {
 }
 
 /// Carries one datagram channel until it or the session ends.
-pub async fn serve(side: TargetSide<'_>, channel: Channel) {
+pub async fn serve(side: TargetSide<'_>, channel: Stream) {
     let TargetSide {
         name,
         target,

@@ -36,7 +36,7 @@ use tracing::{debug, info, warn};
 use super::{Counter, FlowTable, RECV_BUF_LEN, TUNNEL_QUEUE, UdpStats, sweep_interval};
 use crate::config::UdpSettings;
 use crate::session::datagram::{DatagramChannel, FlowId, MAX_DATAGRAM_LEN};
-use crate::transport::Channel;
+use crate::session::stream::Stream;
 
 /// Pause after a failed `recv_from` so a persistent socket error cannot spin.
 const RECV_ERROR_BACKOFF: Duration = Duration::from_millis(10);
@@ -62,7 +62,7 @@ pub trait ChannelSource: Send + Sync + 'static {
     fn open(
         &self,
         session: Arc<Self::Session>,
-    ) -> impl Future<Output = Result<Channel, String>> + Send;
+    ) -> impl Future<Output = Result<Stream, String>> + Send;
 }
 
 /// A bound UDP service socket and what it needs to serve.

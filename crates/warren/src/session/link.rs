@@ -1,0 +1,144 @@
+//! A session's streams, whatever carries them: open one, serve the ones the peer opens,
+//! hand a finished one back.
+//!
+//! [`ServerLink`] and [`ClientLink`] are the two sides of one session's stream layer. They
+//! are enums over the transports (a `match`, no virtual call), so server and client code
+//! never branch on the transport:
+//! * `Tcp`: data channels, pre-opened by the client ([`super::tcp`]).
+//!
+//! Reverse streams are opened by the server ([`ServerLink::open_stream`]) and served by the
+//! client's [`StreamHandler`]; forward streams are opened by the client
+//! ([`ClientLink::open_stream`]). A stream that ended cleanly in both directions is handed
+//! back ([`ServerLink::recycle`]; the client's handler returns it): a transport that can
+//! carry another stream on it does so.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use warren_proto::message::StreamOpen;
+
+use super::stream::Stream;
+use super::tcp::{ClientPool, ServerPool};
+
+/// Why a stream could not be opened.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum OpenError {
+    /// The session ended while the stream was being opened.
+    #[error("the session ended")]
+    SessionGone,
+    /// The transport failed to open it.
+    #[error("could not open a stream: {0}")]
+    Failed(String),
+}
+
+/// Serves the streams a peer opens (the client's reverse streams).
+pub trait StreamHandler: Send + Sync + 'static {
+    /// Serves one stream, whose `StreamOpen` is `open`. Returns the stream if it ended
+    /// cleanly in both directions (the transport may reuse it), `None` otherwise.
+    ///
+    /// `replenish` tells the transport the stream is under way, so it can prepare the next
+    /// one (the TCP pool dials a replacement channel); call [`Replenish::now`] once the
+    /// stream's first step is done, so that work does not compete with it. Dropping it
+    /// does the same.
+    fn serve(
+        &self,
+        open: StreamOpen,
+        stream: Stream,
+        replenish: Replenish,
+    ) -> impl Future<Output = Option<Stream>> + Send;
+}
+
+/// What a transport does once a stream it handed out is under way (see
+/// [`StreamHandler::serve`]). Runs at most once.
+pub struct Replenish(Option<Box<dyn FnOnce() + Send>>);
+
+impl Replenish {
+    /// Runs `then` when the stream is under way.
+    pub fn new(then: impl FnOnce() + Send + 'static) -> Self {
+        Replenish(Some(Box::new(then)))
+    }
+
+    /// Nothing to do (a transport without a pool, or a test).
+    pub fn nothing() -> Self {
+        Replenish(None)
+    }
+
+    /// The stream is under way.
+    pub fn now(&mut self) {
+        if let Some(then) = self.0.take() {
+            then();
+        }
+    }
+}
+
+impl Drop for Replenish {
+    fn drop(&mut self) {
+        self.now();
+    }
+}
+
+/// The server's side of a session's streams.
+pub enum ServerLink {
+    /// Data channels pre-opened by the client.
+    Tcp(ServerPool),
+}
+
+impl ServerLink {
+    /// Opens a stream towards the client; `open` is its first message.
+    ///
+    /// # Errors
+    /// The session ended, or the transport could not open a stream.
+    pub async fn open_stream(&self, open: &StreamOpen) -> Result<Stream, OpenError> {
+        match self {
+            ServerLink::Tcp(pool) => pool.open_stream(open).await,
+        }
+    }
+
+    /// Takes back a stream that ended cleanly in both directions.
+    pub async fn recycle(&self, stream: Stream) {
+        match self {
+            ServerLink::Tcp(pool) => pool.recycle(stream).await,
+        }
+    }
+}
+
+/// The client's side of a session's streams.
+pub enum ClientLink {
+    /// Data channels: a pool for the server's streams, a new one per forward stream.
+    Tcp(Arc<ClientPool>),
+}
+
+impl ClientLink {
+    /// Opens a stream towards the server (a forward service); `open` is its first message.
+    ///
+    /// # Errors
+    /// The transport could not open a stream.
+    pub async fn open_stream(&self, open: &StreamOpen) -> Result<Stream, OpenError> {
+        match self {
+            ClientLink::Tcp(pool) => pool.open_stream(open).await,
+        }
+    }
+
+    /// Starts handing the streams the server opens to `handler`.
+    pub fn serve<H: StreamHandler>(&self, handler: &Arc<H>) {
+        match self {
+            ClientLink::Tcp(pool) => pool.serve(handler, super::tcp::POOL_SIZE),
+        }
+    }
+
+    /// The server asks for more room for streams (`NeedChannels`).
+    pub fn more_streams<H: StreamHandler>(&self, handler: &Arc<H>, count: u16) {
+        match self {
+            ClientLink::Tcp(pool) => pool.serve(handler, usize::from(count)),
+        }
+    }
+
+    /// Stops taking new streams from the server (the session is over); streams under way
+    /// go on.
+    pub fn close(&self) {
+        match self {
+            ClientLink::Tcp(pool) => pool.close(),
+        }
+    }
+}
