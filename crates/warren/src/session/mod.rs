@@ -12,6 +12,9 @@ pub mod link;
 pub mod stream;
 pub mod tcp;
 
+#[cfg(test)]
+mod conformance;
+
 use std::time::Duration;
 
 use tokio::sync::mpsc;

@@ -1,0 +1,482 @@
+//! One conformance suite for every way a session carries streams: what the relay, the
+//! server and the client rely on, checked the same way for each transport.
+//!
+//! Each [`Kind`] builds a [`Harness`]: both links of one session, with the streams each side
+//! accepts delivered to the test. Every test runs against every kind: open and accept both
+//! ways, half-close each way, reset with its reason, bounded buffering (backpressure), a
+//! thousand concurrent streams with their bytes checked by hash, datagram size limits, and
+//! the death of the peer surfacing as an error (never as a clean end) on every open stream.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use rand::RngCore;
+use tokio::net::TcpListener;
+use tokio::sync::mpsc;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use warren_proto::handshake::{self, ClientHandshake, Preamble};
+use warren_proto::message::{self, ControlMessage, StreamOpen};
+use warren_proto::{CipherPolicy, CipherSuite};
+
+use super::datagram::{DatagramChannel, DatagramError, MAX_DATAGRAM_LEN};
+use super::link::{ClientLink, Replenish, ServerLink, StreamHandler};
+use super::stream::{Chunk, Stream};
+use super::tcp::{ClientPool, Dialer, ServerPool};
+use crate::config::HostPort;
+use crate::crypto::keys::SessionKeys;
+use crate::transport::preamble::{self, Incoming};
+use crate::transport::tcp::Family;
+
+/// Every implementation under test.
+#[derive(Debug, Clone, Copy)]
+enum Kind {
+    /// TCP data channels, plaintext records (`transport = "tcp"`).
+    TcpPlain,
+    /// TCP data channels, AEAD records (`transport = "noise"`).
+    TcpNoise,
+}
+
+const KINDS: [Kind; 2] = [Kind::TcpPlain, Kind::TcpNoise];
+
+/// No single wait in these tests may take longer.
+const DEADLINE: Duration = Duration::from_secs(20);
+
+/// Both sides of one session, and the streams each side was handed.
+struct Harness {
+    server: Arc<ServerLink>,
+    client: Arc<ClientLink>,
+    /// Streams the server opened, as the client's handler received them.
+    at_client: mpsc::Receiver<(StreamOpen, Stream)>,
+    /// Streams the client opened, as the server accepted them.
+    at_server: mpsc::Receiver<(StreamOpen, Stream)>,
+    tasks: TaskTracker,
+    cancel: CancellationToken,
+}
+
+impl Drop for Harness {
+    fn drop(&mut self) {
+        self.cancel.cancel();
+        self.client.close();
+    }
+}
+
+/// The client's handler: hands every stream to the test.
+struct ToTest(mpsc::Sender<(StreamOpen, Stream)>);
+
+impl StreamHandler for ToTest {
+    async fn serve(&self, open: StreamOpen, stream: Stream, _: Replenish) -> Option<Stream> {
+        let _ = self.0.send((open, stream)).await;
+        None
+    }
+}
+
+impl Harness {
+    async fn new(kind: Kind) -> Harness {
+        match kind {
+            Kind::TcpPlain => tcp_harness(CipherSuite::None).await,
+            Kind::TcpNoise => tcp_harness(CipherSuite::Aes128Gcm).await,
+        }
+    }
+
+    /// A stream the server opens, and the client's end of it.
+    async fn reverse(&mut self, service: &str) -> (Stream, Stream) {
+        let open = open_for(service);
+        let mut ours = self.server.open_stream(&open).await.expect("open");
+        // The TCP link stages the open until the first write: make sure it leaves.
+        ours.writer.flush().await.expect("flush");
+        let (got, theirs) = within(self.at_client.recv()).await.expect("accepted");
+        assert_eq!(got, open);
+        (ours, theirs)
+    }
+
+    /// A stream the client opens, and the server's end of it.
+    async fn forward(&mut self, service: &str) -> (Stream, Stream) {
+        let open = open_for(service);
+        let ours = self.client.open_stream(&open).await.expect("open");
+        let (got, theirs) = within(self.at_server.recv()).await.expect("accepted");
+        assert_eq!(got, open);
+        (ours, theirs)
+    }
+}
+
+fn open_for(service: &str) -> StreamOpen {
+    StreamOpen {
+        service: service.to_owned(),
+        visitor: Some(SocketAddr::from(([192, 0, 2, 7], 40_000))),
+        local: None,
+    }
+}
+
+async fn within<T>(f: impl Future<Output = T>) -> T {
+    tokio::time::timeout(DEADLINE, f).await.expect("timed out")
+}
+
+/// Keys both ends of one session agree on, from a real handshake.
+fn session_keys(suite: CipherSuite) -> SessionKeys {
+    let psk = [5u8; 32];
+    let policy = CipherPolicy::ordered(vec![suite]);
+    let (client, first) = ClientHandshake::start_with(&psk, &policy).expect("start");
+    let Ok(Preamble::Control(message1)) = handshake::parse_preamble(&first[2..]) else {
+        panic!("not a control preamble");
+    };
+    let outcome = handshake::server_handshake(&psk, message1, &policy, [3u8; 16]).expect("server");
+    let server = outcome.result.expect("accepted");
+    let client = client.handle_reply(&outcome.reply[2..]).expect("client");
+    assert_eq!(client, server);
+    SessionKeys::new(&server)
+}
+
+/// The TCP transports: a listener that admits the session's data channels (pooled ones to
+/// the server's pool, forward ones to the test) and a client pool dialing it.
+async fn tcp_harness(suite: CipherSuite) -> Harness {
+    let keys = Arc::new(session_keys(suite));
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let tasks = TaskTracker::new();
+    let cancel = CancellationToken::new();
+    let (control, mut control_rx) = mpsc::channel(64);
+    let server = Arc::new(ServerLink::Tcp(ServerPool::new(control, cancel.clone())));
+    let (to_server, at_server) = mpsc::channel(2048);
+    {
+        let (server, keys, cancel, inner) = (
+            Arc::clone(&server),
+            Arc::clone(&keys),
+            cancel.clone(),
+            tasks.clone(),
+        );
+        tasks.spawn(async move {
+            loop {
+                let accepted = tokio::select! {
+                    () = cancel.cancelled() => return,
+                    accepted = listener.accept() => accepted,
+                };
+                let Ok((mut socket, _)) = accepted else {
+                    return;
+                };
+                let (server, keys, to_server) =
+                    (Arc::clone(&server), Arc::clone(&keys), to_server.clone());
+                inner.spawn(async move {
+                    let (hello, pooled) = match preamble::server_read_preamble(&mut socket).await {
+                        Ok(Incoming::Data(hello)) => (hello, true),
+                        Ok(Incoming::DataOpen(hello)) => (hello, false),
+                        _ => return,
+                    };
+                    assert!(keys.verify_data_hello(&hello.client_nonce, &hello.mac));
+                    let channel = preamble::server_accept_data_channel(socket, &keys, &hello)
+                        .await
+                        .expect("accept");
+                    if pooled {
+                        let ServerLink::Tcp(pool) = &*server;
+                        pool.add_idle(channel);
+                        return;
+                    }
+                    let mut stream = Stream::tcp(channel);
+                    let open = match stream.reader.read_message().await {
+                        Ok(Ok(bytes)) => message::decode_stream_open(bytes).expect("open"),
+                        _ => return,
+                    };
+                    let _ = to_server.send((open, stream)).await;
+                });
+            }
+        });
+    }
+    let dialer = Dialer {
+        server: HostPort {
+            host: "127.0.0.1".into(),
+            port: addr.port(),
+        },
+        addr,
+        proxy: None,
+        family: Family::Any,
+        timeout: DEADLINE,
+        keys,
+    };
+    let client = Arc::new(ClientLink::Tcp(ClientPool::new(dialer, tasks.clone())));
+    let (to_client, at_client) = mpsc::channel(2048);
+    let handler = Arc::new(ToTest(to_client));
+    client.serve(&handler);
+    {
+        // The control channel's part: the server's requests for more channels.
+        let client = Arc::clone(&client);
+        tasks.spawn(async move {
+            while let Some(request) = control_rx.recv().await {
+                if let ControlMessage::NeedChannels { count } = request {
+                    client.more_streams(&handler, count);
+                }
+            }
+        });
+    }
+    Harness {
+        server,
+        client,
+        at_client,
+        at_server,
+        tasks,
+        cancel,
+    }
+}
+
+/// Reads a stream to its end; the bytes, or how it failed.
+async fn read_to_end(stream: &mut Stream) -> Result<Vec<u8>, String> {
+    let mut got = Vec::new();
+    loop {
+        match within(stream.reader.read()).await {
+            Ok(Chunk::Data(bytes)) => got.extend_from_slice(bytes),
+            Ok(Chunk::End) => return Ok(got),
+            Ok(Chunk::Reset(reason)) => return Err(format!("reset: {reason}")),
+            Err(error) => return Err(error.to_string()),
+        }
+    }
+}
+
+fn random(len: usize) -> Vec<u8> {
+    let mut bytes = vec![0u8; len];
+    rand::rng().fill_bytes(&mut bytes);
+    bytes
+}
+
+#[tokio::test]
+async fn streams_open_and_carry_bytes_both_ways_in_both_directions() {
+    for kind in KINDS {
+        let mut harness = Harness::new(kind).await;
+        for reverse in [true, false] {
+            let (mut opener, mut acceptor) = if reverse {
+                harness.reverse("web").await
+            } else {
+                harness.forward("web").await
+            };
+            let up = random(300_000);
+            let down = random(200_000);
+            opener.writer.send(&up).await.expect("send");
+            opener.writer.finish().await.expect("finish");
+            acceptor.writer.send(&down).await.expect("send");
+            acceptor.writer.finish().await.expect("finish");
+            let at_acceptor = read_to_end(&mut acceptor).await;
+            let at_opener = read_to_end(&mut opener).await;
+            assert_eq!(
+                at_acceptor.map(|b| blake3::hash(&b)),
+                Ok(blake3::hash(&up)),
+                "{kind:?} reverse={reverse}"
+            );
+            assert_eq!(
+                at_opener.map(|b| blake3::hash(&b)),
+                Ok(blake3::hash(&down)),
+                "{kind:?} reverse={reverse}"
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn each_direction_half_closes_on_its_own() {
+    for kind in KINDS {
+        let mut harness = Harness::new(kind).await;
+        let (mut a, mut b) = harness.reverse("half").await;
+        // A finishes first; B still talks afterwards, and A still hears it.
+        a.writer.send(b"request").await.expect("send");
+        a.writer.finish().await.expect("finish");
+        assert_eq!(read_to_end(&mut b).await.as_deref(), Ok(&b"request"[..]));
+        b.writer
+            .send(b"late answer")
+            .await
+            .expect("send after the peer finished");
+        b.writer.finish().await.expect("finish");
+        assert_eq!(
+            read_to_end(&mut a).await.as_deref(),
+            Ok(&b"late answer"[..]),
+            "{kind:?}"
+        );
+        // And the other way round, on a stream the client opened.
+        let (mut a, mut b) = harness.forward("half").await;
+        b.writer.send(b"banner").await.expect("send");
+        b.writer.finish().await.expect("finish");
+        assert_eq!(read_to_end(&mut a).await.as_deref(), Ok(&b"banner"[..]));
+        a.writer.send(b"reply").await.expect("send");
+        a.writer.finish().await.expect("finish");
+        assert_eq!(
+            read_to_end(&mut b).await.as_deref(),
+            Ok(&b"reply"[..]),
+            "{kind:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_reset_reaches_the_peer_with_its_reason() {
+    for kind in KINDS {
+        let mut harness = Harness::new(kind).await;
+        let (mut a, mut b) = harness.reverse("reset").await;
+        a.writer.send(b"partial").await.expect("send");
+        a.writer.reset("target unreachable").await.expect("reset");
+        assert_eq!(
+            within(b.reader.read()).await.expect("data"),
+            Chunk::Data(b"partial")
+        );
+        match within(b.reader.read()).await {
+            Ok(Chunk::Reset(reason)) => assert_eq!(reason, "target unreachable", "{kind:?}"),
+            other => panic!("{kind:?}: expected a reset, got {other:?}"),
+        }
+        let (mut a, mut b) = harness.forward("reset").await;
+        b.writer.reset("no such service").await.expect("reset");
+        assert!(
+            matches!(within(a.reader.read()).await, Ok(Chunk::Reset(r)) if r == "no such service"),
+            "{kind:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_writer_whose_peer_does_not_read_is_held_back() {
+    const CHUNK: usize = 256 * 1024;
+    /// Far more than any transport should buffer for one stream.
+    const LIMIT: usize = 256 * 1024 * 1024;
+    for kind in KINDS {
+        let mut harness = Harness::new(kind).await;
+        let (mut a, mut b) = harness.reverse("slow").await;
+        let block = random(CHUNK);
+        let mut sent = 0usize;
+        let mut hasher = blake3::Hasher::new();
+        // Write until a write stalls: the peer reads nothing, so the transport must push back.
+        loop {
+            match tokio::time::timeout(Duration::from_millis(500), a.writer.send(&block)).await {
+                Ok(result) => {
+                    result.expect("send");
+                    sent += CHUNK;
+                    hasher.update(&block);
+                    assert!(
+                        sent < LIMIT,
+                        "{kind:?}: {sent} bytes queued without a reader"
+                    );
+                }
+                Err(_) => break,
+            }
+        }
+        // The stalled write was cancelled part-way: this stream is not usable any more, but
+        // what was accepted before it must have been bounded, and the reader still gets a
+        // prefix of it in order.
+        let expected = hasher.finalize();
+        let mut got = blake3::Hasher::new();
+        let mut received = 0usize;
+        while received < sent {
+            match within(b.reader.read()).await {
+                Ok(Chunk::Data(bytes)) => {
+                    let take = bytes.len().min(sent - received);
+                    got.update(&bytes[..take]);
+                    received += take;
+                }
+                other => panic!("{kind:?}: stream ended early: {other:?}"),
+            }
+        }
+        assert_eq!(got.finalize(), expected, "{kind:?}");
+    }
+}
+
+#[tokio::test]
+async fn a_thousand_streams_at_once_each_carry_their_own_bytes() {
+    const STREAMS: usize = 1000;
+    for kind in KINDS {
+        let mut harness = Harness::new(kind).await;
+        let server = Arc::clone(&harness.server);
+        let mut openers = JoinSet::new();
+        for n in 0..STREAMS {
+            let server = Arc::clone(&server);
+            openers.spawn(async move {
+                let payload = random(1024 + n * 7);
+                let mut stream = server
+                    .open_stream(&open_for(&n.to_string()))
+                    .await
+                    .map_err(|e| e.to_string())?;
+                stream
+                    .writer
+                    .send(&payload)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                stream.writer.finish().await.map_err(|e| e.to_string())?;
+                let echoed = read_to_end(&mut stream).await?;
+                Ok::<_, String>(echoed == payload)
+            });
+        }
+        let mut echoes = JoinSet::new();
+        for _ in 0..STREAMS {
+            let (_, mut stream) = within(harness.at_client.recv()).await.expect("accepted");
+            echoes.spawn(async move {
+                let bytes = read_to_end(&mut stream).await.expect("read");
+                stream.writer.send(&bytes).await.expect("echo");
+                stream.writer.finish().await.expect("finish");
+            });
+        }
+        while let Some(done) = within(echoes.join_next()).await {
+            done.expect("echo task");
+        }
+        let mut matched = 0;
+        while let Some(done) = within(openers.join_next()).await {
+            if done.expect("task").expect("stream") {
+                matched += 1;
+            }
+        }
+        assert_eq!(matched, STREAMS, "{kind:?}");
+    }
+}
+
+#[tokio::test]
+async fn datagrams_up_to_the_udp_maximum_arrive_whole_and_larger_ones_are_refused() {
+    for kind in KINDS {
+        let mut harness = Harness::new(kind).await;
+        let (a, b) = harness.reverse("dns").await;
+        let (mut sender, _) = DatagramChannel::new(a).split();
+        let (_, mut receiver) = DatagramChannel::new(b).split();
+        let largest = random(MAX_DATAGRAM_LEN);
+        let too_large = random(MAX_DATAGRAM_LEN + 1);
+        assert!(matches!(
+            sender.send_datagram(9, &too_large).await,
+            Err(DatagramError::TooLarge { len }) if len == MAX_DATAGRAM_LEN + 1
+        ));
+        for (flow, bytes) in [(7, &b"small"[..]), (8, &largest[..]), (9, &[][..])] {
+            sender.send_datagram(flow, bytes).await.expect("send");
+            let (got_flow, got) = within(receiver.recv_datagram())
+                .await
+                .expect("recv")
+                .expect("a datagram");
+            assert_eq!((got_flow, got), (flow, bytes), "{kind:?}");
+        }
+    }
+}
+
+#[tokio::test]
+async fn the_peer_vanishing_cuts_every_open_stream_never_ends_it() {
+    const OPEN: usize = 20;
+    for kind in KINDS {
+        let mut harness = Harness::new(kind).await;
+        let mut server_ends = Vec::new();
+        let mut client_ends = Vec::new();
+        for n in 0..OPEN {
+            let (mut ours, theirs) = if n % 2 == 0 {
+                harness.reverse("cut").await
+            } else {
+                let (theirs, ours) = harness.forward("cut").await;
+                (ours, theirs)
+            };
+            ours.writer.send(b"some bytes").await.expect("send");
+            server_ends.push(ours);
+            client_ends.push(theirs);
+        }
+        // The server side goes away without finishing anything, as a killed process would.
+        drop(server_ends);
+        harness.tasks.close();
+        drop(harness);
+        for (n, mut stream) in client_ends.into_iter().enumerate() {
+            assert_eq!(
+                within(stream.reader.read()).await.expect("data"),
+                Chunk::Data(b"some bytes")
+            );
+            let next = within(stream.reader.read()).await;
+            assert!(
+                matches!(next, Err(_) | Ok(Chunk::Reset(_))),
+                "{kind:?} stream {n}: a cut stream must not look finished, got {next:?}"
+            );
+        }
+    }
+}
