@@ -340,19 +340,16 @@ async fn a_writer_whose_peer_does_not_read_is_held_back() {
         let mut sent = 0usize;
         let mut hasher = blake3::Hasher::new();
         // Write until a write stalls: the peer reads nothing, so the transport must push back.
-        loop {
-            match tokio::time::timeout(Duration::from_millis(500), a.writer.send(&block)).await {
-                Ok(result) => {
-                    result.expect("send");
-                    sent += CHUNK;
-                    hasher.update(&block);
-                    assert!(
-                        sent < LIMIT,
-                        "{kind:?}: {sent} bytes queued without a reader"
-                    );
-                }
-                Err(_) => break,
-            }
+        while let Ok(result) =
+            tokio::time::timeout(Duration::from_millis(500), a.writer.send(&block)).await
+        {
+            result.expect("send");
+            sent += CHUNK;
+            hasher.update(&block);
+            assert!(
+                sent < LIMIT,
+                "{kind:?}: {sent} bytes queued without a reader"
+            );
         }
         // The stalled write was cancelled part-way: this stream is not usable any more, but
         // what was accepted before it must have been bounded, and the reader still gets a
