@@ -41,6 +41,7 @@ use crate::config::{HostPort, ServerConfig, ServerForward, ServiceKind, UdpSetti
 use crate::crypto::keys::{self, SessionKeys};
 use crate::crypto::secret::Secret;
 use crate::relay;
+use crate::session::link::{Replenish, StreamHandler};
 use crate::session::stream::Stream;
 use crate::transport::{preamble, tcp};
 
@@ -387,6 +388,11 @@ pub(super) async fn accept_open_channel(
     let Some(session) = shared.session(&hello.session_id) else {
         return Err(Rejected::Silent("data channel for an unknown session"));
     };
+    if session.link.tcp_pool().is_none() {
+        return Err(Rejected::Silent(
+            "data channel for a session on another transport",
+        ));
+    }
     if !session
         .keys
         .verify_data_hello(&hello.client_nonce, &hello.mac)
@@ -402,6 +408,26 @@ pub(super) async fn accept_open_channel(
         open,
         forward: Box::new(forward),
     })
+}
+
+/// Serves the streams a client opens for its forward services, on transports that carry
+/// them on the session's connection (QUIC).
+pub(super) struct ForwardStreams {
+    pub(super) shared: Arc<Shared>,
+    pub(super) session: Arc<ServerSession>,
+}
+
+impl StreamHandler for ForwardStreams {
+    async fn serve(&self, open: StreamOpen, mut stream: Stream, _: Replenish) -> Option<Stream> {
+        match forward_for(&self.session, &open, &mut stream).await {
+            Ok(forward) => {
+                let session = Arc::clone(&self.session);
+                serve_forward(&self.shared, session, stream, open, forward).await;
+            }
+            Err(rejected) => rejected.log(self.session.peer),
+        }
+        None
+    }
 }
 
 /// Reads the `StreamOpen` a client-opened stream starts with and finds the forward service
@@ -420,6 +446,17 @@ async fn accept_forward(
         }
         Err(e) => return Err(Rejected::Protocol(e.to_string())),
     };
+    let forward = forward_for(session, &open, channel).await?;
+    Ok((open, forward))
+}
+
+/// The forward service `open` names among those granted to `session`; a stream for
+/// anything else is reset.
+async fn forward_for(
+    session: &ServerSession,
+    open: &StreamOpen,
+    channel: &mut Stream,
+) -> Result<ServerForward, Rejected> {
     let Some(forward) = session.forwards.get(&open.service).cloned() else {
         let _ = channel
             .writer
@@ -430,7 +467,7 @@ async fn accept_forward(
             open.service
         )));
     };
-    Ok((open, forward))
+    Ok(forward)
 }
 
 /// Dials a forward service's target and relays (a UDP service: carries the channel's

@@ -51,7 +51,7 @@ use crate::relay;
 use crate::relay::opening::{Opened, Opening};
 use crate::relay::udp::{UdpStats, UdpStatsSnapshot};
 use crate::reload::{ConfigSource, Reloader, Requests};
-use crate::session::link::{OpenError, ServerLink};
+use crate::session::link::{Carrier, OpenError};
 use crate::session::stream::Stream;
 use crate::session::{self as control, Liveness, SessionEnd, short_id, summarize};
 use crate::transport::preamble::{self, Incoming, PreambleError};
@@ -871,6 +871,12 @@ async fn accept_data_channel(
     let Some(session) = shared.session(&hello.session_id) else {
         return Err(Rejected::Silent("data channel for an unknown session"));
     };
+    // Only a session on a TCP transport keeps a pool of data channels.
+    let Some(pool) = session.link.tcp_pool() else {
+        return Err(Rejected::Silent(
+            "data channel for a session on another transport",
+        ));
+    };
     if !session
         .keys
         .verify_data_hello(&hello.client_nonce, &hello.mac)
@@ -878,9 +884,7 @@ async fn accept_data_channel(
         return Err(Rejected::Silent("data channel MAC did not verify"));
     }
     let channel = preamble::server_accept_data_channel(stream, &session.keys, hello).await?;
-    match &session.link {
-        ServerLink::Tcp(pool) => pool.add_idle(channel),
-    }
+    pool.add_idle(channel);
     Ok(Authenticated::Data)
 }
 
@@ -907,7 +911,16 @@ async fn accept_control_channel(
     let (sealer, opener) = keys.control_channel(Side::Server);
     let mut channel = Stream::tcp(Channel::new(stream, sealer, opener));
     // From here on the peer has proven the PSK: a refusal says why before it closes.
-    match serve_hello(shared, &live, &mut channel, keys, peer, version).await {
+    match serve_hello(
+        shared,
+        &live,
+        &mut channel,
+        (keys, Carrier::Tcp),
+        peer,
+        version,
+    )
+    .await
+    {
         Ok(session) => Ok(Authenticated::Control {
             session,
             channel: Box::new(channel),
@@ -927,7 +940,7 @@ async fn serve_hello(
     shared: &Arc<Shared>,
     live: &Live,
     channel: &mut Stream,
-    keys: SessionKeys,
+    (keys, carrier): (SessionKeys, Carrier),
     peer: SocketAddr,
     version: u16,
 ) -> Result<Arc<ServerSession>, Rejected> {
@@ -943,7 +956,13 @@ async fn serve_hello(
         let _ = hello::reply(channel, version, judgement.verdicts).await;
         return Err(Rejected::Tokens(Vec::new()));
     }
-    let mut session = ServerSession::new(keys, peer, shared.cancel.child_token());
+    let mut session = ServerSession::new(
+        keys,
+        peer,
+        shared.cancel.child_token(),
+        carrier,
+        shared.tasks.clone(),
+    );
     session.version = version;
     session.probe = hello.probe();
     if !hello.probe() {
@@ -1018,6 +1037,7 @@ fn register(
 /// Undoes [`register`]: the session leaves every set it joined, at once.
 fn unregister(shared: &Arc<Shared>, session: &Arc<ServerSession>) {
     session.cancel.cancel();
+    session.link.close();
     shared
         .sessions
         .lock()
@@ -1071,6 +1091,11 @@ async fn run_session(shared: &Arc<Shared>, session: Arc<ServerSession>, channel:
         timeout: interval.saturating_mul(3),
     };
     let outgoing = session.take_control_receiver();
+    // Streams the client opens (forward services), where the transport carries them here.
+    session.link.serve(&Arc::new(forward::ForwardStreams {
+        shared: Arc::clone(shared),
+        session: Arc::clone(&session),
+    }));
     let end = control::run_control(
         channel,
         liveness,

@@ -16,8 +16,7 @@ use warren_proto::message::ControlMessage;
 use crate::config::ServerForward;
 use crate::crypto::keys::SessionKeys;
 use crate::session::CONTROL_QUEUE;
-use crate::session::link::ServerLink;
-use crate::session::tcp::ServerPool;
+use crate::session::link::{Carrier, ServerLink};
 /// How long a client asked to claim again may take before the server ends its session.
 pub(super) const RECLAIM_GRACE: Duration = Duration::from_secs(10);
 
@@ -53,9 +52,15 @@ pub struct ServerSession {
 impl ServerSession {
     /// A session that serves nothing yet: the caller fills in what its hello was granted
     /// before sharing it.
-    pub(super) fn new(keys: SessionKeys, peer: SocketAddr, cancel: CancellationToken) -> Self {
+    pub(super) fn new(
+        keys: SessionKeys,
+        peer: SocketAddr,
+        cancel: CancellationToken,
+        carrier: Carrier,
+        tasks: TaskTracker,
+    ) -> Self {
         let (control, control_rx) = mpsc::channel(CONTROL_QUEUE);
-        let link = ServerLink::Tcp(ServerPool::new(control.clone(), cancel.clone()));
+        let link = ServerLink::new(carrier, control.clone(), cancel.clone(), tasks);
         ServerSession {
             keys,
             peer,

@@ -62,7 +62,10 @@ pub struct DatagramChannel {
 impl DatagramChannel {
     /// Uses `stream` (whose `StreamOpen` has been sent or received) for datagrams.
     pub fn new(stream: Stream) -> Self {
-        let (StreamReader::Tcp(reader), StreamWriter::Tcp(writer)) = (stream.reader, stream.writer);
+        let (StreamReader::Tcp(reader), StreamWriter::Tcp(writer)) = (stream.reader, stream.writer)
+        else {
+            todo!("QUIC datagrams")
+        };
         DatagramChannel {
             sender: DatagramSender { writer },
             receiver: DatagramReceiver { reader },

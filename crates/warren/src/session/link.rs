@@ -5,6 +5,7 @@
 //! are enums over the transports (a `match`, no virtual call), so server and client code
 //! never branch on the transport:
 //! * `Tcp`: data channels, pre-opened by the client ([`super::tcp`]).
+//! * `Quic`: native streams of the session's one QUIC connection ([`super::quic`]).
 //!
 //! Reverse streams are opened by the server ([`ServerLink::open_stream`]) and served by the
 //! client's [`StreamHandler`]; forward streams are opened by the client
@@ -15,8 +16,12 @@
 use std::future::Future;
 use std::sync::Arc;
 
-use warren_proto::message::StreamOpen;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use warren_proto::message::{ControlMessage, StreamOpen};
 
+use super::quic::QuicLink;
 use super::stream::Stream;
 use super::tcp::{ClientPool, ServerPool};
 
@@ -78,13 +83,37 @@ impl Drop for Replenish {
     }
 }
 
+/// What a session's connection runs on, as its handshake found it.
+pub enum Carrier {
+    /// A TCP transport: streams are data channels (the control channel is one more).
+    Tcp,
+    /// A QUIC connection: streams are its streams.
+    Quic(quinn::Connection),
+}
+
 /// The server's side of a session's streams.
 pub enum ServerLink {
     /// Data channels pre-opened by the client.
     Tcp(ServerPool),
+    /// Streams of a QUIC connection.
+    Quic(QuicLink),
 }
 
 impl ServerLink {
+    /// The link for a session on `carrier`; `control` is its control queue (the TCP pool
+    /// asks for channels there) and `cancel` ends it. Accept loops run on `tasks`.
+    pub fn new(
+        carrier: Carrier,
+        control: mpsc::Sender<ControlMessage>,
+        cancel: CancellationToken,
+        tasks: TaskTracker,
+    ) -> Self {
+        match carrier {
+            Carrier::Tcp => ServerLink::Tcp(ServerPool::new(control, cancel)),
+            Carrier::Quic(connection) => ServerLink::Quic(QuicLink::new(connection, tasks)),
+        }
+    }
+
     /// Opens a stream towards the client; `open` is its first message.
     ///
     /// # Errors
@@ -92,6 +121,34 @@ impl ServerLink {
     pub async fn open_stream(&self, open: &StreamOpen) -> Result<Stream, OpenError> {
         match self {
             ServerLink::Tcp(pool) => pool.open_stream(open).await,
+            ServerLink::Quic(link) => link.open_stream(open).await,
+        }
+    }
+
+    /// Starts handing the streams the client opens (forward services) to `handler`. The
+    /// TCP transports' forward channels arrive at the server's listener instead, which
+    /// hands them to the same handler.
+    pub fn serve<H: StreamHandler>(&self, handler: &Arc<H>) {
+        match self {
+            ServerLink::Tcp(_) => {}
+            ServerLink::Quic(link) => link.serve(handler),
+        }
+    }
+
+    /// Stops taking streams from the client (the session is over).
+    pub fn close(&self) {
+        match self {
+            ServerLink::Tcp(_) => {}
+            ServerLink::Quic(link) => link.close(),
+        }
+    }
+
+    /// The pool of a session on a TCP transport, which takes the data channels the client
+    /// opens at the server's listener; `None` on other transports.
+    pub fn tcp_pool(&self) -> Option<&ServerPool> {
+        match self {
+            ServerLink::Tcp(pool) => Some(pool),
+            ServerLink::Quic(_) => None,
         }
     }
 
@@ -99,6 +156,8 @@ impl ServerLink {
     pub async fn recycle(&self, stream: Stream) {
         match self {
             ServerLink::Tcp(pool) => pool.recycle(stream).await,
+            // A QUIC stream is not reused: opening another costs nothing.
+            ServerLink::Quic(_) => drop(stream),
         }
     }
 }
@@ -107,6 +166,8 @@ impl ServerLink {
 pub enum ClientLink {
     /// Data channels: a pool for the server's streams, a new one per forward stream.
     Tcp(Arc<ClientPool>),
+    /// Streams of a QUIC connection.
+    Quic(QuicLink),
 }
 
 impl ClientLink {
@@ -117,6 +178,7 @@ impl ClientLink {
     pub async fn open_stream(&self, open: &StreamOpen) -> Result<Stream, OpenError> {
         match self {
             ClientLink::Tcp(pool) => pool.open_stream(open).await,
+            ClientLink::Quic(link) => link.open_stream(open).await,
         }
     }
 
@@ -124,6 +186,7 @@ impl ClientLink {
     pub fn serve<H: StreamHandler>(&self, handler: &Arc<H>) {
         match self {
             ClientLink::Tcp(pool) => pool.serve(handler, super::tcp::POOL_SIZE),
+            ClientLink::Quic(link) => link.serve(handler),
         }
     }
 
@@ -131,6 +194,7 @@ impl ClientLink {
     pub fn more_streams<H: StreamHandler>(&self, handler: &Arc<H>, count: u16) {
         match self {
             ClientLink::Tcp(pool) => pool.serve(handler, usize::from(count)),
+            ClientLink::Quic(_) => {}
         }
     }
 
@@ -139,6 +203,7 @@ impl ClientLink {
     pub fn close(&self) {
         match self {
             ClientLink::Tcp(pool) => pool.close(),
+            ClientLink::Quic(link) => link.close(),
         }
     }
 }

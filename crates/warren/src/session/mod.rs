@@ -9,6 +9,7 @@
 
 pub mod datagram;
 pub mod link;
+pub mod quic;
 pub mod stream;
 pub mod tcp;
 

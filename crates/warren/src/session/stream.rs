@@ -13,6 +13,8 @@
 //! * `Tcp`: a data channel of the TCP transports (plaintext or Noise-keyed records, see
 //!   [`crate::transport::records`]). Data is `Data` records, the end an `End` record, a
 //!   reset a `Close` record with its reason, a message a `Control` record.
+//! * `Quic`: a native QUIC stream ([`super::quic`]): bytes, FIN, `RESET_STREAM` with a
+//!   reason code, length-prefixed messages.
 //!
 //! Code above this module (relay, server, client) never matches on the variants; only the
 //! transports' own modules and [`super::datagram`] do.
@@ -21,6 +23,7 @@ use std::borrow::Cow;
 
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 
+use super::quic::{QuicReader, QuicWriter};
 use crate::crypto::record::RecordKind;
 use crate::transport::Channel;
 use crate::transport::records::{
@@ -45,6 +48,9 @@ pub enum StreamError {
     /// The connection under the stream failed (socket error, forged or malformed record).
     #[error("tunnel connection failed: {0}")]
     Transport(#[from] RecordIoError),
+    /// The QUIC stream or connection failed.
+    #[error("QUIC stream failed: {0}")]
+    Quic(String),
     /// The stream ended without an end of stream or a reset: its connection or session
     /// died.
     #[error("the stream was cut (its connection closed without end-of-stream)")]
@@ -83,10 +89,15 @@ impl Stream {
         }
     }
 
-    /// The TCP data channel under a `Tcp` stream (for the TCP transport's pool).
-    pub(crate) fn into_tcp(self) -> Channel {
-        let (StreamReader::Tcp(reader), StreamWriter::Tcp(writer)) = (self.reader, self.writer);
-        Channel { reader, writer }
+    /// The TCP data channel under a `Tcp` stream (for the TCP transport's pool); `None`
+    /// for any other transport.
+    pub(crate) fn into_tcp(self) -> Option<Channel> {
+        match (self.reader, self.writer) {
+            (StreamReader::Tcp(reader), StreamWriter::Tcp(writer)) => {
+                Some(Channel { reader, writer })
+            }
+            _ => None,
+        }
     }
 }
 
@@ -94,6 +105,8 @@ impl Stream {
 pub enum StreamReader {
     /// Records on a TCP data channel.
     Tcp(RecordReader<OwnedReadHalf>),
+    /// A QUIC stream.
+    Quic(QuicReader),
 }
 
 impl StreamReader {
@@ -115,6 +128,7 @@ impl StreamReader {
                 )),
                 None => Err(StreamError::Cut),
             },
+            StreamReader::Quic(reader) => reader.read().await,
         }
     }
 
@@ -134,6 +148,7 @@ impl StreamReader {
                 Some(_) => Err(StreamError::Protocol("stream data where a message belongs")),
                 None => Err(StreamError::Cut),
             },
+            StreamReader::Quic(reader) => reader.read_message().await,
         }
     }
 
@@ -142,6 +157,7 @@ impl StreamReader {
     pub fn shrink(&mut self) {
         match self {
             StreamReader::Tcp(reader) => reader.shrink(),
+            StreamReader::Quic(reader) => reader.shrink(),
         }
     }
 }
@@ -150,6 +166,8 @@ impl StreamReader {
 pub enum StreamWriter {
     /// Records on a TCP data channel.
     Tcp(RecordWriter<OwnedWriteHalf>),
+    /// A QUIC stream.
+    Quic(QuicWriter),
 }
 
 impl StreamWriter {
@@ -165,6 +183,7 @@ impl StreamWriter {
                 }
                 Ok(())
             }
+            StreamWriter::Quic(writer) => writer.send(bytes).await,
         }
     }
 
@@ -180,6 +199,7 @@ impl StreamWriter {
                 SendFromError::Source(e) => SendError::Source(e),
                 SendFromError::Sink(e) => SendError::Sink(e.into()),
             }),
+            StreamWriter::Quic(writer) => writer.send_from(src).await,
         }
     }
 
@@ -190,6 +210,7 @@ impl StreamWriter {
     pub async fn finish(&mut self) -> Result<(), StreamError> {
         match self {
             StreamWriter::Tcp(writer) => Ok(writer.send(RecordKind::End, &[]).await?),
+            StreamWriter::Quic(writer) => writer.finish().await,
         }
     }
 
@@ -202,6 +223,7 @@ impl StreamWriter {
     pub fn stage_finish(&mut self) -> Result<(), StreamError> {
         match self {
             StreamWriter::Tcp(writer) => Ok(writer.stage(RecordKind::End, &[])?),
+            StreamWriter::Quic(writer) => writer.stage_finish(),
         }
     }
 
@@ -215,6 +237,7 @@ impl StreamWriter {
             StreamWriter::Tcp(writer) => {
                 Ok(writer.send(RecordKind::Close, reason.as_bytes()).await?)
             }
+            StreamWriter::Quic(writer) => writer.reset(reason),
         }
     }
 
@@ -225,6 +248,7 @@ impl StreamWriter {
     pub async fn send_message(&mut self, message: &[u8]) -> Result<(), StreamError> {
         match self {
             StreamWriter::Tcp(writer) => Ok(writer.send(RecordKind::Control, message).await?),
+            StreamWriter::Quic(writer) => writer.send_message(message).await,
         }
     }
 
@@ -236,6 +260,7 @@ impl StreamWriter {
     pub fn stage_message(&mut self, message: &[u8]) -> Result<(), StreamError> {
         match self {
             StreamWriter::Tcp(writer) => Ok(writer.stage(RecordKind::Control, message)?),
+            StreamWriter::Quic(writer) => writer.stage_message(message),
         }
     }
 
@@ -246,6 +271,7 @@ impl StreamWriter {
     pub async fn flush(&mut self) -> Result<(), StreamError> {
         match self {
             StreamWriter::Tcp(writer) => Ok(writer.flush_staged().await?),
+            StreamWriter::Quic(writer) => writer.flush().await,
         }
     }
 
@@ -256,6 +282,7 @@ impl StreamWriter {
     pub async fn shutdown(&mut self) -> Result<(), StreamError> {
         match self {
             StreamWriter::Tcp(writer) => Ok(writer.shutdown().await?),
+            StreamWriter::Quic(writer) => writer.finish().await,
         }
     }
 }

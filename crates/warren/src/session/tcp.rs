@@ -121,7 +121,9 @@ impl ServerPool {
     /// the client knows its side ended cleanly too; a channel whose client end failed late
     /// answers `Close` or nothing, and is dropped.
     pub async fn recycle(&self, stream: Stream) {
-        let mut channel = stream.into_tcp();
+        let Some(mut channel) = stream.into_tcp() else {
+            return;
+        };
         let idle = matches!(
             tokio::time::timeout(IDLE_NOTICE_TIMEOUT, channel.reader.read()).await,
             Ok(Ok(Some(Record::Control([]))))
@@ -291,7 +293,10 @@ impl ClientPool {
             let Some(reusable) = handler.serve(open, Stream::tcp(channel), replenish).await else {
                 return;
             };
-            channel = reusable.into_tcp();
+            let Some(reusable) = reusable.into_tcp() else {
+                return;
+            };
+            channel = reusable;
             // Back to the pool only if it has room, and only once the server knows: it
             // hands the channel out again only after this "idle again" notice.
             let Ok(permit) = Arc::clone(&self.slots).try_acquire_owned() else {
