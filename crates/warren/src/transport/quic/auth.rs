@@ -107,26 +107,20 @@ pub async fn connect(
             },
         })?;
     let work = async {
-        let connection = connecting
+        let connection = connecting.await.map_err(|e| client_error(server, e))?;
+        let (mut send, mut recv) = connection
+            .open_bi()
             .await
-            .map_err(|e| client_handshake_error(server, e))?;
-        let (mut send, mut recv) =
-            connection
-                .open_bi()
-                .await
-                .map_err(|e| QuicError::ControlStream {
-                    peer: server,
-                    reason: e.to_string(),
-                })?;
+            .map_err(|e| client_error(server, e))?;
         if let ClientAuth::Psk(psk) = tls.auth() {
             let proofs = Proofs::new(psk, &connection)?;
             send.write_all(&proofs.client)
                 .await
-                .map_err(|e| client_auth_write_error(server, &connection, e))?;
+                .map_err(|e| client_write_error(server, &connection, e))?;
             let mut answer = [0u8; PROOF_LEN];
             recv.read_exact(&mut answer)
                 .await
-                .map_err(|e| client_auth_read_error(server, &connection, e))?;
+                .map_err(|e| client_read_error(server, &connection, e))?;
             if !proofs.verify_server(&answer) {
                 connection.close(CLOSE_REFUSED, b"");
                 return Err(QuicError::ServerProofInvalid { server });
@@ -267,7 +261,15 @@ fn is_tls_alert(code: quinn::TransportErrorCode) -> bool {
     (0x100..=0x1ff).contains(&u64::from(code))
 }
 
-fn client_handshake_error(server: SocketAddr, error: ConnectionError) -> QuicError {
+/// What a connection failure on the client side means, for the user: a TLS alert we raised
+/// is a refused server certificate, one the server raised is a refused client certificate,
+/// and the server's generic close during authentication is a wrong PSK.
+///
+/// [`connect`] uses it; use it too for failures on the control stream right after
+/// [`connect`] in `mtls` mode. TLS 1.3 lets a client finish its handshake before the server
+/// has checked the client's certificate, so a refused client certificate can surface on the
+/// first read of the control stream rather than in [`connect`].
+pub fn client_error(server: SocketAddr, error: ConnectionError) -> QuicError {
     match &error {
         // Our rustls refused the server's certificate.
         ConnectionError::TransportError(e) if is_tls_alert(e.code) => {
@@ -283,9 +285,12 @@ fn client_handshake_error(server: SocketAddr, error: ConnectionError) -> QuicErr
                 reason: close.error_code.to_string(),
             }
         }
+        ConnectionError::ApplicationClosed(close) if close.error_code == CLOSE_REFUSED => {
+            QuicError::WrongPsk { server }
+        }
         _ => QuicError::Connection {
             peer: server,
-            stage: "handshake",
+            stage: "authentication",
             source: error,
         },
     }
@@ -307,13 +312,7 @@ fn server_handshake_error(peer: SocketAddr, error: ConnectionError) -> QuicError
     }
 }
 
-/// The server closing the connection with our code while we authenticate means it refused
-/// our proof.
-fn refused_by_server(error: &ConnectionError) -> bool {
-    matches!(error, ConnectionError::ApplicationClosed(close) if close.error_code == CLOSE_REFUSED)
-}
-
-fn client_auth_write_error(
+fn client_write_error(
     server: SocketAddr,
     connection: &quinn::Connection,
     error: quinn::WriteError,
@@ -323,12 +322,7 @@ fn client_auth_write_error(
         _ => connection.close_reason(),
     };
     match lost {
-        Some(e) if refused_by_server(&e) => QuicError::WrongPsk { server },
-        Some(e) => QuicError::Connection {
-            peer: server,
-            stage: "authentication",
-            source: e,
-        },
+        Some(e) => client_error(server, e),
         None => QuicError::ControlStream {
             peer: server,
             reason: "the server stopped the control stream".into(),
@@ -336,7 +330,7 @@ fn client_auth_write_error(
     }
 }
 
-fn client_auth_read_error(
+fn client_read_error(
     server: SocketAddr,
     connection: &quinn::Connection,
     error: ReadExactError,
@@ -346,12 +340,7 @@ fn client_auth_read_error(
         _ => connection.close_reason(),
     };
     match lost {
-        Some(e) if refused_by_server(&e) => QuicError::WrongPsk { server },
-        Some(e) => QuicError::Connection {
-            peer: server,
-            stage: "authentication",
-            source: e,
-        },
+        Some(e) => client_error(server, e),
         None => QuicError::ControlStream {
             peer: server,
             reason: "the server ended the control stream before its proof".into(),

@@ -57,7 +57,7 @@ pub mod error;
 pub mod settings;
 pub mod tls;
 
-pub use auth::{Authenticated, CLOSE_REFUSED, accept, connect};
+pub use auth::{Authenticated, CLOSE_REFUSED, accept, client_error, connect};
 pub use endpoint::{
     Admitted, GateStats, HandshakeGate, QuicEndpoint, SocketInfo, client_endpoint, server_endpoint,
 };
