@@ -14,6 +14,7 @@
 pub mod buffers;
 pub mod preamble;
 pub mod proxy;
+pub mod quic;
 pub mod records;
 pub mod tcp;
 
