@@ -6,6 +6,8 @@
 //!
 //! * [`balance`]: the set of sessions serving a service and how visitors are spread.
 //! * [`cipher`]: cipher suites and how the server chooses one (by measured speed or order).
+//! * [`fragment`]: UDP-service datagrams over QUIC datagrams: frame format, splitting and
+//!   bounded reassembly.
 //! * [`handshake`]: connection preambles, the Noise handshake, data channel hellos.
 //! * [`speed_ext`]: the cipher-speed extensions appended to the handshake payloads.
 //! * [`message`]: control messages and their size-capped codec.
@@ -16,6 +18,7 @@
 
 pub mod balance;
 pub mod cipher;
+pub mod fragment;
 pub mod handshake;
 pub mod liveness;
 pub mod message;

@@ -22,6 +22,7 @@ Examples:
   warren doctor client.toml        # diagnose a setup: config, ports, targets, handshake
   warren ping client.toml -n 10    # connect / handshake / round-trip times to the server
   warren completions bash > /etc/bash_completion.d/warren
+  warren cert ca --out ca          # certificates for QUIC mtls (then cert server / cert client)
   WARREN_PSK=... WARREN_TOKEN=... warren expose 3000 --to tunnel.example.com:7000
   WARREN_PSK=... WARREN_TOKEN=... warren forward -l 5000 -r tunnel.example.com:7000 -t 10.0.0.5:80";
 
@@ -190,6 +191,15 @@ enum Command {
         /// Pause between probes, in milliseconds.
         #[arg(long, default_value_t = 200)]
         interval_ms: u64,
+    },
+    /// Make certificates for QUIC mtls mode: a development CA, then server and client
+    /// certificates signed by it.
+    #[command(
+        after_help = "Examples:\n  warren cert ca --out ca\n  warren cert server --ca ca --name tunnel.example.com --out server\n  warren cert client --ca ca --name laptop --out laptop"
+    )]
+    Cert {
+        #[command(subcommand)]
+        command: cli::cert::CertCommand,
     },
     /// Print a shell completion script.
     #[command(
@@ -490,6 +500,16 @@ async fn run(command: Command) -> Outcome {
             count,
             interval_ms,
         } => ping(config, remote, psk_file, count, interval_ms).await,
+        Command::Cert { command } => match cli::cert::run(command) {
+            Ok(report) => {
+                print!("{report}");
+                Outcome::Clean
+            }
+            Err(message) => {
+                eprintln!("error: {message}");
+                Outcome::Failed
+            }
+        },
         Command::Completions { .. } => Outcome::Clean,
     }
 }

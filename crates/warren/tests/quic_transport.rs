@@ -758,3 +758,89 @@ async fn transfer_32_mib_internet_preset() {
 async fn transfer_32_mib_loopback_preset() {
     transfer_32_mib(QuicSettings::loopback()).await;
 }
+
+#[tokio::test]
+async fn warren_cert_writes_files_that_mtls_accepts_and_refuses_to_overwrite() {
+    let dir = TempDir::new("cli");
+    let warren = env!("CARGO_BIN_EXE_warren");
+    let run = |args: &[&str]| {
+        std::process::Command::new(warren)
+            .args(args)
+            .current_dir(dir.path())
+            .output()
+            .expect("warren runs")
+    };
+    let ok = |args: &[&str]| {
+        let out = run(args);
+        assert!(
+            out.status.success(),
+            "warren {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    ok(&["cert", "ca", "--out", "ca"]);
+    ok(&[
+        "cert",
+        "server",
+        "--ca",
+        "ca",
+        "--name",
+        "localhost",
+        "--name",
+        "127.0.0.1",
+        "--out",
+        "server",
+    ]);
+    ok(&[
+        "cert", "client", "--ca", "ca", "--name", "laptop", "--out", "client",
+    ]);
+
+    let again = run(&["cert", "ca", "--out", "ca"]);
+    assert_eq!(again.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&again.stderr);
+    assert!(
+        stderr.contains("--force"),
+        "says how to overwrite: {stderr}"
+    );
+    let ca_before = std::fs::read(dir.path().join("ca/ca.pem")).expect("ca.pem");
+    ok(&["cert", "ca", "--out", "ca", "--force"]);
+    assert_ne!(
+        std::fs::read(dir.path().join("ca/ca.pem")).expect("ca.pem"),
+        ca_before,
+        "--force replaced the CA"
+    );
+    // The server and client certificates were signed by the replaced CA: re-issue them.
+    ok(&[
+        "cert",
+        "server",
+        "--ca",
+        "ca",
+        "--name",
+        "localhost",
+        "--out",
+        "server",
+        "--force",
+    ]);
+    ok(&[
+        "cert", "client", "--ca", "ca", "--name", "laptop", "--out", "client", "--force",
+    ]);
+
+    let files = MtlsFiles {
+        ca: dir.path().join("ca/ca.pem"),
+        server_cert: dir.path().join("server/server.pem"),
+        server_key: dir.path().join("server/server.key"),
+        client_cert: dir.path().join("client/client.pem"),
+        client_key: dir.path().join("client/client.key"),
+        _dir: TempDir::new("cli-unused"),
+    };
+    let settings = QuicSettings::internet();
+    let mut server = TestServer::start(mtls_server_tls(&files), &settings, DEADLINE);
+    let endpoint = client_endpoint(&settings);
+    let tls = mtls_client_tls(&files.ca, &files.client_cert, &files.client_key);
+    let (client, accepted) = tokio::join!(
+        mtls_attempt(&endpoint, server.addr, "localhost", &tls),
+        mtls_answer(&mut server)
+    );
+    client.expect("the CLI's certificates connect");
+    accepted.expect("and are accepted");
+}

@@ -9,6 +9,8 @@
 //! Secrets come from `WARREN_PSK` / `WARREN_TOKEN`, from `--psk-file` / `--token-file`, or
 //! (with a warning: the value shows in `ps`) from `--psk` / `--token`. They are never logged.
 
+pub mod cert;
+
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 

@@ -3,7 +3,7 @@
 //! `warren cert ca | server | client` writes).
 //!
 //! Keys are ECDSA P-256 (rcgen on aws-lc-rs). Files are PEM; private keys are written with
-//! mode 0600 and never logged. Writes go to a temporary file in the same directory that is
+//! mode 0600 (certificates 0644) and never logged. Writes go to a temporary file in the same directory that is
 //! then linked into place, so a reader never sees a half-written certificate, and two
 //! servers starting at once agree on one certificate.
 //!
@@ -145,7 +145,7 @@ pub fn load_or_create_self_signed(path: &Path) -> Result<SelfSigned, QuicError> 
             fix: "create the directory or point the certificate path somewhere writable",
         })?;
     }
-    match write_file(path, contents.as_bytes(), Overwrite::Never) {
+    match write_file(path, contents.as_bytes(), KEY_MODE, Overwrite::Never) {
         Ok(()) => {}
         // Another process created it first: use theirs, so both agree.
         Err(WriteError::Exists) => {
@@ -293,7 +293,7 @@ impl CertAuthority {
             .map_err(|e| QuicError::Tls(format!("CA certificate does not parse: {e}")))
     }
 
-    /// Writes `ca.pem` and `ca.key` (mode 0600) into `dir`, creating it.
+    /// Writes `ca.pem` (mode 0644) and `ca.key` (mode 0600) into `dir`, creating it.
     ///
     /// # Errors
     ///
@@ -317,15 +317,15 @@ impl CertAuthority {
     /// or when no name is given.
     pub fn issue_server(&self, names: &[String]) -> Result<IssuedCert, QuicError> {
         if names.is_empty() {
-            return Err(QuicError::Tls(
-                "a server certificate needs at least one --name (the host name or IP clients connect to)".into(),
-            ));
+            return Err(QuicError::CertificateName {
+                name: String::new(),
+                reason: "a server certificate needs at least one name: the host name or IP address clients connect to",
+            });
         }
         for name in names {
-            ServerName::try_from(name.as_str()).map_err(|_| {
-                QuicError::Tls(format!(
-                    "{name:?} is neither a valid host name nor an IP address"
-                ))
+            ServerName::try_from(name.as_str()).map_err(|_| QuicError::CertificateName {
+                name: name.clone(),
+                reason: "it is neither a valid host name nor an IP address",
             })?;
         }
         let mut params = leaf_params(names, LEAF_VALIDITY_DAYS)?;
@@ -345,9 +345,10 @@ impl CertAuthority {
             || name.len() > MAX_CLIENT_NAME_LEN
             || !name.bytes().all(|b| (0x20..0x7f).contains(&b))
         {
-            return Err(QuicError::Tls(format!(
-                "client name {name:?} must be 1 to {MAX_CLIENT_NAME_LEN} printable ASCII characters"
-            )));
+            return Err(QuicError::CertificateName {
+                name: name.to_owned(),
+                reason: "a client name is 1 to 64 printable ASCII characters",
+            });
         }
         let mut params = leaf_params(&[], LEAF_VALIDITY_DAYS)?;
         params.distinguished_name = DistinguishedName::new();
@@ -373,8 +374,8 @@ pub enum Overwrite {
     Replace,
 }
 
-/// Writes `NAME.pem` and `NAME.key` (mode 0600) of an issued certificate into `dir`,
-/// creating it.
+/// Writes an issued certificate (mode 0644) and its key (mode 0600) into `dir` under the
+/// given file names, creating it.
 ///
 /// # Errors
 ///
@@ -583,8 +584,8 @@ fn write_pair(
             fix: "pass --force to replace it, or choose another --out directory",
         });
     }
-    for (path, contents) in paths.iter().zip([cert.1, key.1]) {
-        write_file(path, contents, overwrite).map_err(|e| QuicError::CertificateFile {
+    for ((path, contents), mode) in paths.iter().zip([cert.1, key.1]).zip([CERT_MODE, KEY_MODE]) {
+        write_file(path, contents, mode, overwrite).map_err(|e| QuicError::CertificateFile {
             path: path.clone(),
             problem: match e {
                 WriteError::Exists => "it already exists".into(),
@@ -601,9 +602,19 @@ enum WriteError {
     Io(std::io::Error),
 }
 
-/// Writes `contents` to `path` with mode 0600: into a temporary file beside it first, then
-/// linked (never replaces) or renamed (replaces) into place, so the file appears whole.
-fn write_file(path: &Path, contents: &[u8], overwrite: Overwrite) -> Result<(), WriteError> {
+/// Mode of private key files (and of the self-signed file, which holds its key).
+const KEY_MODE: u32 = 0o600;
+/// Mode of certificate files: public, readable by the user a server runs as.
+const CERT_MODE: u32 = 0o644;
+
+/// Writes `contents` to `path` with `mode` (Unix): into a temporary file beside it first,
+/// then linked (never replaces) or renamed (replaces) into place, so the file appears whole.
+fn write_file(
+    path: &Path,
+    contents: &[u8],
+    mode: u32,
+    overwrite: Overwrite,
+) -> Result<(), WriteError> {
     let file_name = path
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
@@ -619,8 +630,10 @@ fn write_file(path: &Path, contents: &[u8], overwrite: Overwrite) -> Result<(), 
         #[cfg(unix)]
         {
             use std::os::unix::fs::OpenOptionsExt;
-            options.mode(0o600);
+            options.mode(mode);
         }
+        #[cfg(not(unix))]
+        let _ = mode;
         let mut file = options.open(&tmp).map_err(WriteError::Io)?;
         file.write_all(contents).map_err(WriteError::Io)?;
         file.sync_all().map_err(WriteError::Io)?;
@@ -717,6 +730,19 @@ mod tests {
         let dir = scratch("ca");
         let ca = CertAuthority::generate().expect("ca");
         ca.write(&dir, Overwrite::Never).expect("written");
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = |name: &str| {
+                std::fs::metadata(dir.join(name))
+                    .expect("exists")
+                    .permissions()
+                    .mode()
+                    & 0o077
+            };
+            assert_eq!(mode(CA_KEY_FILE), 0, "the key is private");
+            assert_eq!(mode(CA_CERT_FILE) & 0o022, 0, "nobody else writes it");
+        }
         let error = ca.write(&dir, Overwrite::Never).expect_err("exists");
         assert!(error.to_string().contains("--force"), "{error}");
         ca.write(&dir, Overwrite::Replace).expect("forced");

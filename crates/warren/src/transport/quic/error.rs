@@ -39,6 +39,14 @@ pub enum QuicError {
     /// rustls does not support).
     #[error("cannot set up TLS for QUIC: {0}")]
     Tls(String),
+    /// A name given for a certificate cannot go into one (local input).
+    #[error("cannot issue a certificate for {name:?}: {reason}")]
+    CertificateName {
+        /// The name given.
+        name: String,
+        /// What is wrong and what is accepted.
+        reason: &'static str,
+    },
     /// The server name is not a valid DNS name or IP address for TLS (local config).
     #[error(
         "cannot connect with QUIC to {server} as {name:?}: {reason}; give the server as a host name or IP address"
