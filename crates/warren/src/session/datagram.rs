@@ -12,15 +12,24 @@
 //! `65,507 + 4` fits in one record (64 KiB), so nothing is ever split. The flow id names the
 //! visitor the datagram belongs to; the server assigns ids, the client keeps one socket per
 //! id. A `Close` record or the end of the connection ends the channel; the next datagram
-//! opens a new one. QUIC will carry the same `(flow, bytes)` pairs as QUIC datagrams behind
-//! this same API.
+//! opens a new one.
+//!
+//! On QUIC the channel is a QUIC stream that carries no bytes: its datagrams are QUIC
+//! datagrams tagged with the stream's id and the flow ([`super::quic_datagram`]), and the
+//! stream only marks the channel's life (finished or reset: closed).
 //!
 //! Main types: [`DatagramChannel`], split into [`DatagramSender`] and [`DatagramReceiver`]
 //! so each direction can run in its own future.
 
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use std::sync::Arc;
 
-use super::stream::{Stream, StreamReader, StreamWriter};
+use bytes::Bytes;
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::sync::mpsc;
+
+use super::quic::{QuicReader, QuicWriter};
+use super::quic_datagram::{Datagrams, Received};
+use super::stream::{Chunk, Stream, StreamError, StreamReader, StreamWriter};
 use crate::crypto::record::RecordKind;
 use crate::transport::records::{Record, RecordIoError, RecordReader, RecordWriter};
 
@@ -42,6 +51,9 @@ pub enum DatagramError {
     /// The channel failed: socket error or a record that did not authenticate.
     #[error(transparent)]
     Io(#[from] RecordIoError),
+    /// The QUIC connection failed or takes no datagrams.
+    #[error("QUIC datagrams: {0}")]
+    Quic(String),
     /// A datagram larger than [`MAX_DATAGRAM_LEN`] was offered; nothing was sent.
     #[error("datagram of {len} bytes is larger than the maximum of {MAX_DATAGRAM_LEN}")]
     TooLarge {
@@ -62,13 +74,38 @@ pub struct DatagramChannel {
 impl DatagramChannel {
     /// Uses `stream` (whose `StreamOpen` has been sent or received) for datagrams.
     pub fn new(stream: Stream) -> Self {
-        let (StreamReader::Tcp(reader), StreamWriter::Tcp(writer)) = (stream.reader, stream.writer)
-        else {
-            todo!("QUIC datagrams")
+        let (sender, receiver) = match (stream.reader, stream.writer) {
+            (StreamReader::Tcp(reader), StreamWriter::Tcp(writer)) => {
+                (Sender::Tcp(writer), Receiver::Tcp(reader))
+            }
+            (StreamReader::Quic(reader), StreamWriter::Quic(writer)) => {
+                let (datagrams, channel) = writer.datagram_channel();
+                let queue = datagrams.register(channel);
+                (
+                    Sender::Quic {
+                        datagrams: Arc::clone(&datagrams),
+                        channel,
+                        writer,
+                        opened: false,
+                    },
+                    Receiver::Quic(QuicReceiver {
+                        datagrams,
+                        channel,
+                        queue,
+                        reader,
+                        current: Bytes::new(),
+                    }),
+                )
+            }
+            // A stream's halves always come from one transport.
+            (reader, writer) => {
+                drop((reader, writer));
+                (Sender::Gone, Receiver::Gone)
+            }
         };
         DatagramChannel {
-            sender: DatagramSender { writer },
-            receiver: DatagramReceiver { reader },
+            sender: DatagramSender(sender),
+            receiver: DatagramReceiver(receiver),
         }
     }
 
@@ -79,12 +116,24 @@ impl DatagramChannel {
 }
 
 /// The sending half of a [`DatagramChannel`].
-pub struct DatagramSender {
-    writer: RecordWriter<OwnedWriteHalf>,
+pub struct DatagramSender(Sender);
+
+enum Sender {
+    Tcp(RecordWriter<OwnedWriteHalf>),
+    Quic {
+        datagrams: Arc<Datagrams>,
+        channel: u32,
+        /// The channel's stream: its `StreamOpen`, then only its end.
+        writer: QuicWriter,
+        /// Whether the stream's `StreamOpen` has left.
+        opened: bool,
+    },
+    Gone,
 }
 
 impl DatagramSender {
-    /// Sends one datagram of `flow` as one record.
+    /// Sends one datagram of `flow` (one record on TCP; one QUIC datagram, or its
+    /// fragments, on QUIC).
     ///
     /// Not cancel safe: a cancelled send may leave half a record on the connection, so
     /// drop the channel after cancelling.
@@ -96,10 +145,28 @@ impl DatagramSender {
         if bytes.len() > MAX_DATAGRAM_LEN {
             return Err(DatagramError::TooLarge { len: bytes.len() });
         }
-        self.writer
-            .send_prefixed(RecordKind::Datagram, &flow.to_be_bytes(), bytes)
-            .await?;
-        Ok(())
+        match &mut self.0 {
+            Sender::Tcp(writer) => {
+                writer
+                    .send_prefixed(RecordKind::Datagram, &flow.to_be_bytes(), bytes)
+                    .await?;
+                Ok(())
+            }
+            Sender::Quic {
+                datagrams,
+                channel,
+                writer,
+                opened,
+            } => {
+                if !*opened {
+                    // The peer learns of the channel from its stream: open it first.
+                    writer.flush().await.map_err(quic_error)?;
+                    *opened = true;
+                }
+                datagrams.send(*channel, flow, bytes).await
+            }
+            Sender::Gone => Err(DatagramError::Protocol("a stream of mixed transports")),
+        }
     }
 
     /// Tells the peer the channel is closing, with a reason.
@@ -107,41 +174,91 @@ impl DatagramSender {
     /// # Errors
     /// Socket errors.
     pub async fn close(&mut self, reason: &str) -> Result<(), DatagramError> {
-        self.writer
-            .send(RecordKind::Close, reason.as_bytes())
-            .await?;
-        Ok(())
+        match &mut self.0 {
+            Sender::Tcp(writer) => {
+                writer.send(RecordKind::Close, reason.as_bytes()).await?;
+                Ok(())
+            }
+            Sender::Quic { writer, .. } => writer.reset(reason).map_err(quic_error),
+            Sender::Gone => Ok(()),
+        }
     }
 }
 
+fn quic_error(error: StreamError) -> DatagramError {
+    DatagramError::Quic(error.to_string())
+}
+
 /// The receiving half of a [`DatagramChannel`].
-pub struct DatagramReceiver {
-    reader: RecordReader<OwnedReadHalf>,
+pub struct DatagramReceiver(Receiver);
+
+enum Receiver {
+    Tcp(RecordReader<OwnedReadHalf>),
+    Quic(QuicReceiver),
+    Gone,
+}
+
+struct QuicReceiver {
+    datagrams: Arc<Datagrams>,
+    channel: u32,
+    queue: mpsc::Receiver<Received>,
+    /// The channel's stream: it only ends.
+    reader: QuicReader,
+    /// The datagram the last receive handed out.
+    current: Bytes,
+}
+
+impl Drop for QuicReceiver {
+    fn drop(&mut self) {
+        self.datagrams.unregister(self.channel);
+    }
 }
 
 impl DatagramReceiver {
     /// Receives the next datagram and its flow; `Ok(None)` when the peer closed the channel.
     /// The bytes borrow the channel's buffer until the next call.
     ///
-    /// Cancel safe (the record reader is).
+    /// Cancel safe.
     ///
     /// # Errors
     /// A channel failure, or a record that is not a well-formed datagram.
     pub async fn recv_datagram(&mut self) -> Result<Option<(FlowId, &[u8])>, DatagramError> {
-        match self.reader.read().await? {
-            Some(Record::Datagram(payload)) => {
-                let Some((id, bytes)) = payload.split_first_chunk::<FLOW_ID_LEN>() else {
-                    return Err(DatagramError::Protocol("datagram record without a flow id"));
-                };
-                if bytes.len() > MAX_DATAGRAM_LEN {
-                    return Err(DatagramError::Protocol("datagram larger than 65,507 bytes"));
+        match &mut self.0 {
+            Receiver::Tcp(reader) => match reader.read().await? {
+                Some(Record::Datagram(payload)) => {
+                    let Some((id, bytes)) = payload.split_first_chunk::<FLOW_ID_LEN>() else {
+                        return Err(DatagramError::Protocol("datagram record without a flow id"));
+                    };
+                    if bytes.len() > MAX_DATAGRAM_LEN {
+                        return Err(DatagramError::Protocol("datagram larger than 65,507 bytes"));
+                    }
+                    Ok(Some((FlowId::from_be_bytes(*id), bytes)))
                 }
-                Ok(Some((FlowId::from_be_bytes(*id), bytes)))
+                Some(Record::Close(_) | Record::End) | None => Ok(None),
+                Some(Record::Data(_) | Record::Control(_)) => Err(DatagramError::Protocol(
+                    "stream or control record on a datagram channel",
+                )),
+            },
+            Receiver::Quic(quic) => {
+                let flow = tokio::select! {
+                    received = quic.queue.recv() => match received {
+                        Some((flow, bytes)) => {
+                            quic.current = bytes;
+                            flow
+                        }
+                        None => return Ok(None),
+                    },
+                    chunk = quic.reader.read() => return match chunk {
+                        Ok(Chunk::End | Chunk::Reset(_)) | Err(StreamError::Cut) => Ok(None),
+                        Ok(Chunk::Data(_)) => Err(DatagramError::Protocol(
+                            "stream bytes on a datagram channel",
+                        )),
+                        Err(error) => Err(quic_error(error)),
+                    },
+                };
+                Ok(Some((flow, &quic.current)))
             }
-            Some(Record::Close(_) | Record::End) | None => Ok(None),
-            Some(Record::Data(_) | Record::Control(_)) => Err(DatagramError::Protocol(
-                "stream or control record on a datagram channel",
-            )),
+            Receiver::Gone => Ok(None),
         }
     }
 }

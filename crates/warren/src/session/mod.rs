@@ -10,6 +10,7 @@
 pub mod datagram;
 pub mod link;
 pub mod quic;
+pub mod quic_datagram;
 pub mod stream;
 pub mod tcp;
 

@@ -27,6 +27,7 @@ use tracing::debug;
 use warren_proto::message::{self, StreamOpen};
 
 use super::link::{OpenError, Replenish, StreamHandler};
+use super::quic_datagram::Datagrams;
 use super::stream::{Chunk, SendError, Stream, StreamError, StreamReader, StreamWriter};
 use crate::transport::buffers;
 use crate::transport::records::ReadReady;
@@ -71,8 +72,12 @@ pub fn reset_reason(code: VarInt) -> Cow<'static, str> {
     }
 }
 
-/// A stream on a QUIC connection.
-pub fn stream(send: quinn::SendStream, recv: quinn::RecvStream) -> Stream {
+/// A stream on a QUIC connection whose datagrams `datagrams` carries.
+pub fn stream(
+    send: quinn::SendStream,
+    recv: quinn::RecvStream,
+    datagrams: &Arc<Datagrams>,
+) -> Stream {
     Stream {
         reader: StreamReader::Quic(QuicReader {
             recv,
@@ -81,6 +86,7 @@ pub fn stream(send: quinn::SendStream, recv: quinn::RecvStream) -> Stream {
             chunk: Bytes::new(),
         }),
         writer: StreamWriter::Quic(QuicWriter {
+            datagrams: Arc::clone(datagrams),
             send,
             staged: Vec::new(),
             finish_staged: false,
@@ -179,6 +185,8 @@ impl QuicReader {
 
 /// The sending half of a QUIC stream.
 pub struct QuicWriter {
+    /// The connection's datagrams (for a datagram channel on this stream).
+    datagrams: Arc<Datagrams>,
     send: quinn::SendStream,
     /// Bytes to go out with the next write.
     staged: Vec<u8>,
@@ -202,6 +210,14 @@ fn write_error(error: WriteError) -> StreamError {
 }
 
 impl QuicWriter {
+    /// The connection's datagrams and this stream's channel id among them.
+    pub(super) fn datagram_channel(&self) -> (Arc<Datagrams>, u32) {
+        // Stream ids are unique per connection; the low 32 bits stay unique for the 2^30
+        // streams of each kind a connection opens before they could repeat.
+        let channel = u64::from(self.send.id()) as u32;
+        (Arc::clone(&self.datagrams), channel)
+    }
+
     pub(super) async fn send(&mut self, bytes: &[u8]) -> Result<(), StreamError> {
         self.flush().await?;
         self.send.write_all(bytes).await.map_err(write_error)
@@ -310,6 +326,7 @@ impl Drop for QuicWriter {
 /// Both sides' streams of one QUIC connection.
 pub struct QuicLink {
     connection: quinn::Connection,
+    datagrams: Arc<Datagrams>,
     tasks: TaskTracker,
     /// Stops accepting the peer's streams.
     closed: CancellationToken,
@@ -319,6 +336,7 @@ impl QuicLink {
     /// The streams of `connection`; accept loops run on `tasks`.
     pub fn new(connection: quinn::Connection, tasks: TaskTracker) -> Self {
         QuicLink {
+            datagrams: Datagrams::new(connection.clone(), tasks.clone()),
             connection,
             tasks,
             closed: CancellationToken::new(),
@@ -336,7 +354,7 @@ impl QuicLink {
             quinn::ConnectionError::LocallyClosed => OpenError::SessionGone,
             other => OpenError::Failed(other.to_string()),
         })?;
-        let mut stream = stream(send, recv);
+        let mut stream = stream(send, recv, &self.datagrams);
         stream
             .writer
             .stage_message(&message::encode(open))
@@ -351,6 +369,7 @@ impl QuicLink {
         let closed = self.closed.clone();
         let tasks = self.tasks.clone();
         let handler = Arc::clone(handler);
+        let datagrams = Arc::clone(&self.datagrams);
         self.tasks.spawn(async move {
             loop {
                 let accepted = tokio::select! {
@@ -360,8 +379,9 @@ impl QuicLink {
                 let Ok((send, recv)) = accepted else { return };
                 let handler = Arc::clone(&handler);
                 let closed = closed.clone();
+                let datagrams = Arc::clone(&datagrams);
                 tasks.spawn(async move {
-                    let mut stream = stream(send, recv);
+                    let mut stream = stream(send, recv, &datagrams);
                     let open = tokio::select! {
                         () = closed.cancelled() => return,
                         open = tokio::time::timeout(OPEN_TIMEOUT, read_open(&mut stream)) => open,
@@ -386,6 +406,7 @@ impl QuicLink {
     /// session).
     pub fn close(&self) {
         self.closed.cancel();
+        self.datagrams.close();
     }
 }
 
