@@ -46,6 +46,12 @@ macro_rules! common_setters {
             self
         }
 
+        /// The QUIC transport's settings (with `transport(Transport::Quic)`).
+        pub fn quic(mut self, quic: $crate::config::quic::QuicConfig) -> Self {
+            self.config.quic = quic;
+            self
+        }
+
         /// One deadline for connect, handshake, hello and auth.
         pub fn handshake_timeout(mut self, timeout: std::time::Duration) -> Self {
             self.config.handshake_timeout = timeout;

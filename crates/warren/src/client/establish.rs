@@ -16,26 +16,31 @@ use warren_proto::message::{
 };
 
 use crate::Side;
+use crate::client::quic::QuicClient;
 use crate::crypto::keys::{self, SessionKeys};
 use crate::crypto::secret::Secret;
 use crate::session as control;
+use crate::session::link::Carrier;
 use crate::session::stream::Stream;
 use crate::transport::Channel;
 use crate::transport::preamble::{self, PreambleError};
+use crate::transport::quic::QuicError;
 
 /// A session that is up: the control channel, its keys, and how long each step took.
 pub struct EstablishedSession {
     /// The control channel, ready for [`control::run_control`].
     pub channel: Stream,
+    /// What the session's streams run on.
+    pub carrier: Carrier,
     /// The session's keys.
     pub keys: SessionKeys,
-    /// The address the TCP connection reached.
+    /// The address the connection reached.
     pub server_addr: SocketAddr,
     /// One verdict per claim, in order (empty for a probe session).
     pub verdicts: Vec<Verdict>,
-    /// TCP connect time.
+    /// TCP connect time (QUIC: 0, the handshake is the connect).
     pub connect_time: Duration,
-    /// Noise handshake time.
+    /// Noise or QUIC (TLS + PSK proof) handshake time.
     pub handshake_time: Duration,
     /// Hello round trip.
     pub hello_time: Duration,
@@ -45,7 +50,7 @@ impl std::fmt::Debug for EstablishedSession {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("EstablishedSession")
             .field("server_addr", &self.server_addr)
-            .field("cipher", &self.keys.cipher())
+            .field("cipher", &self.keys.cipher_label())
             .field("verdicts", &self.verdicts)
             .finish_non_exhaustive()
     }
@@ -85,6 +90,14 @@ pub enum EstablishError {
     /// The handshake failed otherwise.
     #[error("{0}")]
     Handshake(PreambleError),
+    /// The QUIC connection or its authentication failed.
+    #[error("QUIC to {server}: {error}")]
+    Quic {
+        /// The server as configured.
+        server: String,
+        /// What failed, with its fix.
+        error: String,
+    },
     /// The hello got no answer in time.
     #[error("the server did not answer the hello in time")]
     HelloTimeout,
@@ -180,7 +193,27 @@ pub async fn establish(
     let keys = SessionKeys::new(&established);
     let (sealer, opener) = keys.control_channel(Side::Client);
     let mut channel = Stream::tcp(Channel::new(stream, sealer, opener));
-    let claims: Vec<HelloClaim> = claims
+    let claims = proven(claims, &keys);
+    let started = Instant::now();
+    let verdicts = match tokio::time::timeout(deadline, hello(&mut channel, mode, claims)).await {
+        Err(_) => return Err(EstablishError::HelloTimeout),
+        Ok(result) => result?,
+    };
+    Ok(EstablishedSession {
+        channel,
+        carrier: Carrier::Tcp,
+        keys,
+        server_addr,
+        verdicts,
+        connect_time,
+        handshake_time,
+        hello_time: started.elapsed(),
+    })
+}
+
+/// The claims with their token proofs, bound to this session's handshake.
+fn proven(claims: &[Claim<'_>], keys: &SessionKeys) -> Vec<HelloClaim> {
+    claims
         .iter()
         .map(|claim| HelloClaim {
             claim: ServiceClaim {
@@ -191,7 +224,35 @@ pub async fn establish(
             weight: claim.weight,
             ready: claim.ready,
         })
-        .collect();
+        .collect()
+}
+
+/// As [`establish`], over QUIC: connects `client`'s endpoint to `server_addr` (TLS 1.3 and
+/// the PSK proof, or client certificates), then sends the hello on the control stream.
+///
+/// # Errors
+/// [`EstablishError`], naming the step that failed.
+pub async fn establish_quic(
+    client: &QuicClient,
+    server: &str,
+    server_addr: SocketAddr,
+    claims: &[Claim<'_>],
+    mode: HelloMode,
+    deadline: Duration,
+) -> Result<EstablishedSession, EstablishError> {
+    let started = Instant::now();
+    let authenticated = client
+        .connect(server_addr, deadline)
+        .await
+        .map_err(|error| quic_establish_error(server, deadline, error))?;
+    let handshake_time = started.elapsed();
+    let connection = authenticated.connection;
+    let binding = crate::session::quic::session_binding(&connection)
+        .ok_or_else(|| EstablishError::Hello("the TLS exporter failed".into()))?;
+    let keys = SessionKeys::for_quic(binding);
+    let (send, recv) = authenticated.control;
+    let mut channel = crate::session::quic::control_stream(send, recv);
+    let claims = proven(claims, &keys);
     let started = Instant::now();
     let verdicts = match tokio::time::timeout(deadline, hello(&mut channel, mode, claims)).await {
         Err(_) => return Err(EstablishError::HelloTimeout),
@@ -199,13 +260,30 @@ pub async fn establish(
     };
     Ok(EstablishedSession {
         channel,
+        carrier: Carrier::Quic(connection),
         keys,
         server_addr,
         verdicts,
-        connect_time,
+        connect_time: Duration::ZERO,
         handshake_time,
         hello_time: started.elapsed(),
     })
+}
+
+fn quic_establish_error(server: &str, deadline: Duration, error: QuicError) -> EstablishError {
+    match error {
+        QuicError::WrongPsk { .. } => EstablishError::ClosedDuringHandshake {
+            server: server.to_owned(),
+        },
+        QuicError::Timeout { .. } => EstablishError::HandshakeTimeout {
+            server: server.to_owned(),
+            deadline,
+        },
+        other => EstablishError::Quic {
+            server: server.to_owned(),
+            error: other.to_string(),
+        },
+    }
 }
 
 /// Sends the hello in parts and collects the verdicts (one per claim, in order).

@@ -17,6 +17,7 @@ mod admin;
 pub mod establish;
 mod forward;
 mod health;
+pub mod quic;
 mod reload;
 mod reverse;
 
@@ -50,7 +51,7 @@ use crate::metrics::{HandshakeFailure, ServiceMeter, Telemetry, unix_seconds};
 use crate::reload::{ConfigSource, Reloader, Requests};
 use crate::session::link::ClientLink;
 use crate::session::stream::Stream;
-use crate::session::tcp::{ClientPool, Dialer};
+use crate::session::tcp::Dialer;
 use crate::session::{self as control, CONTROL_QUEUE, Liveness, SessionEnd, short_id, summarize};
 use establish::{Claim, EstablishError, EstablishedSession};
 
@@ -437,6 +438,7 @@ impl Client {
             forwards: Mutex::new(HashMap::new()),
             restart: watch::channel(0).0,
             health: health::Board::default(),
+            quic_clients: Mutex::new(Vec::new()),
         });
         let applying = Arc::clone(&shared);
         let reload_source = reloads.start(
@@ -580,9 +582,50 @@ struct Shared {
     restart: watch::Sender<u64>,
     /// Targets' health, for services with a health check.
     health: health::Board,
+    /// QUIC endpoints by server, kept across reconnects (their TLS tickets resume).
+    quic_clients: Mutex<Vec<CachedQuicClient>>,
+}
+
+/// A QUIC endpoint and the settings it was made for.
+struct CachedQuicClient {
+    server: HostPort,
+    ipv6: bool,
+    quic: crate::config::quic::QuicConfig,
+    psk: Secret,
+    client: Arc<quic::QuicClient>,
 }
 
 impl Shared {
+    /// The QUIC endpoint for `server` under `config`: the one made before if the settings
+    /// are the same (its TLS tickets make the handshake a resumption), else a new one.
+    fn quic_client(
+        &self,
+        config: &ClientConfig,
+        server: &HostPort,
+        ipv6: bool,
+    ) -> Result<Arc<quic::QuicClient>, crate::transport::quic::QuicError> {
+        let mut cache = self
+            .quic_clients
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(cached) = cache.iter().find(|c| {
+            c.server == *server && c.ipv6 == ipv6 && c.quic == config.quic && c.psk == config.psk
+        }) {
+            return Ok(Arc::clone(&cached.client));
+        }
+        let client = Arc::new(quic::QuicClient::new(config, server, ipv6)?);
+        cache.retain(|c| c.server != *server || c.ipv6 != ipv6);
+        // Bounded by the servers of the config (at most 16) and two families.
+        cache.push(CachedQuicClient {
+            server: server.clone(),
+            ipv6,
+            quic: config.quic.clone(),
+            psk: config.psk.clone(),
+            client: Arc::clone(&client),
+        });
+        Ok(client)
+    }
+
     /// The config in force (a snapshot: a reload does not change it under the caller).
     fn config(&self) -> Arc<ClientConfig> {
         Arc::clone(&self.config.read().unwrap_or_else(PoisonError::into_inner))
@@ -626,7 +669,9 @@ impl Shared {
             services.sort();
             services.dedup();
             s.services = services;
-            s.cipher = sessions.first().map(|session| session.keys.cipher());
+            s.cipher = sessions
+                .first()
+                .and_then(|session| session.keys.record_cipher());
             s.bound = sessions
                 .iter()
                 .flat_map(|session| session.bound.clone())
@@ -692,7 +737,7 @@ impl ClientSession {
         SessionInfo {
             id: short_id(self.keys.session_id()),
             peer: self.server_addr.to_string(),
-            cipher: self.keys.cipher().to_string(),
+            cipher: self.keys.cipher_label(),
             cipher_choice: self.keys.negotiation().into(),
             since: unix_seconds(self.since),
             services: self.service_names(),
@@ -768,15 +813,38 @@ async fn establish_session(
         claim.ready = shared.health.is_up(claim.name);
     }
     let server_name = forward::describe(server, proxy.as_ref());
-    let attempt = establish::establish(
-        forward::dial_server(&config, server, proxy.as_ref(), deadline),
-        &server_name,
-        &config.psk,
-        &ciphers,
-        &claims,
-        HelloMode::Serve,
-        deadline,
-    );
+    let attempt: std::pin::Pin<Box<dyn std::future::Future<Output = _> + Send>> =
+        match config.transport {
+            Transport::Quic => {
+                let server_addr = quic::resolve(server, deadline, forward::family(&config))
+                    .await
+                    .map_err(|e| Failure::Retry(e.to_string()))?;
+                let client = shared
+                    .quic_client(&config, server, server_addr.is_ipv6())
+                    .map_err(|e| Failure::Retry(e.to_string()))?;
+                let (claims, server_name) = (&claims, &server_name);
+                Box::pin(async move {
+                    establish::establish_quic(
+                        &client,
+                        server_name,
+                        server_addr,
+                        claims,
+                        HelloMode::Serve,
+                        deadline,
+                    )
+                    .await
+                })
+            }
+            Transport::Noise | Transport::Tcp => Box::pin(establish::establish(
+                forward::dial_server(&config, server, proxy.as_ref(), deadline),
+                &server_name,
+                &config.psk,
+                &ciphers,
+                &claims,
+                HelloMode::Serve,
+                deadline,
+            )),
+        };
     let established = tokio::select! {
         () = shared.cancel.cancelled() => return Err(Failure::Stopped),
         result = attempt => result,
@@ -817,6 +885,7 @@ async fn establish_session(
     };
     let EstablishedSession {
         channel,
+        carrier,
         keys,
         server_addr,
         verdicts,
@@ -889,7 +958,7 @@ async fn establish_session(
         config: Arc::clone(&config),
         server: server.clone(),
         server_addr,
-        link: ClientLink::Tcp(ClientPool::new(dialer, shared.tasks.clone())),
+        link: ClientLink::new(carrier, dialer, shared.tasks.clone()),
         services: accepted,
         forwards,
         bound,
@@ -933,7 +1002,7 @@ async fn serve_session(shared: Arc<Shared>, established: Established) -> Session
         event = "session_started",
         session = %short_id(session.keys.session_id()),
         server = %session.server,
-        cipher = %session.keys.cipher(),
+        cipher = %session.keys.cipher_label(),
         rtt_ms = session.rtt.as_secs_f64() * 1000.0,
         cipher_choice = %session.keys.describe_choice(),
         services = %summarize(&names),

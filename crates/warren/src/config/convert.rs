@@ -21,6 +21,7 @@ use super::file::{
 };
 use super::ha;
 use super::proxy::{PortRange, ProxySetting};
+use super::quic::{self, FileQuic, QuicConfig, Side as QuicSide};
 use super::suggest::did_you_mean;
 use super::typed::{
     AdminConfig, ClientConfig, ClientForward, ClientService, DEFAULT_HANDSHAKE_TIMEOUT,
@@ -153,6 +154,7 @@ pub(crate) fn convert_server(file: FileServer, report: &mut Report) -> ServerCon
     let default_token = file.default_token.map(Secret::new);
     let mut config = ServerConfig::new(bind, psk);
     config.transport = transport(report, side, file.transport.as_deref());
+    config.quic = quic_table(report, side, config.transport, file.quic, QuicSide::Server);
     config.ciphers = ciphers(report, side, file.ciphers.as_deref());
     config.cipher_choice = cipher_choice(report, side, file.cipher_choice.as_deref());
     config.heartbeat_interval = duration(
@@ -333,6 +335,7 @@ pub(crate) fn convert_client(file: FileClient, report: &mut Report) -> ClientCon
     let mut config = ClientConfig::new(server, psk);
     config.more_servers = more_servers;
     config.transport = transport(report, side, file.transport.as_deref());
+    config.quic = quic_table(report, side, config.transport, file.quic, QuicSide::Client);
     config.ciphers = ciphers(report, side, file.ciphers.as_deref());
     config.cipher_choice = cipher_choice(report, side, file.cipher_choice.as_deref());
     config.heartbeat_timeout = duration(
@@ -374,6 +377,15 @@ pub(crate) fn convert_client(file: FileClient, report: &mut Report) -> ClientCon
                 ),
             ),
         }
+    }
+    if config.proxy.is_some() && config.transport == Transport::Quic {
+        report.fail(
+            ConfigError::new(
+                "client.proxy",
+                "a proxy carries TCP; transport = \"quic\" runs over UDP",
+            )
+            .with_hint("use transport = \"noise\" through the proxy, or remove proxy"),
+        );
     }
     let (services, forwards) = client_services(report, file.services, default_token.as_ref());
     config.services = services;
@@ -658,6 +670,27 @@ fn duration(
     default
 }
 
+/// The `quic` table of a side; set while the transport is not QUIC it is a mistake worth
+/// naming.
+fn quic_table(
+    report: &mut Report,
+    side: &str,
+    transport: Transport,
+    file: Option<FileQuic>,
+    which: QuicSide,
+) -> QuicConfig {
+    if file.is_some() && transport != Transport::Quic {
+        report.fail(
+            ConfigError::new(
+                join_key(side, "quic"),
+                format!("[{side}.quic] is set but the transport is \"{transport}\""),
+            )
+            .with_hint("set transport = \"quic\", or remove the table"),
+        );
+    }
+    quic::convert(report, which, file)
+}
+
 fn transport(report: &mut Report, side: &str, name: Option<&str>) -> Transport {
     let Some(name) = name else {
         return Transport::default();
@@ -668,7 +701,7 @@ fn transport(report: &mut Report, side: &str, name: Option<&str>) -> Transport {
             let names: Vec<&str> = Transport::ALL.iter().map(|t| t.name()).collect();
             let hint = match did_you_mean(name, &names) {
                 Some(close) => format!("did you mean \"{close}\"?"),
-                None => "write \"noise\" (encrypted, the default) or \"tcp\" (plaintext, needs insecure = true)".to_owned(),
+                None => "write \"noise\" (encrypted TCP, the default), \"quic\" (UDP, TLS 1.3) or \"tcp\" (plaintext, needs insecure = true)".to_owned(),
             };
             report.fail(
                 ConfigError::new(join_key(side, "transport"), error.to_string()).with_hint(hint),

@@ -44,7 +44,7 @@ pub struct FileServer {
     pub psk: Option<String>,
     /// Token for services that set none. Optional.
     pub default_token: Option<String>,
-    /// `"noise"` (default) or `"tcp"` (plaintext, needs `insecure = true`).
+    /// `"noise"` (default), `"quic"` or `"tcp"` (plaintext, needs `insecure = true`).
     pub transport: Option<String>,
     /// Allowed ciphers. Default: every encrypting cipher, AES-GCM first on CPUs with AES
     /// instructions, ChaCha20-Poly1305 first elsewhere (the order breaks ties under
@@ -65,6 +65,8 @@ pub struct FileServer {
     pub allow_ports: Option<String>,
     /// IPs clients may bind declared services on. Default: the IP of `bind`.
     pub allow_bind_addrs: Option<Vec<String>>,
+    /// `[server.quic]`: the QUIC transport's settings.
+    pub quic: Option<super::quic::FileQuic>,
     /// `[server.services.NAME]` tables. Default: none.
     #[serde(default)]
     pub services: BTreeMap<String, FileServerService>,
@@ -112,7 +114,7 @@ pub struct FileClient {
     pub psk: Option<String>,
     /// Token for services that set none. Optional.
     pub default_token: Option<String>,
-    /// `"noise"` (default) or `"tcp"` (plaintext, needs `insecure = true`).
+    /// `"noise"` (default), `"quic"` or `"tcp"` (plaintext, needs `insecure = true`).
     pub transport: Option<String>,
     /// Offered ciphers, in preference order. Default as for the server.
     pub ciphers: Option<Vec<String>>,
@@ -134,6 +136,8 @@ pub struct FileClient {
     pub proxy: Option<String>,
     /// Try IPv6 addresses first when a name resolves to both. Default `false`.
     pub prefer_ipv6: Option<bool>,
+    /// `[client.quic]`: the QUIC transport's settings.
+    pub quic: Option<super::quic::FileQuic>,
     /// `[client.services.NAME]` tables. Default: none.
     #[serde(default)]
     pub services: BTreeMap<String, FileClientService>,

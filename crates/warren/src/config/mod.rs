@@ -28,6 +28,7 @@ pub mod file;
 pub mod ha;
 mod load;
 pub mod proxy;
+pub mod quic;
 mod suggest;
 pub(crate) mod typed;
 

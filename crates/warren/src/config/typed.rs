@@ -45,17 +45,20 @@ pub enum Transport {
     Noise,
     /// Plain TCP, no encryption: only with `insecure = true`.
     Tcp,
+    /// QUIC over UDP (TLS 1.3): `[server.quic]` / `[client.quic]` say how it authenticates.
+    Quic,
 }
 
 impl Transport {
     /// Every transport, in the order the docs list them.
-    pub const ALL: [Transport; 2] = [Transport::Noise, Transport::Tcp];
+    pub const ALL: [Transport; 3] = [Transport::Noise, Transport::Quic, Transport::Tcp];
 
     /// The name used in config files (`"noise"`).
     pub fn name(self) -> &'static str {
         match self {
             Transport::Noise => "noise",
             Transport::Tcp => "tcp",
+            Transport::Quic => "quic",
         }
     }
 }
@@ -320,6 +323,8 @@ pub struct ServerConfig {
     /// Addresses clients may bind declared services on. Empty: the server's own bind IP.
     /// A client asking for an unspecified address (`0.0.0.0`, `::`) gets the first one.
     pub allow_bind_addrs: Vec<IpAddr>,
+    /// The QUIC transport's settings (used with `transport = "quic"`).
+    pub quic: super::quic::QuicConfig,
     /// The admin API and `/metrics`; `None` (the default) serves neither.
     pub admin: Option<AdminConfig>,
 }
@@ -426,6 +431,8 @@ pub struct ClientConfig {
     pub proxy: Option<ProxySetting>,
     /// When a host name resolves to both, try IPv6 addresses first (default: IPv4 first).
     pub prefer_ipv6: bool,
+    /// The QUIC transport's settings (used with `transport = "quic"`).
+    pub quic: super::quic::QuicConfig,
     /// The admin API and `/metrics`; `None` (the default) serves neither.
     pub admin: Option<AdminConfig>,
 }
@@ -504,6 +511,7 @@ impl ServerConfig {
             forwards: BTreeMap::new(),
             allow_ports: None,
             allow_bind_addrs: Vec::new(),
+            quic: super::quic::QuicConfig::default(),
             admin: None,
         }
     }
@@ -628,6 +636,7 @@ impl ClientConfig {
             forwards: BTreeMap::new(),
             proxy: None,
             prefer_ipv6: false,
+            quic: super::quic::QuicConfig::default(),
         }
     }
 
@@ -821,6 +830,7 @@ pub(crate) struct Common<'a> {
     pub(crate) ciphers: &'a [CipherSuite],
     pub(crate) handshake_timeout: Duration,
     pub(crate) insecure: bool,
+    pub(crate) quic: &'a super::quic::QuicConfig,
 }
 
 impl Common<'_> {
@@ -831,6 +841,7 @@ impl Common<'_> {
             && self.transport == other.transport
             && self.ciphers == other.ciphers
             && self.insecure == other.insecure
+            && (self.transport != Transport::Quic || self.quic == other.quic)
     }
 }
 
@@ -844,6 +855,7 @@ macro_rules! common_of {
             ciphers: &$config.ciphers,
             handshake_timeout: $config.handshake_timeout,
             insecure: $config.insecure,
+            quic: &$config.quic,
         }
     };
 }
@@ -1209,7 +1221,7 @@ mod tests {
     fn parses_enum_names() {
         assert_eq!("noise".parse(), Ok(Transport::Noise));
         assert_eq!("TCP".parse(), Ok(Transport::Tcp));
-        assert!("quic".parse::<Transport>().is_err());
+        assert_eq!("quic".parse(), Ok(Transport::Quic));
         assert_eq!("tcp".parse(), Ok(ServiceKind::Tcp));
         assert_eq!(Transport::Tcp.to_string(), "tcp");
     }

@@ -11,6 +11,15 @@
 //! Data channels thus need no Diffie-Hellman of their own, yet each has fresh keys (both
 //! sides contribute a nonce) and cannot be opened by anyone who did not finish the
 //! handshake.
+//!
+//! A QUIC session has no Noise handshake and no data channels ([`SessionKeys::for_quic`]):
+//! TLS 1.3 encrypts everything, and the binding that token proofs use, like the session
+//! id, comes from the TLS exporter, so a proof is good for that one connection only.
+//!
+//! ```text
+//! binding    = TLS exporter("EXPORTER-warren-session", 32 bytes)
+//! session id = first 16 bytes of HKDF(binding, "warren quic session id")
+//! ```
 
 use warren_proto::CipherSuite;
 use warren_proto::handshake::{Established, MAC_LEN, NONCE_LEN, Negotiation, SessionId};
@@ -69,7 +78,10 @@ pub fn verify_token_proof(
 
 /// Secrets of one session, held by both sides for as long as the session lives.
 pub struct SessionKeys {
+    /// The record cipher of a TCP transport's channels; unused on QUIC.
     cipher: CipherSuite,
+    /// A QUIC session: TLS 1.3 encrypts, there are no data channels.
+    quic: bool,
     /// How the cipher was chosen and both sides' figures: shown, never used for keys.
     negotiation: Negotiation,
     session_id: SessionId,
@@ -96,6 +108,7 @@ impl SessionKeys {
         let channel_auth = derive32(&secret, b"", CHANNEL_AUTH);
         SessionKeys {
             cipher: established.cipher,
+            quic: false,
             negotiation: established.negotiation.clone(),
             session_id: established.session_id,
             handshake_hash: established.handshake_hash,
@@ -104,9 +117,47 @@ impl SessionKeys {
         }
     }
 
-    /// The negotiated record cipher.
+    /// The keys of a QUIC session, from the TLS exporter's `binding` (both sides compute
+    /// the same): token proofs bind to it, and the session id comes from it.
+    pub fn for_quic(binding: [u8; 32]) -> Self {
+        let id = derive32(&binding, b"", b"warren quic session id");
+        let mut session_id = SessionId::default();
+        let len = session_id.len();
+        session_id.copy_from_slice(&id[..len]);
+        SessionKeys {
+            cipher: CipherSuite::None,
+            quic: true,
+            negotiation: Negotiation {
+                decided_by: warren_proto::CipherChoice::Ordered,
+                client_speeds: Vec::new(),
+                server_speeds: Vec::new(),
+            },
+            session_id,
+            handshake_hash: binding,
+            secret: derive32(&binding, b"", SESSION_LABEL),
+            channel_auth: [0u8; 32],
+        }
+    }
+
+    /// The negotiated record cipher of a TCP transport's channels (`none` on QUIC, where
+    /// TLS encrypts: see [`SessionKeys::record_cipher`]).
     pub fn cipher(&self) -> CipherSuite {
         self.cipher
+    }
+
+    /// The record cipher, for sessions that have one (`None` on QUIC).
+    pub fn record_cipher(&self) -> Option<CipherSuite> {
+        (!self.quic).then_some(self.cipher)
+    }
+
+    /// What encrypts the session, for logs and the admin API: the record cipher, or
+    /// `tls1.3-quic`.
+    pub fn cipher_label(&self) -> String {
+        if self.quic {
+            "tls1.3-quic".to_owned()
+        } else {
+            self.cipher.to_string()
+        }
     }
 
     /// How the cipher was chosen, with both sides' figures.
@@ -117,6 +168,9 @@ impl SessionKeys {
     /// One line for logs and diagnostics: the rule that chose the cipher and both sides'
     /// seal/open figures in GB/s, e.g. `fastest; client aegis-128l 9.1/8.7; server ...`.
     pub fn describe_choice(&self) -> String {
+        if self.quic {
+            return "QUIC: TLS 1.3 with the PSK proof or client certificates".to_owned();
+        }
         let n = &self.negotiation;
         format!(
             "{}; client {}; server {}",

@@ -34,7 +34,7 @@ impl AdminSource for ServerAdmin {
             .map(|session| SessionInfo {
                 id: short_id(&session.id()),
                 peer: session.peer.to_string(),
-                cipher: session.keys.cipher().to_string(),
+                cipher: session.keys.cipher_label(),
                 cipher_choice: session.keys.negotiation().into(),
                 since: unix_seconds(session.since),
                 services: session.services.clone(),

@@ -18,6 +18,7 @@ mod admin;
 mod forward;
 mod hello;
 pub mod pending;
+mod quic;
 mod reload;
 mod serving;
 mod session;
@@ -291,7 +292,12 @@ impl Server {
         // This machine's cipher figures (tens of ms, once), before the port listens: a
         // server that accepts connections has finished starting.
         crate::crypto::speed::prepare(&self.config.ciphers, self.config.cipher_choice).await;
-        let listener = bind_listener("the server port", self.config.bind).await?;
+        let listener = match self.config.transport {
+            Transport::Quic => Listener::Quic(Arc::new(quic::QuicListener::bind(&self.config)?)),
+            Transport::Noise | Transport::Tcp => {
+                Listener::Tcp(bind_listener("the server port", self.config.bind).await?)
+            }
+        };
         let admin_listener = match &self.config.admin {
             Some(admin) => Some(bind_listener("the admin API", admin.bind).await?),
             None => None,
@@ -315,6 +321,7 @@ impl Server {
             cancel,
             tasks: TaskTracker::new(),
             telemetry,
+            quic: RwLock::new(None),
         });
         let (reloader, reloads) = Reloader::new("server");
         Ok(BoundServer {
@@ -338,10 +345,25 @@ async fn bind_listener(what: &str, addr: SocketAddr) -> Result<TcpListener, Serv
         })
 }
 
+/// The server port: TCP for the TCP transports, UDP for QUIC.
+enum Listener {
+    Tcp(TcpListener),
+    Quic(Arc<quic::QuicListener>),
+}
+
+impl Listener {
+    fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        match self {
+            Listener::Tcp(listener) => listener.local_addr(),
+            Listener::Quic(listener) => listener.local_addr(),
+        }
+    }
+}
+
 /// A server with its sockets bound.
 pub struct BoundServer {
     shared: Arc<Shared>,
-    listener: TcpListener,
+    listener: Listener,
     admin_listener: Option<TcpListener>,
     reloader: Reloader<ServerConfig>,
     reloads: Requests<ServerConfig>,
@@ -453,7 +475,14 @@ impl BoundServer {
         for binding in bindings {
             spawn_service(&shared, binding);
         }
-        accept_loop(&shared, listener).await;
+        match listener {
+            Listener::Tcp(listener) => accept_loop(&shared, listener).await,
+            Listener::Quic(listener) => {
+                *shared.quic.write().unwrap_or_else(PoisonError::into_inner) =
+                    Some(Arc::clone(&listener));
+                quic::accept_loop(&shared, listener).await;
+            }
+        }
         shared.tasks.close();
         if tokio::time::timeout(Duration::from_secs(5), shared.tasks.wait())
             .await
@@ -525,6 +554,8 @@ struct Shared {
     tasks: TaskTracker,
     /// Metrics and live connections (read by the admin API).
     telemetry: Arc<Telemetry>,
+    /// The QUIC listener, while the server runs on QUIC (a reload updates its PSK).
+    quic: RwLock<Option<Arc<quic::QuicListener>>>,
 }
 
 impl Shared {
@@ -1079,7 +1110,7 @@ async fn run_session(shared: &Arc<Shared>, session: Arc<ServerSession>, channel:
             session = %short_id(&session.id()),
             peer = %session.peer,
             version = session.version,
-            cipher = %session.keys.cipher(),
+            cipher = %session.keys.cipher_label(),
             cipher_choice = %session.keys.describe_choice(),
             services = %summarize(&session.services),
             "client connected"

@@ -26,7 +26,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::sync::{Arc, PoisonError};
 
 use super::{Binding, Live, ServiceSocket, Shared, spawn_service};
-use crate::config::ServerConfig;
+use crate::config::{ServerConfig, Transport};
 use crate::reload::{ReloadError, ReloadResult, ReloadSummary, sockets_for};
 
 /// What a reconnecting client reads in the goodbye.
@@ -55,6 +55,30 @@ pub(super) async fn apply(shared: &Arc<Shared>, new: ServerConfig) -> ReloadResu
         summary
             .needs_restart
             .push("[admin] (the admin API keeps its address and token)".to_owned());
+    }
+    let on_quic = |config: &ServerConfig| config.transport == Transport::Quic;
+    if on_quic(&new) != on_quic(old) {
+        summary.needs_restart.push(format!(
+            "transport {} -> {} (the server port is TCP for one, UDP for the other)",
+            old.transport, new.transport
+        ));
+    } else if on_quic(&new) && (new.quic != old.quic || new.psk != old.psk) {
+        let listener = shared
+            .quic
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        if let Some(listener) = listener {
+            listener.reload(&new).map_err(|e| {
+                ReloadError::Unappliable(format!("the QUIC certificates or PSK: {e}"))
+            })?;
+        }
+        if new.quic.max_packet != old.quic.max_packet || new.quic.congestion != old.quic.congestion
+        {
+            summary.needs_restart.push(
+                "[server.quic] max_packet / congestion (the UDP endpoint keeps them)".to_owned(),
+            );
+        }
     }
 
     // 0. A new `load_balance` alone applies in place: the service keeps its socket, its

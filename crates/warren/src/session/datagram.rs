@@ -79,23 +79,28 @@ impl DatagramChannel {
                 (Sender::Tcp(writer), Receiver::Tcp(reader))
             }
             (StreamReader::Quic(reader), StreamWriter::Quic(writer)) => {
-                let (datagrams, channel) = writer.datagram_channel();
-                let queue = datagrams.register(channel);
-                (
-                    Sender::Quic {
-                        datagrams: Arc::clone(&datagrams),
-                        channel,
-                        writer,
-                        opened: false,
-                    },
-                    Receiver::Quic(QuicReceiver {
-                        datagrams,
-                        channel,
-                        queue,
-                        reader,
-                        current: Bytes::new(),
-                    }),
-                )
+                match writer.datagram_channel() {
+                    Some((datagrams, channel)) => {
+                        let queue = datagrams.register(channel);
+                        (
+                            Sender::Quic {
+                                datagrams: Arc::clone(&datagrams),
+                                channel,
+                                writer,
+                                opened: false,
+                            },
+                            Receiver::Quic(QuicReceiver {
+                                datagrams,
+                                channel,
+                                queue,
+                                reader,
+                                current: Bytes::new(),
+                            }),
+                        )
+                    }
+                    // A control stream is never a datagram channel.
+                    None => (Sender::Gone, Receiver::Gone),
+                }
             }
             // A stream's halves always come from one transport.
             (reader, writer) => {

@@ -171,6 +171,15 @@ pub enum ClientLink {
 }
 
 impl ClientLink {
+    /// The link for a session on `carrier`; a TCP one dials its data channels with
+    /// `dialer`. Accept loops and pooled channels run on `tasks`.
+    pub fn new(carrier: Carrier, dialer: super::tcp::Dialer, tasks: TaskTracker) -> Self {
+        match carrier {
+            Carrier::Tcp => ClientLink::Tcp(ClientPool::new(dialer, tasks)),
+            Carrier::Quic(connection) => ClientLink::Quic(QuicLink::new(connection, tasks)),
+        }
+    }
+
     /// Opens a stream towards the server (a forward service); `open` is its first message.
     ///
     /// # Errors

@@ -72,11 +72,41 @@ pub fn reset_reason(code: VarInt) -> Cow<'static, str> {
     }
 }
 
+/// The TLS exporter value that binds a QUIC session's token proofs and names it (both
+/// sides compute the same); `None` if the exporter fails (not expected after the
+/// handshake).
+pub fn session_binding(connection: &quinn::Connection) -> Option<[u8; 32]> {
+    let mut binding = [0u8; 32];
+    connection
+        .export_keying_material(&mut binding, b"EXPORTER-warren-session", b"")
+        .ok()?;
+    Some(binding)
+}
+
 /// A stream on a QUIC connection whose datagrams `datagrams` carries.
 pub fn stream(
     send: quinn::SendStream,
     recv: quinn::RecvStream,
     datagrams: &Arc<Datagrams>,
+) -> Stream {
+    make_stream(send, recv, Some(Arc::clone(datagrams)))
+}
+
+/// The control stream of a QUIC session (it never carries datagrams). It goes first when
+/// streams compete for the connection: heartbeats and health reports must not wait behind
+/// bulk data.
+pub fn control_stream(send: quinn::SendStream, recv: quinn::RecvStream) -> Stream {
+    let _ = send.set_priority(CONTROL_PRIORITY);
+    make_stream(send, recv, None)
+}
+
+/// quinn's priority of the control stream (data streams have 0).
+const CONTROL_PRIORITY: i32 = 100;
+
+fn make_stream(
+    send: quinn::SendStream,
+    recv: quinn::RecvStream,
+    datagrams: Option<Arc<Datagrams>>,
 ) -> Stream {
     Stream {
         reader: StreamReader::Quic(QuicReader {
@@ -86,7 +116,7 @@ pub fn stream(
             chunk: Bytes::new(),
         }),
         writer: StreamWriter::Quic(QuicWriter {
-            datagrams: Arc::clone(datagrams),
+            datagrams,
             send,
             staged: Vec::new(),
             finish_staged: false,
@@ -185,8 +215,9 @@ impl QuicReader {
 
 /// The sending half of a QUIC stream.
 pub struct QuicWriter {
-    /// The connection's datagrams (for a datagram channel on this stream).
-    datagrams: Arc<Datagrams>,
+    /// The connection's datagrams (for a datagram channel on this stream); `None` on the
+    /// control stream.
+    datagrams: Option<Arc<Datagrams>>,
     send: quinn::SendStream,
     /// Bytes to go out with the next write.
     staged: Vec<u8>,
@@ -210,12 +241,13 @@ fn write_error(error: WriteError) -> StreamError {
 }
 
 impl QuicWriter {
-    /// The connection's datagrams and this stream's channel id among them.
-    pub(super) fn datagram_channel(&self) -> (Arc<Datagrams>, u32) {
+    /// The connection's datagrams and this stream's channel id among them (`None` on the
+    /// control stream).
+    pub(super) fn datagram_channel(&self) -> Option<(Arc<Datagrams>, u32)> {
         // Stream ids are unique per connection; the low 32 bits stay unique for the 2^30
         // streams of each kind a connection opens before they could repeat.
         let channel = u64::from(self.send.id()) as u32;
-        (Arc::clone(&self.datagrams), channel)
+        self.datagrams.clone().map(|datagrams| (datagrams, channel))
     }
 
     pub(super) async fn send(&mut self, bytes: &[u8]) -> Result<(), StreamError> {

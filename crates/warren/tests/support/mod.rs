@@ -121,6 +121,7 @@ pub async fn start_server(setup: &Setup, bind: SocketAddr, service_bind: SocketA
         .psk(PSK)
         .default_token(&setup.server_token)
         .transport(setup.transport)
+        .quic(quic_config())
         .insecure(setup.insecure)
         .heartbeat_interval(Duration::from_secs(1))
         .tcp_service("web", service_bind);
@@ -159,6 +160,7 @@ pub fn start_client(setup: &Setup, server: SocketAddr, target: SocketAddr) -> Te
         .psk(&setup.client_psk)
         .default_token(&setup.client_token)
         .transport(setup.transport)
+        .quic(quic_config())
         .insecure(setup.insecure)
         .heartbeat_timeout(Duration::from_secs(3))
         .reconnect_delays(Duration::from_millis(50), Duration::from_millis(400))
@@ -186,6 +188,20 @@ impl TestClient {
         .await
         .expect("client connects within 10s")
         .expect("client alive");
+    }
+}
+
+/// QUIC settings for tests: the self-signed certificate in the temporary directory (one per
+/// test process), loopback-size packets.
+pub fn quic_config() -> warren::config::quic::QuicConfig {
+    let dir = std::env::temp_dir().join(format!("warren-test-quic-{}", std::process::id()));
+    warren::config::quic::QuicConfig {
+        auth: warren::config::quic::QuicAuth::Psk {
+            cert: Some(dir.join("quic.pem")),
+            pin: None,
+        },
+        max_packet: 6500,
+        ..Default::default()
     }
 }
 
