@@ -204,7 +204,8 @@ async fn diagnose_server(report: &mut Report, config: &ServerConfig) {
             ),
     );
     clock(report).await;
-    port_free(report, "server port", config.bind, false).await;
+    let udp = config.transport == Transport::Quic;
+    port_free(report, "server port", config.bind, udp).await;
     for service in config.services.values() {
         let what = format!("service {} port", service.name);
         service_port_free(report, &what, service.kind, service.bind).await;
@@ -553,6 +554,55 @@ async fn resolve(report: &mut Report, what: &str, host_port: &str) {
     }
 }
 
+/// A TCP session, or a QUIC one with a line of facts about its path: RTT, the largest
+/// datagram the path carries now, GSO.
+type Probed = (establish::EstablishedSession, Option<String>);
+
+/// The QUIC handshake and a probe hello with `target`.
+async fn quic_hello(
+    config: &ClientConfig,
+    target: &HostPort,
+    server: &str,
+    claims: &[establish::Claim<'_>],
+    deadline: std::time::Duration,
+) -> Result<Probed, EstablishError> {
+    let addr = crate::client::quic::resolve(target, deadline, family(config))
+        .await
+        .map_err(|source| EstablishError::Connect {
+            server: server.to_owned(),
+            source,
+        })?;
+    let client =
+        crate::client::quic::QuicClient::new(config, target, addr.is_ipv6()).map_err(|e| {
+            EstablishError::Quic {
+                server: server.to_owned(),
+                error: e.to_string(),
+            }
+        })?;
+    let session =
+        establish::establish_quic(&client, server, addr, claims, HelloMode::Probe, deadline)
+            .await?;
+    let facts = match &session.carrier {
+        crate::session::link::Carrier::Quic(connection) => {
+            let socket = client.endpoint().socket;
+            let gso = config.quic.settings().segmentation_offload && socket.gso_segments > 1;
+            Some(format!(
+                "QUIC path: rtt {}, largest datagram now {} bytes (max_packet {}), GSO {}, socket buffers {} / {} KiB",
+                ms(connection.rtt()),
+                connection
+                    .max_datagram_size()
+                    .map_or_else(|| "none".to_owned(), |n| n.to_string()),
+                config.quic.max_packet,
+                if gso { "on" } else { "off" },
+                socket.send_buffer / 1024,
+                socket.recv_buffer / 1024,
+            ))
+        }
+        crate::session::link::Carrier::Tcp => None,
+    };
+    Ok((session, facts))
+}
+
 /// Handshake and hello with one server. The hello only probes: the server judges every
 /// claim and answers, but serves nothing through this session and takes nothing from a
 /// client that is running, so doctor is safe on a live setup.
@@ -581,16 +631,26 @@ async fn handshake(
         Some(url) => format!("{target} via {url}"),
         None => target.to_string(),
     };
-    let hello = establish::establish(
-        dial,
-        &server,
-        &config.psk,
-        &ciphers,
-        &claims,
-        HelloMode::Probe,
-        deadline,
-    );
-    match hello.await {
+    let established = if config.transport == Transport::Quic {
+        quic_hello(config, target, &server, &claims, deadline).await
+    } else {
+        establish::establish(
+            dial,
+            &server,
+            &config.psk,
+            &ciphers,
+            &claims,
+            HelloMode::Probe,
+            deadline,
+        )
+        .await
+        .map(|session| (session, None))
+    };
+    let quic_facts = established
+        .as_ref()
+        .ok()
+        .and_then(|(_, facts)| facts.clone());
+    match established.map(|(session, _)| session) {
         Ok(session) => {
             report.push(
                 Status::Ok,
@@ -602,21 +662,24 @@ async fn handshake(
                         Some(_) => server.clone(),
                         None => format!("{target} ({})", session.server_addr),
                     },
-                    session.keys.cipher(),
+                    session.keys.cipher_label(),
                     ms(session.connect_time),
                     ms(session.handshake_time),
                     ms(session.hello_time)
                 ),
             );
-            report.push(
-                Status::Ok,
-                "cipher choice",
-                format!(
-                    "{} chosen by {} (seal/open GB/s at start-up)",
-                    session.keys.cipher(),
-                    session.keys.describe_choice()
+            match quic_facts {
+                Some(facts) => report.push(Status::Ok, "quic", facts),
+                None => report.push(
+                    Status::Ok,
+                    "cipher choice",
+                    format!(
+                        "{} chosen by {} (seal/open GB/s at start-up)",
+                        session.keys.cipher(),
+                        session.keys.describe_choice()
+                    ),
                 ),
-            );
+            }
             let several = config.servers().len() > 1;
             for (claim, verdict) in claims.iter().zip(&session.verdicts) {
                 let name = if several {

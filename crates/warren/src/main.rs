@@ -596,6 +596,7 @@ fn ping_targets(
             ciphers: warren::CipherSuite::default_preference(has_aes_hardware()),
             cipher_choice: warren::CipherChoice::default(),
             deadline: warren::config::DEFAULT_HANDSHAKE_TIMEOUT,
+            quic: None,
         }]);
     }
     let path = config.unwrap_or_else(|| PathBuf::from("warren.toml"));
@@ -611,6 +612,8 @@ fn ping_targets(
                     ciphers: ciphers.clone(),
                     cipher_choice: client.cipher_choice,
                     deadline: client.handshake_timeout,
+                    quic: (client.transport == warren::config::Transport::Quic)
+                        .then(|| client.quic.clone()),
                 })
                 .collect())
         }
@@ -629,6 +632,17 @@ fn ping_targets(
                 ciphers: transport_ciphers(server.transport, server.ciphers),
                 cipher_choice: server.cipher_choice,
                 deadline: server.handshake_timeout,
+                // The server's own QUIC settings, as a client of it: psk mode needs only
+                // the PSK (the pin is optional); mtls needs a client certificate.
+                quic: (server.transport == warren::config::Transport::Quic).then(|| {
+                    warren::config::quic::QuicConfig {
+                        auth: warren::config::quic::QuicAuth::Psk {
+                            cert: None,
+                            pin: None,
+                        },
+                        ..server.quic.clone()
+                    }
+                }),
             }])
         }
     }

@@ -1,9 +1,10 @@
 //! `warren ping`: connect, handshake and round-trip times to a server over N probes.
 //!
-//! Each probe is a fresh TCP connect, a Noise handshake, a hello with no service claims (a
-//! *probe session*, which the server accepts and which serves nothing; see
-//! docs/protocol.md), one `Ping`/`Pong` round trip on the control channel, and a goodbye.
-//! Each probe reports the cipher chosen, how, and both sides' speed figures.
+//! Each probe is a fresh TCP connect and Noise handshake (or, with `transport = "quic"`, a
+//! QUIC handshake with the PSK proof), a hello with no service claims (a *probe session*,
+//! which the server accepts and which serves nothing; see docs/protocol.md), one
+//! `Ping`/`Pong` round trip on the control channel, and a goodbye. Each probe reports what
+//! encrypts the session, how it was chosen, and both sides' speed figures.
 
 use std::time::Duration;
 
@@ -19,21 +20,16 @@ use crate::doctor::ms;
 /// The times of one successful probe.
 #[derive(Debug, Clone, Serialize)]
 pub struct Probe {
-    /// TCP connect.
+    /// TCP connect (0 on QUIC, whose handshake is the connect).
     pub connect: Duration,
-    /// Noise handshake (after connect).
+    /// Noise handshake after connect, or the QUIC handshake with the PSK proof.
     pub handshake: Duration,
     /// One ping round trip on the established session.
     pub rtt: Duration,
-    /// The negotiated cipher.
-    #[serde(serialize_with = "cipher_name")]
-    pub cipher: CipherSuite,
+    /// What encrypts the session: the negotiated record cipher, or `tls1.3-quic`.
+    pub cipher: String,
     /// How it was chosen and both sides' figures (`SessionKeys::describe_choice`).
     pub choice: String,
-}
-
-fn cipher_name<S: serde::Serializer>(cipher: &CipherSuite, s: S) -> Result<S::Ok, S::Error> {
-    s.serialize_str(cipher.name())
 }
 
 /// Where and how to ping.
@@ -49,6 +45,8 @@ pub struct PingTarget {
     pub cipher_choice: CipherChoice,
     /// Deadline of each step.
     pub deadline: Duration,
+    /// `Some` to probe over QUIC, with these settings.
+    pub quic: Option<crate::config::quic::QuicConfig>,
 }
 
 /// Runs one probe.
@@ -56,23 +54,60 @@ pub struct PingTarget {
 /// # Errors
 /// The step that failed.
 pub async fn probe(target: &PingTarget, seq: u64) -> Result<Probe, EstablishError> {
-    let policy = crate::crypto::speed::policy_measured(&target.ciphers, target.cipher_choice).await;
-    let mut session = establish::establish(
-        crate::transport::tcp::connect(&target.server, target.deadline),
-        &target.server.to_string(),
-        &target.psk,
-        &policy,
-        &[],
-        HelloMode::Probe,
-        target.deadline,
-    )
-    .await?;
+    let mut session = match &target.quic {
+        Some(quic) => {
+            let server = target.server.to_string();
+            let addr = crate::client::quic::resolve(
+                &target.server,
+                target.deadline,
+                crate::transport::tcp::Family::Any,
+            )
+            .await
+            .map_err(|source| EstablishError::Connect {
+                server: server.clone(),
+                source,
+            })?;
+            let client = crate::client::quic::QuicClient::with(
+                quic,
+                &target.psk,
+                &target.server,
+                addr.is_ipv6(),
+            )
+            .map_err(|e| EstablishError::Quic {
+                server: server.clone(),
+                error: e.to_string(),
+            })?;
+            establish::establish_quic(
+                &client,
+                &server,
+                addr,
+                &[],
+                HelloMode::Probe,
+                target.deadline,
+            )
+            .await?
+        }
+        None => {
+            let policy =
+                crate::crypto::speed::policy_measured(&target.ciphers, target.cipher_choice).await;
+            establish::establish(
+                crate::transport::tcp::connect(&target.server, target.deadline),
+                &target.server.to_string(),
+                &target.psk,
+                &policy,
+                &[],
+                HelloMode::Probe,
+                target.deadline,
+            )
+            .await?
+        }
+    };
     let rtt = establish::ping(&mut session.channel, seq, target.deadline).await?;
     let probe = Probe {
         connect: session.connect_time,
         handshake: session.handshake_time,
         rtt,
-        cipher: session.keys.cipher(),
+        cipher: session.keys.cipher_label(),
         choice: session.keys.describe_choice(),
     };
     establish::goodbye(session.channel, "warren ping done").await;
