@@ -184,6 +184,16 @@ fn dig_through_the_tunnel(
     query_port: u16,
     services: impl FnOnce(u16) -> (String, String),
 ) {
+    dig_through_the_tunnel_over(what, "noise", query_port, services);
+}
+
+/// [`dig_through_the_tunnel`] over `transport`.
+fn dig_through_the_tunnel_over(
+    what: &str,
+    transport: &str,
+    query_port: u16,
+    services: impl FnOnce(u16) -> (String, String),
+) {
     let Some((dnsmasq, dig_path)) = tools(what) else {
         return;
     };
@@ -199,11 +209,13 @@ fn dig_through_the_tunnel(
         &format!(
             r#"[server]
 bind = "127.0.0.1:{server_port}"
+transport = "{transport}"
 psk = "${{WARREN_PSK}}"
 default_token = "${{WARREN_TOKEN}}"
 heartbeat_interval = "1s"
-
-{server_services}"#
+{quic}
+{server_services}"#,
+            quic = quic_table(transport, &dir),
         ),
     );
     let _client = warren(
@@ -212,6 +224,7 @@ heartbeat_interval = "1s"
         &format!(
             r#"[client]
 server = "127.0.0.1:{server_port}"
+transport = "{transport}"
 psk = "${{WARREN_PSK}}"
 default_token = "${{WARREN_TOKEN}}"
 reconnect_initial_delay = "100ms"
@@ -269,6 +282,39 @@ reconnect_max_delay = "500ms"
         Some("")
     );
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `[server.quic]` for a QUIC server: the certificate in the test's directory.
+fn quic_table(transport: &str, dir: &Path) -> String {
+    if transport != "quic" {
+        return String::new();
+    }
+    format!(
+        "\n[server.quic]\ncert = \"{}\"\n",
+        dir.join("quic.pem").display()
+    )
+}
+
+/// Issue 14: the same over QUIC, whose UDP services ride as QUIC datagrams.
+#[test]
+fn issue14_dig_through_a_quic_tunnel_gets_dnsmasq_answers() {
+    let service_port = free_udp_port();
+    dig_through_the_tunnel_over("issue14", "quic", service_port, |dns_port| {
+        (
+            format!(
+                r#"[server.services.dns]
+type = "udp"
+bind = "127.0.0.1:{service_port}"
+"#
+            ),
+            format!(
+                r#"[client.services.dns]
+type = "udp"
+target = "127.0.0.1:{dns_port}"
+"#
+            ),
+        )
+    });
 }
 
 #[test]

@@ -237,6 +237,7 @@ async fn doctor_ping_and_a_second_client_never_take_a_live_clients_service() {
             .ciphers,
         cipher_choice: Default::default(),
         deadline: Duration::from_secs(5),
+        quic: None,
     };
     for seq in 1..=3 {
         warren::ping::probe(&ping, seq).await.expect("ping");

@@ -147,3 +147,122 @@ async fn udp_services_carry_datagrams_small_and_fragmented() {
     client_stop.cancel();
     stop.cancel();
 }
+
+/// Migration: the client's UDP socket changes (a new source port, as after a NAT
+/// rebinding) in the middle of a transfer; the session and the stream carry on, and the
+/// bytes arrive exactly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_survives_the_client_moving_to_a_new_socket() {
+    use std::sync::Arc;
+
+    use warren::crypto::secret::Secret;
+    use warren::session::link::{Carrier, ClientLink, Replenish, ServerLink, StreamHandler};
+    use warren::session::quic::QuicLink;
+    use warren::session::stream::{Chunk, Stream};
+    use warren::transport::quic::{self as q, ClientTls, QuicSettings, ServerTls, certs};
+    use warren_proto::message::StreamOpen;
+
+    /// Echoes every stream it is handed, to the end.
+    struct Echo;
+    impl StreamHandler for Echo {
+        async fn serve(&self, _: StreamOpen, mut stream: Stream, _: Replenish) -> Option<Stream> {
+            loop {
+                let bytes = match stream.reader.read().await {
+                    Ok(Chunk::Data(bytes)) => bytes.to_vec(),
+                    Ok(Chunk::End) => break,
+                    _ => return None,
+                };
+                if stream.writer.send(&bytes).await.is_err() {
+                    return None;
+                }
+            }
+            let _ = stream.writer.finish().await;
+            Some(stream)
+        }
+    }
+
+    let psk = Secret::new(PSK);
+    let cert = certs::self_signed(&["warren".to_owned()]).unwrap();
+    let tls = ServerTls::psk(
+        cert.cert_der.clone(),
+        cert.private_key().unwrap(),
+        psk.clone(),
+    )
+    .unwrap();
+    let settings = QuicSettings::internet();
+    let server_end = q::server_endpoint("127.0.0.1:0".parse().unwrap(), &tls, &settings).unwrap();
+    let client_end = q::client_endpoint("127.0.0.1:0".parse().unwrap(), &settings).unwrap();
+    let server_addr = server_end.endpoint.local_addr().unwrap();
+    let accepting = async {
+        let incoming = server_end.endpoint.accept().await.unwrap();
+        q::accept(
+            server_end.admit(incoming).unwrap(),
+            &tls,
+            Duration::from_secs(10),
+        )
+        .await
+        .unwrap()
+    };
+    let client_tls = ClientTls::psk(psk, None).unwrap();
+    let connecting = q::connect(
+        &client_end,
+        server_addr,
+        "warren",
+        &client_tls,
+        Duration::from_secs(10),
+    );
+    let (server, client) = tokio::join!(accepting, connecting);
+    let client = client.unwrap();
+    let tasks = tokio_util::task::TaskTracker::new();
+    let (control, _) = tokio::sync::mpsc::channel(1);
+    let server_link = ServerLink::new(
+        Carrier::Quic(server.connection.clone()),
+        control,
+        tokio_util::sync::CancellationToken::new(),
+        tasks.clone(),
+    );
+    let client_link = ClientLink::Quic(QuicLink::new(client.connection.clone(), tasks.clone()));
+    client_link.serve(&Arc::new(Echo));
+
+    let payload = random_bytes(24 * 1024 * 1024);
+    let open = StreamOpen {
+        service: "web".into(),
+        visitor: None,
+        local: None,
+    };
+    let stream = server_link.open_stream(&open).await.unwrap();
+    let before = server.connection.remote_address();
+    let Stream {
+        mut reader,
+        mut writer,
+    } = stream;
+    let sending = async {
+        for (n, chunk) in payload.chunks(256 * 1024).enumerate() {
+            writer.send(chunk).await.unwrap();
+            if n == 16 {
+                // A third of the way in: the client's socket changes under the connection.
+                let moved = client_end.rebind("127.0.0.1:0".parse().unwrap()).unwrap();
+                assert_ne!(moved.local_addr.port(), before.port());
+            }
+        }
+        writer.finish().await.unwrap();
+    };
+    let receiving = async {
+        let mut got = Vec::with_capacity(payload.len());
+        loop {
+            match reader.read().await.unwrap() {
+                Chunk::Data(bytes) => got.extend_from_slice(bytes),
+                Chunk::End => return got,
+                Chunk::Reset(reason) => panic!("reset: {reason}"),
+            }
+        }
+    };
+    let (_, echoed) = tokio::time::timeout(Duration::from_secs(60), async {
+        tokio::join!(sending, receiving)
+    })
+    .await
+    .expect("the transfer finishes after the move");
+    assert_eq!(hash(&echoed), hash(&payload));
+    let after = server.connection.remote_address();
+    assert_ne!(before, after, "the server sees the client's new address");
+}

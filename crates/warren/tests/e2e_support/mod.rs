@@ -402,14 +402,28 @@ bind = "127.0.0.1:{web}"
 
 [server.services.probe]
 bind = "127.0.0.1:{probe}"
-"#,
+{quic}"#,
         server = ports.server,
         web = ports.web,
         probe = ports.probe,
         token = setup.server_token,
         transport = setup.transport,
         insecure = setup.insecure,
+        quic = quic_server_table(setup.transport, ports.server),
     )
+}
+
+/// `[server.quic]` for a QUIC server: its self-signed certificate in the temporary
+/// directory (not the user's state directory); nothing for the TCP transports.
+pub fn quic_server_table(transport: &str, server_port: u16) -> String {
+    if transport != "quic" {
+        return String::new();
+    }
+    let cert = std::env::temp_dir().join(format!(
+        "warren-e2e-quic-{}-{server_port}.pem",
+        std::process::id()
+    ));
+    format!("\n[server.quic]\ncert = \"{}\"\n", cert.display())
 }
 
 /// A client config serving `web` from `target` and `probe` from `probe_target`.
