@@ -32,7 +32,9 @@
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::mpsc as std_mpsc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use bytes::Bytes;
 use warren::crypto::secret::Secret;

@@ -5,11 +5,12 @@
 
 use std::net::{Ipv4Addr, SocketAddr, UdpSocket};
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use rand::RngCore;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 use warren::crypto::secret::Secret;
 use warren::transport::quic::{
     self, Authenticated, ClientTls, QuicEndpoint, QuicError, QuicSettings, ServerTls, certs,
@@ -639,7 +640,8 @@ fn crafted_initials(server: SocketAddr, count: usize) -> Vec<Vec<u8>> {
         false,
         None,
     );
-    let now = Instant::now();
+    // quinn-proto is sans-IO and takes std's clock.
+    let now = Instant::now().into_std();
     let mut packets = Vec::with_capacity(count);
     for _ in 0..count {
         let (_, mut connection) = endpoint
