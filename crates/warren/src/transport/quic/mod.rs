@@ -48,7 +48,7 @@
 //! * [`certs`]: the self-signed certificate and the development CA.
 //! * [`auth`]: [`connect`], [`accept`], [`Authenticated`]: handshake, PSK proofs, control stream.
 //! * [`endpoint`]: [`QuicEndpoint`], [`server_endpoint`], [`client_endpoint`], the handshake gate.
-//! * [`error`]: [`QuicError`], what went wrong and what to do.
+//! * [`error`] holds [`QuicError`].
 
 pub mod auth;
 pub mod certs;
