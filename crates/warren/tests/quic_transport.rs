@@ -5,11 +5,12 @@
 
 use std::net::{Ipv4Addr, SocketAddr, UdpSocket};
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use rand::RngCore;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 use warren::crypto::secret::Secret;
 use warren::transport::quic::{
     self, Authenticated, ClientTls, QuicEndpoint, QuicError, QuicSettings, ServerTls, certs,
@@ -310,6 +311,52 @@ async fn wrong_psk_is_refused_on_both_sides_and_the_client_learns_nothing() {
 }
 
 #[tokio::test]
+async fn a_server_that_cannot_prove_the_psk_is_refused_by_the_client() {
+    // An impostor: a QUIC server with ALPN warren/1 that takes any client proof and answers
+    // with bytes it made up (it does not know the PSK, as a relay in the middle would not).
+    let dir = TempDir::new("impostor");
+    let settings = QuicSettings::internet();
+    let cert = certs::load_or_create_self_signed(&dir.path().join("quic.pem")).expect("cert");
+    let tls =
+        ServerTls::psk(cert.cert, cert.key, Secret::new("the impostor's own psk")).expect("tls");
+    let endpoint = quic::server_endpoint(localhost(), &tls, &settings).expect("endpoint");
+    let addr = endpoint.socket.local_addr;
+    let impostor = tokio::spawn(async move {
+        let incoming = endpoint.endpoint.accept().await.expect("incoming");
+        let connection = incoming.accept().expect("accept").await.expect("handshake");
+        let (mut send, mut recv) = connection.accept_bi().await.expect("stream");
+        let mut proof = [0u8; 32];
+        recv.read_exact(&mut proof).await.expect("client proof");
+        send.write_all(&random_bytes(32)).await.expect("fake proof");
+        // Whatever the client does next, it must not be a control message.
+        let mut next = [0u8; 1];
+        let after = tokio::time::timeout(TEST_TIMEOUT, recv.read(&mut next)).await;
+        (connection, after.map(|r| r.map(|n| n.unwrap_or(0))))
+    });
+    let client_tls = ClientTls::psk(Secret::new(PSK), None).expect("tls");
+    let client = client_endpoint(&settings);
+    let error = connect(&client, addr, "warren", &client_tls)
+        .await
+        .expect_err("the impostor is refused");
+    assert!(
+        matches!(error, QuicError::ServerProofInvalid { .. }),
+        "client error: {error:?}"
+    );
+    let (connection, after) = tokio::time::timeout(TEST_TIMEOUT, impostor)
+        .await
+        .expect("in time")
+        .expect("impostor task");
+    assert!(
+        !matches!(after, Ok(Ok(n)) if n > 0),
+        "the client sent nothing after its proof"
+    );
+    assert!(matches!(
+        connection.close_reason(),
+        Some(quinn::ConnectionError::ApplicationClosed(close)) if close.error_code == quic::CLOSE_REFUSED
+    ));
+}
+
+#[tokio::test]
 async fn a_matching_pin_connects_and_a_wrong_pin_is_refused() {
     let dir = TempDir::new("pin");
     let settings = QuicSettings::internet();
@@ -593,7 +640,8 @@ fn crafted_initials(server: SocketAddr, count: usize) -> Vec<Vec<u8>> {
         false,
         None,
     );
-    let now = Instant::now();
+    // quinn-proto is sans-IO and takes std's clock.
+    let now = Instant::now().into_std();
     let mut packets = Vec::with_capacity(count);
     for _ in 0..count {
         let (_, mut connection) = endpoint
