@@ -34,9 +34,35 @@ async fn iperf3_runs_through_the_tunnel_in_both_directions() {
         );
         return;
     }
-    let dir = TestDir::new("iperf3");
+    iperf3_both_ways(Setup::default(), "iperf3").await;
+}
+
+/// Issue 14: iperf3 through a QUIC tunnel, both directions.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn iperf3_runs_through_a_quic_tunnel_in_both_directions() {
+    if !tool_on_path("iperf3") {
+        assert!(
+            std::env::var_os("WARREN_E2E_REQUIRE_TOOLS").is_none(),
+            "iperf3 is not on PATH but WARREN_E2E_REQUIRE_TOOLS=1: install it (apt-get install iperf3)"
+        );
+        eprintln!("SKIPPED iperf3 over QUIC: iperf3 is not on PATH (apt-get install iperf3)");
+        return;
+    }
+    let setup = Setup {
+        transport: "quic",
+        ..Setup::default()
+    };
+    iperf3_both_ways(setup, "iperf3-quic").await;
+}
+
+/// iperf3 one way then the other through a tunnel set up as `setup` says.
+async fn iperf3_both_ways(setup: Setup, name: &str) {
+    let dir = TestDir::new(name);
     let iperf_port = free_port();
-    let tunnel = Tunnel::to(loopback(iperf_port)).start(&dir).await;
+    let tunnel = Tunnel::to(loopback(iperf_port))
+        .setup(setup)
+        .start(&dir)
+        .await;
     let service_port = tunnel.ports.web.to_string();
     let iperf_port = iperf_port.to_string();
 
@@ -112,6 +138,28 @@ async fn random_payloads_64_mib_each_way_over_32_concurrent_visitors() {
     assert!(up >= 64 * MIB && down >= 64 * MIB, "up {up}, down {down}");
     eprintln!(
         "32 visitors moved {} MiB up and {} MiB down in {elapsed:.2?} (default cipher)",
+        up / MIB,
+        down / MIB
+    );
+}
+
+/// Issue 14: the same payload check over QUIC, every visitor a QUIC stream of one
+/// connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn random_payloads_over_quic_32_concurrent_visitors() {
+    let dir = TestDir::new("payloads-quic");
+    let (target, mut served) = hashing_target(MIB).await;
+    let setup = Setup {
+        transport: "quic",
+        ..Setup::default()
+    };
+    let tunnel = Tunnel::to(target).setup(setup).start(&dir).await;
+    let started = Instant::now();
+    let (up, down) = hashed_transfers(tunnel.service(), &mut served, 32, MIB, MIB).await;
+    let elapsed = started.elapsed();
+    assert!(up >= 32 * MIB && down >= 32 * MIB, "up {up}, down {down}");
+    eprintln!(
+        "32 visitors moved {} MiB up and {} MiB down over QUIC in {elapsed:.2?}",
         up / MIB,
         down / MIB
     );
