@@ -1,18 +1,21 @@
 #!/usr/bin/env python3
 """Side-by-side benchmark of Warren against rathole and frp on one machine.
 
-Everything listens on 127.0.0.1 and every loop is bounded. Usually started by
-bench/run.sh, which installs what is missing; see bench/README.md.
+Everything listens on 127.0.0.1 (or, with --netns, inside two network namespaces this
+script creates) and every loop is bounded. Usually started by bench/run.sh, which
+installs what is missing; see bench/README.md.
 
     bench.py run [--smoke] [--runs N] [--only a,b] [--iperf-time S] ...
+    bench.py run --netns [--mtu 1500] ...  # server and client in two namespaces, one veth
     bench.py render RESULTS.json          # re-render RESULTS.md/README from raw JSON
-    bench.py serve-echo PORT              # (internal) the local echo service
+    bench.py serve-echo PORT [HOST]       # (internal) the local echo service
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import atexit
 import datetime as dt
 import json
 import os
@@ -40,56 +43,84 @@ ALL_CONFIGS = [
     "raw",
     "rathole-tcp",
     "warren-default",
+    "warren-baseline",  # only with --baseline-warren
     "warren-aes128",
     "rathole-noise",
+    "warren-quic",
+    "frp-quic",
     "warren-aes256",
     "frp-plain",
     "warren-chacha20",
     "frp-tls",
+    "warren-quic-loopback",
     "warren-aegis128l",
     "warren-tcp",
     "warren-aegis256",
 ]
+# What `run` measures without --only (warren-baseline needs --baseline-warren).
+DEFAULT_CONFIGS = [c for c in ALL_CONFIGS if c != "warren-baseline"]
+# What `run --netns` measures without --only: the path is a 1500-byte veth, so
+# warren-quic-loopback (packets larger than that MTU) does not belong there.
+NETNS_CONFIGS = ["raw", "warren-default", "warren-quic", "frp-quic", "warren-tcp"]
 # Display order in the tables.
 DISPLAY_ORDER = [
     "raw",
     "warren-default",
+    "warren-baseline",
     "warren-aes128",
     "warren-aes256",
     "warren-chacha20",
     "warren-aegis128l",
     "warren-aegis256",
     "warren-tcp",
+    "warren-quic",
+    "warren-quic-loopback",
     "rathole-tcp",
     "rathole-noise",
     "frp-plain",
     "frp-tls",
+    "frp-quic",
 ]
 LABELS = {
     "raw": "raw loopback (the limit)",
     "warren-default": "Warren noise, default config (cipher picked per machine)",
+    "warren-baseline": "Warren before (--baseline-warren), default config",
     "warren-aes128": "Warren noise aes-128-gcm",
     "warren-aes256": "Warren noise aes-256-gcm",
     "warren-chacha20": "Warren noise chacha20-poly1305",
     "warren-aegis128l": "Warren noise aegis-128l",
     "warren-aegis256": "Warren noise aegis-256",
     "warren-tcp": "Warren tcp (plaintext)",
+    "warren-quic": "Warren quic, 1452-byte packets",
+    "warren-quic-loopback": "Warren quic, loopback packets",
     "rathole-tcp": "rathole 0.5.0 tcp",
     "rathole-noise": "rathole 0.5.0 noise (NK, ChaChaPoly)",
     "frp-plain": "frp 0.71.0 plain",
     "frp-tls": "frp 0.71.0 TLS (default)",
+    "frp-quic": "frp 0.71.0 QUIC",
 }
+NETNS_LABELS = {"raw": "raw, across the veth (the limit)"}
 # None of these for `warren-tcp`; `DEFAULT_CIPHERS` writes no `ciphers` key at all, so the
 # two sides pick by measured speed (`cipher_choice = "fastest"`, the default).
 DEFAULT_CIPHERS = ""
 WARREN_CIPHERS = {
     "warren-default": DEFAULT_CIPHERS,
+    "warren-baseline": DEFAULT_CIPHERS,
     "warren-aes128": "aes-128-gcm",
     "warren-aes256": "aes-256-gcm",
     "warren-chacha20": "chacha20-poly1305",
     "warren-aegis128l": "aegis-128l",
     "warren-aegis256": "aegis-256",
 }
+# The largest UDP payload warren-quic-loopback lets QUIC send (`[server.quic] max_packet`
+# and `[client.quic] max_packet`); warren-quic keeps Warren's default (1452, as on the
+# internet). Loopback's MTU is 65536, but see shared/FACTS.md: above ~6.5 KB with GSO,
+# batches exceed 64 KB; tune this with the transport.
+QUIC_LOOPBACK_PACKET = 8192
+WARREN_QUIC_PACKET = {"warren-quic": None, "warren-quic-loopback": QUIC_LOOPBACK_PACKET}
+# The network namespace mode: documentation addresses (RFC 5737) on the veth pair.
+NETNS_SERVER_ADDR = "198.51.100.1"
+NETNS_CLIENT_ADDR = "198.51.100.2"
 SERVICES = ("iperf", "sockperf", "echo")
 
 
@@ -101,7 +132,45 @@ class BenchError(Exception):
     pass
 
 
+class Unavailable(Exception):
+    """The config needs something this Warren binary does not have (e.g. the QUIC
+    transport): reported as "not available with this binary", not as a failure."""
+
+
+class Net:
+    """Where the tunnel and the local services live.
+
+    Loopback by default: everything on 127.0.0.1 in this namespace. With --netns the
+    harness (visitors) and the tunnel server are in one namespace, the tunnel client and
+    the local services in another, joined by a veth pair: the tunnel crosses a real
+    1500-byte path. Visitors always connect to 127.0.0.1 in the harness's namespace.
+    """
+
+    def __init__(self) -> None:
+        self.tunnel_host = LOOPBACK  # the tunnel server binds here; the client dials it
+        self.target_host = LOOPBACK  # iperf3 -s, sockperf sr and the echo service
+        self.client_prefix: list[str] = []  # runs a command in the client's namespace
+        self.netns: "NetnsPair | None" = None
+
+
+NET = Net()
+
+
 # ---------------------------------------------------------------- processes
+
+
+def _die_with_parent():
+    """preexec_fn: the child gets SIGTERM if this script dies, even by SIGKILL (which no
+    handler sees), so no server, client or service outlives the harness."""
+    if _prctl is not None:
+        _prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+try:
+    import ctypes
+    _prctl = ctypes.CDLL(None, use_errno=True).prctl
+except (OSError, AttributeError):
+    _prctl = None
 
 
 class Procs:
@@ -117,7 +186,7 @@ class Procs:
             full_env.update(env)
         p = subprocess.Popen(
             argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            env=full_env, start_new_session=True,
+            env=full_env, start_new_session=True, preexec_fn=_die_with_parent,
         )
         out.close()
         self.procs.append(p)
@@ -155,42 +224,87 @@ def _on_signal(signum, _frame):
 _used_ports: set[int] = set()
 
 
-def free_port() -> int:
+def free_port(udp: bool = False) -> int:
+    """A loopback port free for TCP (and, with udp, for UDP too: QUIC servers)."""
     for _ in range(50):
         with socket.socket() as s:
             s.bind((LOOPBACK, 0))
             port = s.getsockname()[1]
-        if port not in _used_ports:
-            _used_ports.add(port)
-            return port
+        if port in _used_ports:
+            continue
+        if udp:
+            try:
+                with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as u:
+                    u.bind((LOOPBACK, port))
+            except OSError:
+                continue
+        _used_ports.add(port)
+        return port
     raise BenchError("no free loopback port")
 
 
-def wait_listening(port: int, timeout: float = 10.0) -> None:
+def _exited(proc: subprocess.Popen | None) -> bool:
+    return proc is not None and proc.poll() is not None
+
+
+def wait_listening(port: int, timeout: float = 10.0, host: str = LOOPBACK,
+                   proc: subprocess.Popen | None = None) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
-            with socket.create_connection((LOOPBACK, port), timeout=0.5):
+            with socket.create_connection((host, port), timeout=0.5):
                 return
         except OSError:
+            if _exited(proc):
+                raise BenchError(f"the process that should listen on {host}:{port} exited "
+                                 f"(status {proc.returncode})")
             time.sleep(0.05)
-    raise BenchError(f"nothing listens on {LOOPBACK}:{port} after {timeout:.0f} s")
+    raise BenchError(f"nothing listens on {host}:{port} after {timeout:.0f} s")
 
 
-def echo_once(port: int, timeout: float = 1.0) -> bool:
+def udp_bound(port: int) -> bool:
+    """Whether a UDP socket is bound to this port in this network namespace."""
+    suffix = f":{port:04X}"
+    for path in ("/proc/net/udp", "/proc/net/udp6"):
+        try:
+            with open(path) as f:
+                next(f, None)
+                if any(line.split()[1].endswith(suffix) for line in f if line.strip()):
+                    return True
+        except OSError:
+            pass
+    return False
+
+
+def wait_udp_bound(port: int, timeout: float = 10.0,
+                   proc: subprocess.Popen | None = None) -> None:
+    """A QUIC server listens on UDP, which a TCP connect cannot see: wait until its socket
+    is bound (from /proc/net/udp); wait_forwarding then proves the tunnel works."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if udp_bound(port):
+            return
+        if _exited(proc):
+            raise BenchError(f"the process that should bind UDP port {port} exited "
+                             f"(status {proc.returncode})")
+        time.sleep(0.05)
+    raise BenchError(f"nothing bound UDP port {port} after {timeout:.0f} s")
+
+
+def echo_once(port: int, timeout: float = 1.0, host: str = LOOPBACK) -> bool:
     try:
-        with socket.create_connection((LOOPBACK, port), timeout=timeout) as s:
+        with socket.create_connection((host, port), timeout=timeout) as s:
             s.sendall(b"r")
             return s.recv(1) == b"r"
     except OSError:
         return False
 
 
-def wait_forwarding(port: int, timeout: float = 20.0) -> float:
+def wait_forwarding(port: int, timeout: float = 20.0, host: str = LOOPBACK) -> float:
     """Waits until a connect + 1-byte echo works through the tunnel; returns seconds."""
     t0 = time.monotonic()
     while time.monotonic() - t0 < timeout:
-        if echo_once(port):
+        if echo_once(port, host=host):
             return time.monotonic() - t0
         time.sleep(0.1)
     raise BenchError(f"the tunnel did not forward port {port} within {timeout:.0f} s")
@@ -221,10 +335,141 @@ def tool(name: str, bench_home: Path) -> str:
     return found
 
 
+# ---------------------------------------------------------------- network namespaces
+
+CLONE_NEWNET = 0x40000000
+NETNS_PREFIX = "warren-bench-"
+
+
+def _setns(fd: int) -> None:
+    """Moves this thread (the only one that starts processes and opens sockets) into the
+    network namespace behind fd; children started afterwards inherit it."""
+    if hasattr(os, "setns"):  # Python 3.12+
+        os.setns(fd, CLONE_NEWNET)
+        return
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.setns(fd, CLONE_NEWNET) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"setns: {os.strerror(err)}")
+
+
+def _netns_path(name: str) -> str:
+    for d in ("/run/netns", "/var/run/netns"):
+        if os.path.exists(f"{d}/{name}"):
+            return f"{d}/{name}"
+    raise BenchError(f"network namespace {name} was created but {name} is not under /run/netns")
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class NetnsPair:
+    """Two network namespaces joined by a veth pair; this process enters the server's.
+
+    Names are unique (this PID and random hex): warren-bench-PID-HEX-server/-client, veth
+    wbsHEX/wbcHEX. close() (also on error, Ctrl-C, SIGTERM and at exit) goes back to the
+    original namespace and deletes both namespaces, which deletes the veth pair with them.
+    Namespaces a killed (SIGKILL) earlier run left behind are deleted at the next start:
+    their PID no longer exists.
+    """
+
+    def __init__(self, mtu: int) -> None:
+        if os.geteuid() != 0:
+            raise BenchError("--netns needs root: it creates two network namespaces and a veth pair "
+                             "(run as root, e.g. `sudo bench/run.sh --netns`)")
+        if not shutil.which("ip"):
+            raise BenchError("--netns needs `ip` (Debian package iproute2)")
+        self.mtu = mtu
+        self._orig: int | None = None
+        self._created: list[str] = []
+        self._veth_in_root = False
+        self._remove_stale()
+        tag = secrets.token_hex(3)
+        self.server_ns = f"{NETNS_PREFIX}{os.getpid()}-{tag}-server"
+        self.client_ns = f"{NETNS_PREFIX}{os.getpid()}-{tag}-client"
+        self.veth_server, self.veth_client = f"wbs{tag}", f"wbc{tag}"  # <= 15 characters
+        atexit.register(self.close)
+        try:
+            self._setup()
+        except BaseException:
+            self.close()
+            raise
+
+    @staticmethod
+    def _ip(*args: str, check: bool = True) -> str:
+        p = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=20)
+        if check and p.returncode != 0:
+            raise BenchError(f"`ip {' '.join(args)}` failed: {p.stderr.strip()}")
+        return p.stdout
+
+    def _remove_stale(self) -> None:
+        for line in self._ip("netns", "list", check=False).splitlines():
+            name = line.split()[0] if line.split() else ""
+            m = re.fullmatch(re.escape(NETNS_PREFIX) + r"(\d+)-[0-9a-f]+-(server|client)", name)
+            if m and not _pid_alive(int(m.group(1))):
+                log(f"deleting network namespace {name} left by an earlier run (PID {m.group(1)} is gone)")
+                self._ip("netns", "del", name, check=False)
+
+    def _setup(self) -> None:
+        for ns in (self.server_ns, self.client_ns):
+            self._ip("netns", "add", ns)
+            self._created.append(ns)
+        self._ip("link", "add", self.veth_server, "type", "veth", "peer", "name", self.veth_client)
+        self._veth_in_root = True
+        self._ip("link", "set", self.veth_server, "netns", self.server_ns)
+        self._ip("link", "set", self.veth_client, "netns", self.client_ns)
+        self._veth_in_root = False
+        for ns, dev, addr in ((self.server_ns, self.veth_server, NETNS_SERVER_ADDR),
+                              (self.client_ns, self.veth_client, NETNS_CLIENT_ADDR)):
+            self._ip("-n", ns, "link", "set", "lo", "up")
+            self._ip("-n", ns, "addr", "add", f"{addr}/24", "dev", dev)
+            self._ip("-n", ns, "link", "set", dev, "mtu", str(self.mtu), "up")
+        got = self._ip("-n", self.server_ns, "link", "show", self.veth_server)
+        if f"mtu {self.mtu} " not in got:
+            raise BenchError(f"the veth did not take MTU {self.mtu}: {got.strip()}")
+        self._orig = os.open("/proc/self/ns/net", os.O_RDONLY)
+        fd = os.open(_netns_path(self.server_ns), os.O_RDONLY)
+        try:
+            _setns(fd)
+        finally:
+            os.close(fd)
+        log(f"network namespaces {self.server_ns} ({NETNS_SERVER_ADDR}) and {self.client_ns} "
+            f"({NETNS_CLIENT_ADDR}), veth MTU {self.mtu}")
+
+    def client_prefix(self) -> list[str]:
+        return ["ip", "netns", "exec", self.client_ns]
+
+    def close(self) -> None:
+        if self._orig is not None:
+            try:
+                _setns(self._orig)
+            except OSError as e:
+                log(f"could not go back to the original network namespace: {e}")
+            os.close(self._orig)
+            self._orig = None
+        if self._veth_in_root:
+            self._ip("link", "del", self.veth_server, check=False)
+            self._veth_in_root = False
+        while self._created:
+            ns = self._created.pop()
+            try:
+                self._ip("netns", "del", ns)
+            except (BenchError, OSError, subprocess.SubprocessError) as e:
+                log(f"could not delete network namespace {ns}: {e} (`ip netns del {ns}`)")
+
+
 # ---------------------------------------------------------------- local services
 
 
-async def _echo_main(port: int) -> None:
+async def _echo_main(port: int, host: str = LOOPBACK) -> None:
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             while True:
@@ -238,14 +483,14 @@ async def _echo_main(port: int) -> None:
         finally:
             writer.close()
 
-    server = await asyncio.start_server(handle, LOOPBACK, port, backlog=4096)
+    server = await asyncio.start_server(handle, host, port, backlog=4096)
     async with server:
         await server.serve_forever()
 
 
-def serve_echo(port: int) -> None:
+def serve_echo(port: int, host: str = LOOPBACK) -> None:
     raise_nofile()
-    asyncio.run(_echo_main(port))
+    asyncio.run(_echo_main(port, host))
 
 
 def raise_nofile() -> None:
@@ -256,22 +501,25 @@ def raise_nofile() -> None:
 
 
 class LocalServices:
-    """iperf3 -s, sockperf sr and the echo service, started once per run."""
+    """iperf3 -s, sockperf sr and the echo service, started once per run (on loopback, or
+    with --netns in the client's namespace, on its veth address)."""
 
     def __init__(self, workdir: Path, with_sockperf: bool) -> None:
         self.ports = {name: free_port() for name in SERVICES}
+        host, pre = NET.target_host, NET.client_prefix
         self.procs = [
-            PROCS.start(["iperf3", "-s", "-B", LOOPBACK, "-p", str(self.ports["iperf"])],
+            PROCS.start(pre + ["iperf3", "-s", "-B", host, "-p", str(self.ports["iperf"])],
                         workdir / "iperf3-server.log"),
-            PROCS.start([sys.executable, str(Path(__file__).resolve()), "serve-echo",
-                         str(self.ports["echo"])], workdir / "echo.log"),
+            PROCS.start(pre + [sys.executable, str(Path(__file__).resolve()), "serve-echo",
+                               str(self.ports["echo"])] + ([host] if host != LOOPBACK else []),
+                        workdir / "echo.log"),
         ]
         if with_sockperf:
             self.procs.append(PROCS.start(
-                ["sockperf", "sr", "--tcp", "-i", LOOPBACK, "-p", str(self.ports["sockperf"])],
+                pre + ["sockperf", "sr", "--tcp", "-i", host, "-p", str(self.ports["sockperf"])],
                 workdir / "sockperf-server.log"))
         for name in ("iperf", "echo") + (("sockperf",) if with_sockperf else ()):
-            wait_listening(self.ports[name])
+            wait_listening(self.ports[name], host=host)
 
     def stop(self) -> None:
         for p in self.procs:
@@ -294,6 +542,7 @@ class Tunnel:
         self.warren = warren
         self.server: subprocess.Popen | None = None
         self.client: subprocess.Popen | None = None
+        self.visit_host = LOOPBACK  # where the visitors (iperf3 -c, sockperf pp, ...) connect
 
     def pids(self) -> list[int]:
         return [p.pid for p in (self.server, self.client) if p is not None]
@@ -321,53 +570,111 @@ class Tunnel:
 
 class Raw(Tunnel):
     def start(self, targets):
+        self.visit_host = NET.target_host
         return dict(targets)
 
 
 class Warren(Tunnel):
     def start(self, targets):
         cipher = WARREN_CIPHERS.get(self.name)
-        server_port = free_port()
+        quic = self.name in WARREN_QUIC_PACKET
+        packet = WARREN_QUIC_PACKET.get(self.name)
+        host, target_host = NET.tunnel_host, NET.target_host
+        server_port = free_port(udp=quic)
         visitors = {svc: free_port() for svc in targets}
         psk, token = secrets.token_hex(16), secrets.token_hex(16)
         common = f'psk = "{psk}"\ndefault_token = "{token}"\n'
-        if cipher == DEFAULT_CIPHERS:
+        if quic:
+            common += 'transport = "quic"\n'
+        elif cipher == DEFAULT_CIPHERS:
             common += 'transport = "noise"\n'
         elif cipher:
             common += f'transport = "noise"\nciphers = ["{cipher}"]\n'
         else:
             common += 'transport = "tcp"\ninsecure = true\n'
-        s = f'[server]\nbind = "{LOOPBACK}:{server_port}"\n{common}'
+        s = f'[server]\nbind = "{host}:{server_port}"\n{common}'
+        if quic:
+            # The server makes this self-signed certificate on its first start.
+            s += f'\n[server.quic]\ncert = "{self.dir / "quic-cert.pem"}"\n'
+            if packet:
+                s += f"max_packet = {packet}\n"
         for svc, port in visitors.items():
             s += f'\n[server.services.{svc}]\nbind = "{LOOPBACK}:{port}"\n'
         if "iperf" in visitors:
             # UDP rides beside iperf3's TCP control connection on the same port number.
             s += f'\n[server.services.iperf-udp]\ntype = "udp"\nbind = "{LOOPBACK}:{visitors["iperf"]}"\n'
-        c = (f'[client]\nserver = "{LOOPBACK}:{server_port}"\n{common}'
+        c = (f'[client]\nserver = "{host}:{server_port}"\n{common}'
              'reconnect_initial_delay = "100ms"\n')
+        if quic and packet:
+            c += f"\n[client.quic]\nmax_packet = {packet}\n"
         for svc, port in targets.items():
-            c += f'\n[client.services.{svc}]\ntarget = "{LOOPBACK}:{port}"\n'
+            c += f'\n[client.services.{svc}]\ntarget = "{target_host}:{port}"\n'
         if "iperf" in targets:
-            c += f'\n[client.services.iperf-udp]\ntype = "udp"\ntarget = "{LOOPBACK}:{targets["iperf"]}"\n'
+            c += f'\n[client.services.iperf-udp]\ntype = "udp"\ntarget = "{target_host}:{targets["iperf"]}"\n'
         (self.dir / "server.toml").write_text(s)
         (self.dir / "client.toml").write_text(c)
         self.client_config = self.dir / "client.toml"
+        if quic:
+            self.check_quic()
         self.server = PROCS.start([self.warren, "--log-level", "warn", "server",
                                    str(self.dir / "server.toml")], self.dir / "server.log")
-        wait_listening(server_port)
-        self.client = PROCS.start([self.warren, "--log-level", "warn", "client",
-                                   str(self.dir / "client.toml")], self.dir / "client.log")
+        try:
+            if quic:
+                wait_udp_bound(server_port, proc=self.server)
+            else:
+                wait_listening(server_port, host=host, proc=self.server)
+        except BenchError:
+            log_text = (self.dir / "server.log").read_text(errors="replace")
+            if quic and _exited(self.server) and _lacks_quic(log_text):
+                raise Unavailable("not available with this binary: the server exited: "
+                                  + _quic_line(log_text, self.dir))
+            raise
+        self.client = PROCS.start(NET.client_prefix + [
+            self.warren, "--log-level", "warn", "client", str(self.dir / "client.toml")],
+            self.dir / "client.log")
         return visitors
+
+    def check_quic(self) -> None:
+        """`warren check` both configs: a binary without the QUIC transport rejects
+        `transport = "quic"` and `[server.quic]` as unknown. Any other problem (say a
+        `max_packet` the binary refuses) is an error of the run, not "not available"."""
+        for name in ("server.toml", "client.toml"):
+            try:
+                p = subprocess.run([self.warren, "check", str(self.dir / name)],
+                                   capture_output=True, text=True, timeout=30)
+            except (OSError, subprocess.SubprocessError) as e:
+                raise BenchError(f"warren check {name}: {e}")
+            out = p.stdout + p.stderr
+            if p.returncode == 0 or "unrecognized subcommand" in out:
+                continue  # valid (or a binary without `check`: starting it will tell)
+            if _lacks_quic(out):
+                raise Unavailable(f"not available with this binary: {_quic_line(out, self.dir)}")
+            raise BenchError(f"warren check {name} failed: {out[-600:]}")
+
+
+def _lacks_quic(text: str) -> bool:
+    """Whether a config error says this binary does not know QUIC at all: `unknown
+    transport `quic`` or `unknown key `quic`` (or "unknown variant" from serde)."""
+    return any("unknown" in line.lower() and "quic" in line.lower() for line in text.splitlines())
+
+
+def _quic_line(text: str, workdir: Path) -> str:
+    """The first line of such an error, without the temporary path."""
+    for line in text.splitlines():
+        if "unknown" in line.lower() and "quic" in line.lower():
+            return line.replace(str(workdir) + "/", "").strip()[:200]
+    return text.strip().splitlines()[-1][:200] if text.strip() else "(no output)"
 
 
 class Rathole(Tunnel):
     def start(self, targets):
         exe = tool("rathole", self.bench_home)
         noise = self.name == "rathole-noise"
+        host, target_host = NET.tunnel_host, NET.target_host
         server_port = free_port()
         visitors = {svc: free_port() for svc in targets}
-        s = f'[server]\nbind_addr = "{LOOPBACK}:{server_port}"\n'
-        c = f'[client]\nremote_addr = "{LOOPBACK}:{server_port}"\n'
+        s = f'[server]\nbind_addr = "{host}:{server_port}"\n'
+        c = f'[client]\nremote_addr = "{host}:{server_port}"\n'
         if noise:
             out = subprocess.run([exe, "--genkey"], capture_output=True, text=True,
                                  timeout=10, check=True).stdout
@@ -384,14 +691,14 @@ class Rathole(Tunnel):
         for svc in targets:
             token = secrets.token_hex(16)
             s += f'\n[server.services.{svc}]\ntoken = "{token}"\nbind_addr = "{LOOPBACK}:{visitors[svc]}"\n'
-            c += f'\n[client.services.{svc}]\ntoken = "{token}"\nlocal_addr = "{LOOPBACK}:{targets[svc]}"\n'
+            c += f'\n[client.services.{svc}]\ntoken = "{token}"\nlocal_addr = "{target_host}:{targets[svc]}"\n'
         (self.dir / "server.toml").write_text(s)
         (self.dir / "client.toml").write_text(c)
         env = {"RUST_LOG": "warn"}
         self.server = PROCS.start([exe, "--server", str(self.dir / "server.toml")],
                                   self.dir / "server.log", env)
-        wait_listening(server_port)
-        self.client = PROCS.start([exe, "--client", str(self.dir / "client.toml")],
+        wait_listening(server_port, host=host, proc=self.server)
+        self.client = PROCS.start(NET.client_prefix + [exe, "--client", str(self.dir / "client.toml")],
                                   self.dir / "client.log", env)
         return visitors
 
@@ -400,22 +707,33 @@ class Frp(Tunnel):
     def start(self, targets):
         frps, frpc = tool("frps", self.bench_home), tool("frpc", self.bench_home)
         tls = self.name == "frp-tls"
+        quic = self.name == "frp-quic"
+        host, target_host = NET.tunnel_host, NET.target_host
         server_port = free_port()
+        quic_port = free_port(udp=True) if quic else None
         visitors = {svc: free_port() for svc in targets}
         token = secrets.token_hex(16)
-        s = (f'bindAddr = "{LOOPBACK}"\nbindPort = {server_port}\n'
-             f'proxyBindAddr = "{LOOPBACK}"\nauth.token = "{token}"\nlog.level = "warn"\n')
-        c = (f'serverAddr = "{LOOPBACK}"\nserverPort = {server_port}\nauth.token = "{token}"\n'
-             f'loginFailExit = false\nlog.level = "warn"\n'
-             f'transport.tls.enable = {"true" if tls else "false"}\n')
+        s = (f'bindAddr = "{host}"\nbindPort = {server_port}\n'
+             + (f"quicBindPort = {quic_port}\n" if quic else "")
+             + f'proxyBindAddr = "{LOOPBACK}"\nauth.token = "{token}"\nlog.level = "warn"\n')
+        c = (f'serverAddr = "{host}"\nserverPort = {quic_port if quic else server_port}\n'
+             f'auth.token = "{token}"\nloginFailExit = false\nlog.level = "warn"\n')
+        if quic:
+            # QUIC brings its own TLS 1.3; frp's transport.tls.* keys stay at their defaults.
+            c += 'transport.protocol = "quic"\n'
+        else:
+            c += f'transport.tls.enable = {"true" if tls else "false"}\n'
         for svc in targets:
-            c += (f'\n[[proxies]]\nname = "{svc}"\ntype = "tcp"\nlocalIP = "{LOOPBACK}"\n'
+            c += (f'\n[[proxies]]\nname = "{svc}"\ntype = "tcp"\nlocalIP = "{target_host}"\n'
                   f'localPort = {targets[svc]}\nremotePort = {visitors[svc]}\n')
         (self.dir / "frps.toml").write_text(s)
         (self.dir / "frpc.toml").write_text(c)
         self.server = PROCS.start([frps, "-c", str(self.dir / "frps.toml")], self.dir / "server.log")
-        wait_listening(server_port)
-        self.client = PROCS.start([frpc, "-c", str(self.dir / "frpc.toml")], self.dir / "client.log")
+        wait_listening(server_port, host=host, proc=self.server)
+        if quic:
+            wait_udp_bound(quic_port, proc=self.server)
+        self.client = PROCS.start(NET.client_prefix + [frpc, "-c", str(self.dir / "frpc.toml")],
+                                  self.dir / "client.log")
         return visitors
 
 
@@ -453,7 +771,7 @@ def fig_idle_memory(t: Tunnel, port: int, n: int, settle: float) -> dict:
     try:
         for _ in range(n):
             try:
-                s = socket.create_connection((LOOPBACK, port), timeout=5)
+                s = socket.create_connection((t.visit_host, port), timeout=5)
                 s.sendall(b"i")
                 if s.recv(1) != b"i":
                     raise OSError("no echo")
@@ -477,17 +795,17 @@ def fig_idle_memory(t: Tunnel, port: int, n: int, settle: float) -> dict:
     }
 
 
-def fig_connect(port: int, n: int) -> dict:
+def fig_connect(port: int, n: int, host: str = LOOPBACK) -> dict:
     """n sequential connect + 1-byte echo + close; latency of connect + first byte."""
     for _ in range(20):  # warm-up
-        echo_once(port)
+        echo_once(port, host=host)
     lat = []
     failed = 0
     t0 = time.perf_counter()
     for _ in range(n):
         a = time.perf_counter()
         try:
-            with socket.create_connection((LOOPBACK, port), timeout=5) as s:
+            with socket.create_connection((host, port), timeout=5) as s:
                 s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 s.sendall(b"c")
                 if s.recv(1) != b"c":
@@ -508,8 +826,8 @@ def fig_connect(port: int, n: int) -> dict:
     }
 
 
-def fig_rtt(port: int, seconds: int) -> dict:
-    argv = ["sockperf", "pp", "--tcp", "-i", LOOPBACK, "-p", str(port), "-m", "64",
+def fig_rtt(port: int, seconds: int, host: str = LOOPBACK) -> dict:
+    argv = ["sockperf", "pp", "--tcp", "-i", host, "-p", str(port), "-m", "64",
             "--full-rtt", "-t", str(seconds)]
     last = ""
     for _ in range(3):
@@ -525,7 +843,7 @@ def fig_rtt(port: int, seconds: int) -> dict:
 
 
 def fig_iperf(t: Tunnel, port: int, seconds: int, extra: list[str]) -> dict:
-    argv = ["iperf3", "-c", LOOPBACK, "-p", str(port), "-t", str(seconds), "-J"] + extra
+    argv = ["iperf3", "-c", t.visit_host, "-p", str(port), "-t", str(seconds), "-J"] + extra
     last = ""
     for _ in range(3):
         pids = t.pids()
@@ -549,9 +867,9 @@ def fig_iperf(t: Tunnel, port: int, seconds: int, extra: list[str]) -> dict:
     raise BenchError(f"iperf3 {' '.join(extra) or '-P1'} failed: {last}")
 
 
-def fig_udp(port: int, seconds: int) -> dict:
+def fig_udp(port: int, seconds: int, host: str = LOOPBACK) -> dict:
     """iperf3 -u -b 0 (as fast as the sender can go): receiver Gbit/s and loss."""
-    argv = ["iperf3", "-c", LOOPBACK, "-p", str(port), "-u", "-b", "0", "-l", "1400",
+    argv = ["iperf3", "-c", host, "-p", str(port), "-u", "-b", "0", "-l", "1400",
             "-t", str(seconds), "-J"]
     last = ""
     for _ in range(3):
@@ -580,12 +898,18 @@ def warren_choice(warren: str, client_config: Path) -> dict:
 
 
 def measure_config(name: str, svc: LocalServices, args, workdir: Path, warren: str) -> dict:
+    if name == "warren-baseline":
+        if not args.baseline_warren:
+            return {"errors": [], "unavailable": "needs --baseline-warren PATH"}
+        warren = args.baseline_warren
     t = make_tunnel(name, workdir, args.bench_home, warren)
     res: dict = {"errors": []}
+    host = LOOPBACK
     try:
         visitors = t.start(svc.ports)
-        res["ready_s"] = round(wait_forwarding(visitors["echo"]), 3)
-        if name == "warren-default":
+        host = t.visit_host
+        res["ready_s"] = round(wait_forwarding(visitors["echo"], host=host), 3)
+        if name in ("warren-default", "warren-baseline"):
             res.update(warren_choice(warren, t.client_config))
         time.sleep(0.3)  # the other services registered together with echo; let them settle
 
@@ -600,17 +924,19 @@ def measure_config(name: str, svc: LocalServices, args, workdir: Path, warren: s
 
         step("idle memory", lambda: fig_idle_memory(t, visitors["echo"], args.idle_conns,
                                                      0.5 if args.smoke else 2.0))
-        step("connect", lambda: fig_connect(visitors["echo"], args.connects))
+        step("connect", lambda: fig_connect(visitors["echo"], args.connects, host))
         if not args.no_sockperf:
-            step("rtt", lambda: fig_rtt(visitors["sockperf"], args.sockperf_time))
+            step("rtt", lambda: fig_rtt(visitors["sockperf"], args.sockperf_time, host))
         for key, extra in (("p1", []), ("p4", ["-P", "4"]), ("r", ["-R"])):
             if key in args.iperf_modes:
                 step(f"iperf3 {key}", lambda extra=extra, key=key: {
                     f"{key}_{k}": v for k, v in fig_iperf(t, visitors["iperf"], args.iperf_time, extra).items()})
         if "udp" in args.iperf_modes and name.startswith(("raw", "warren")):
-            step("iperf3 udp", lambda: fig_udp(visitors["iperf"], args.iperf_time))
+            step("iperf3 udp", lambda: fig_udp(visitors["iperf"], args.iperf_time, host))
         if not t.alive():
             res["errors"].append("a tunnel process exited during the run")
+    except Unavailable as e:
+        res["unavailable"] = str(e)
     except (BenchError, OSError, subprocess.SubprocessError) as e:
         res["errors"].append(f"start: {e}")
         log(f"{name}: failed to start: {e}")
@@ -657,10 +983,12 @@ def machine_info() -> dict:
     }
 
 
-def versions(bench_home: Path, warren: str, configs: list[str]) -> dict:
+def versions(bench_home: Path, warren: str, configs: list[str], baseline: str | None = None) -> dict:
     v = {
         "warren": (sh([warren, "--version"]).splitlines() or [""])[0].removeprefix("warren "),
         "warren commit": sh(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"]),
+        "warren baseline": f"{baseline} ({(sh([baseline, '--version']).splitlines() or [''])[0]})"
+        if baseline else "",
         "iperf3": sh(["iperf3", "--version"]).splitlines()[0] if shutil.which("iperf3") else "",
         "python": platform.python_version(),
     }
@@ -699,11 +1027,14 @@ FIGS = [
 ]
 
 
-def per_run_ratio(doc: dict, cfg: str, key: str, base: str) -> float | None:
+def per_run_ratio(doc: dict, cfg: str, key: str, base: str,
+                  base_key: str | None = None) -> float | None:
+    """Median over runs of cfg's key / base's base_key (default: the same key), each
+    ratio taken within one run."""
     vals = []
     for run in doc["runs"]:
         a = run["configs"].get(cfg, {}).get(key)
-        b = run["configs"].get(base, {}).get(key)
+        b = run["configs"].get(base, {}).get(base_key or key)
         if a is not None and b:
             vals.append(a / b)
     return statistics.median(vals) if vals else None
@@ -719,22 +1050,55 @@ def fmt(v, spec="{:.2f}") -> str:
     return "—" if v is None else spec.format(v)
 
 
-def targets(doc: dict) -> list[tuple[str, str, str, bool | None]]:
-    """(config, target, measured, met) from the issue's goals, ratios within each run."""
-    out = []
+def is_netns(doc: dict) -> bool:
+    return bool(doc.get("settings", {}).get("netns"))
 
-    def ratio_target(cfg, key, base, factor, label, le=False):
-        r = per_run_ratio(doc, cfg, key, base)
+
+def label(doc: dict, cfg: str) -> str:
+    if is_netns(doc) and cfg in NETNS_LABELS:
+        return NETNS_LABELS[cfg]
+    return LABELS.get(cfg, cfg)
+
+
+def unavailable(doc: dict) -> dict[str, str]:
+    """Configs this run could not measure with the binary it had, and why (first reason)."""
+    out: dict[str, str] = {}
+    for run in doc["runs"]:
+        for cfg, v in run["configs"].items():
+            if v.get("unavailable"):
+                out.setdefault(cfg, v["unavailable"])
+    return out
+
+
+def udp_reference(doc: dict) -> str:
+    """The config whose UDP figure stands for "today's Warren" in issue 14's UDP target:
+    the binary before the change (--baseline-warren) when it was measured, else
+    warren-default (the TCP transport with the default config) of the same run."""
+    if med(doc, "warren-baseline", "udp_gbps") is not None:
+        return "warren-baseline"
+    return "warren-default"
+
+
+def targets(doc: dict) -> list[tuple[str, str, str, bool | None]]:
+    """(config, target, measured, met) from the issues' goals, ratios within each run.
+    A target is listed only when its config and the config it compares with were run."""
+    out = []
+    present = set(doc["configs"])
+
+    def ratio_target(cfg, key, base, factor, label, le=False, base_key=None):
+        if cfg not in present or base not in present:
+            return
+        r = per_run_ratio(doc, cfg, key, base, base_key)
         met = None if r is None else (r <= factor if le else r >= factor)
         out.append((cfg, label, fmt(r, "{:.2f}×"), met))
 
     def abs_target(cfg, key, limit, label, unit):
+        if cfg not in present:
+            return
         v = med(doc, cfg, key)
         out.append((cfg, label, fmt(v, "{:.1f} " + unit), None if v is None else v <= limit))
 
     for cfg in ("warren-aes128", "warren-aes256"):
-        if cfg not in doc["configs"]:
-            continue
         for key, fig in (("p1_gbps", "P1"), ("p4_gbps", "P4"), ("r_gbps", "-R")):
             ratio_target(cfg, key, "rathole-tcp", 1.0, f"{fig} ≥ rathole-tcp")
             ratio_target(cfg, key, "rathole-noise", 2.0, f"{fig} ≥ 2× rathole-noise")
@@ -743,20 +1107,44 @@ def targets(doc: dict) -> list[tuple[str, str, str, bool | None]]:
         abs_target(cfg, "kb_per_idle_conn", 16, "≤ 16 KB per idle connection", "KB")
         abs_target(cfg, "connect_p50_us", 250, "connect + first byte p50 ≤ 250 µs", "µs")
         ratio_target(cfg, "conn_per_s", "rathole-tcp", 2.0, "conn/s ≥ 2× rathole-tcp")
-    if "warren-tcp" in doc["configs"]:
-        ratio_target("warren-tcp", "p1_gbps", "rathole-tcp", 1.3, "P1 ≥ 1.3× rathole-tcp")
-    if "warren-default" in doc["configs"]:
-        # Issue 20: encryption with the default config within 15 % of plaintext.
-        for key, fig in (("p1_gbps", "P1"), ("p4_gbps", "P4"), ("r_gbps", "-R")):
-            if "warren-tcp" in doc["configs"]:
-                ratio_target("warren-default", key, "warren-tcp", 0.85, f"{fig} ≥ 0.85× Warren plaintext")
-            ratio_target("warren-default", key, "rathole-tcp", 1.6, f"{fig} ≥ 1.6× rathole-tcp")
-        if "warren-tcp" in doc["configs"]:
-            ratio_target("warren-default", "p1_cpu_s_per_gb", "warren-tcp", 1.25,
-                         "CPU s/GB ≤ 1.25× Warren plaintext", le=True)
-    if "warren-chacha20" in doc["configs"]:
-        for key, fig in (("p1_gbps", "P1"), ("p4_gbps", "P4"), ("r_gbps", "-R")):
-            ratio_target("warren-chacha20", key, "rathole-noise", 1.5, f"{fig} ≥ 1.5× rathole-noise")
+    ratio_target("warren-tcp", "p1_gbps", "rathole-tcp", 1.3, "P1 ≥ 1.3× rathole-tcp")
+    # Issue 20: encryption with the default config within 15 % of plaintext.
+    for key, fig in (("p1_gbps", "P1"), ("p4_gbps", "P4"), ("r_gbps", "-R")):
+        ratio_target("warren-default", key, "warren-tcp", 0.85, f"{fig} ≥ 0.85× Warren plaintext")
+        ratio_target("warren-default", key, "rathole-tcp", 1.6, f"{fig} ≥ 1.6× rathole-tcp")
+    ratio_target("warren-default", "p1_cpu_s_per_gb", "warren-tcp", 1.25,
+                 "CPU s/GB ≤ 1.25× Warren plaintext", le=True)
+    for key, fig in (("p1_gbps", "P1"), ("p4_gbps", "P4"), ("r_gbps", "-R")):
+        ratio_target("warren-chacha20", key, "rathole-noise", 1.5, f"{fig} ≥ 1.5× rathole-noise")
+
+    # Issue 14, QUIC. 1452-byte packets: P1 ≥ 2× frp-quic; P4 and -R ≥ 0.9× its own P1.
+    ratio_target("warren-quic", "p1_gbps", "frp-quic", 2.0, "P1 ≥ 2× frp-quic")
+    ratio_target("warren-quic", "p4_gbps", "warren-quic", 0.9, "P4 ≥ 0.9× its P1", base_key="p1_gbps")
+    ratio_target("warren-quic", "r_gbps", "warren-quic", 0.9, "-R ≥ 0.9× its P1", base_key="p1_gbps")
+    # Loopback packets: P1 ≥ rathole-tcp (plaintext).
+    ratio_target("warren-quic-loopback", "p1_gbps", "rathole-tcp", 1.0, "P1 ≥ rathole-tcp")
+    # Latency and memory, for QUIC whatever the packet size.
+    for cfg in ("warren-quic", "warren-quic-loopback"):
+        ratio_target(cfg, "rtt_p50_us", "frp-quic", 0.6, "RTT p50 ≤ 0.6× frp-quic", le=True)
+        ratio_target(cfg, "connect_p50_us", "frp-quic", 0.5, "connect + first byte p50 ≤ 0.5× frp-quic",
+                     le=True)
+        abs_target(cfg, "kb_per_idle_conn", 16, "≤ 16 KB per idle connection", "KB")
+    # UDP goodput at -b 0: ≥ 2× today's Warren UDP figure in the same run, loss ≤ 10 %, on
+    # both transports. "Today's" is the binary before the change when --baseline-warren
+    # measured it in this run; without it, warren-default of the same run (the QUIC rows
+    # then compare with the TCP transport as it is in this binary).
+    ref = udp_reference(doc)
+    for cfg in ("warren-quic", "warren-quic-loopback"):
+        ratio_target(cfg, "udp_gbps", ref, 2.0, f"UDP ≥ 2× {ref} (today's Warren UDP)")
+        abs_target(cfg, "udp_loss_pct", 10, "UDP loss ≤ 10 %", "%")
+    if "warren-default" in present:
+        if ref == "warren-baseline":
+            ratio_target("warren-default", "udp_gbps", ref, 2.0, f"UDP ≥ 2× {ref} (today's Warren UDP)")
+        elif any(c in present for c in WARREN_QUIC_PACKET):
+            out.append(("warren-default", "UDP ≥ 2× today's Warren UDP", "— (needs --baseline-warren "
+                        "for a same-run figure)", None))
+        if any(c in present for c in WARREN_QUIC_PACKET) or ref == "warren-baseline":
+            abs_target("warren-default", "udp_loss_pct", 10, "UDP loss ≤ 10 %", "%")
     return out
 
 
@@ -764,7 +1152,10 @@ def row_label(doc: dict, cfg: str) -> str:
     """The config's name, with the cipher(s) a default config picked in these runs."""
     picked = sorted({run["configs"][cfg]["cipher"] for run in doc["runs"]
                      if "cipher" in run["configs"].get(cfg, {})})
-    return LABELS.get(cfg, cfg) + (f": {', '.join(picked)}" if picked else "")
+    text = label(doc, cfg) + (f": {', '.join(picked)}" if picked else "")
+    if cfg in unavailable(doc) and med(doc, cfg, "p1_gbps") is None:
+        text += " (not available with this binary)"
+    return text
 
 
 def render(doc: dict, heading: str = "#") -> str:
@@ -773,15 +1164,32 @@ def render(doc: dict, heading: str = "#") -> str:
     n = len(doc["runs"])
     loads = ", ".join(f"{r['loadavg_before']:.2f}" for r in doc["runs"])
     noisy = any(r["loadavg_before"] > 0.5 for r in doc["runs"])
+    netns = doc["settings"].get("netns")
+    if netns:
+        title = f"{heading} Through network namespaces (veth, MTU {netns['mtu']})"
+        where = [
+            f"- Path: tunnel server and visitors (iperf3 -c, sockperf pp, the echo clients) in one "
+            f"network namespace ({netns['server_addr']}), tunnel client and local services in another "
+            f"({netns['client_addr']}), one veth pair with MTU {netns['mtu']} between them (offloads at "
+            "their defaults: TCP still hands the kernel 64 KB segments, while every QUIC datagram must "
+            "fit the MTU). No delay, loss or rate limit: this shows packet size, not distance. The "
+            "`raw` row connects across the veth without a tunnel.",
+        ]
+    else:
+        title = f"{heading} Benchmark results"
+        where = []
     lines = [
-        f"{heading} Benchmark results",
+        title,
         "",
         f"- Date: {doc['date']}" + (f" ({doc['seconds'] / 60:.0f} minutes)" if doc.get("seconds") else ""),
         f"- Machine: {m['cpu']}, {m['cores']} cores, {m['memory']}, Linux {m['kernel']}"
         + (f" (CPU features: {m['cpu_features']})" if m.get("cpu_features") else ""),
+        *where,
         f"- Runs: {n} (medians shown; ratios are computed within each run, then the median taken)",
         f"- iperf3 `-t {doc['settings']['iperf_time']}`; sockperf `-t {doc['settings']['sockperf_time']}`; "
-        f"{doc['settings']['idle_conns']} idle connections; {doc['settings']['connects']} sequential connects",
+        f"{doc['settings']['idle_conns']} idle connections; {doc['settings']['connects']} sequential connects"
+        + (f"; QUIC loopback packets: {doc['settings']['quic_loopback_packet']} bytes"
+           if "warren-quic-loopback" in cfgs and doc["settings"].get("quic_loopback_packet") else ""),
         f"- Versions: " + "; ".join(f"{k} {v}" for k, v in doc["versions"].items() if v),
         f"- 1-minute load average before each run: {loads}"
         + ((" — **noisy: other processes were running (load above 0.5); differences under ±20% "
@@ -793,41 +1201,59 @@ def render(doc: dict, heading: str = "#") -> str:
     for c in cfgs:
         row = [fmt(med(doc, c, k), spec) for k, _, spec in FIGS]
         lines.append(f"| {row_label(doc, c)} | " + " | ".join(row) + " |")
+    missing = unavailable(doc)
+    if missing:
+        lines += ["", "Not measured:", ""]
+        lines += [f"- {label(doc, c)}: {why}" for c, why in missing.items()]
     choices = [(r["run"], c, r["configs"][c]["cipher_choice"]) for r in doc["runs"] for c in cfgs
                if "cipher_choice" in r["configs"].get(c, {})]
     if choices:
         lines += ["", "How the default config chose (seal/open GB/s on one core, measured by each "
                   "side at start-up):", ""]
-        lines += [f"- run {run}, {LABELS.get(c, c)}: {how}" for run, c, how in choices]
-    lines += [
-        "",
-        f"{heading}# Ratios (within each run, median over runs)",
-        "",
-        "| config | P1 / rathole-tcp | P4 / rathole-tcp | -R / rathole-tcp | P1 / raw | P4 / raw | -R / raw "
-        "| RTT p50 / rathole-tcp | conn/s / rathole-tcp |",
-        "|---|---|---|---|---|---|---|---|---|",
+        lines += [f"- run {run}, {label(doc, c)}: {how}" for run, c, how in choices]
+    ratio_cols = [
+        ("P1 / rathole-tcp", "p1_gbps", "rathole-tcp"), ("P4 / rathole-tcp", "p4_gbps", "rathole-tcp"),
+        ("-R / rathole-tcp", "r_gbps", "rathole-tcp"), ("P1 / raw", "p1_gbps", "raw"),
+        ("P4 / raw", "p4_gbps", "raw"), ("-R / raw", "r_gbps", "raw"),
+        ("RTT p50 / rathole-tcp", "rtt_p50_us", "rathole-tcp"),
+        ("conn/s / rathole-tcp", "conn_per_s", "rathole-tcp"),
     ]
-    for c in cfgs:
-        if c == "raw":
-            continue
-        row = [fmt(per_run_ratio(doc, c, k, "rathole-tcp")) for k in ("p1_gbps", "p4_gbps", "r_gbps")]
-        row += [fmt(per_run_ratio(doc, c, k, "raw")) for k in ("p1_gbps", "p4_gbps", "r_gbps")]
-        row += [fmt(per_run_ratio(doc, c, k, "rathole-tcp")) for k in ("rtt_p50_us", "conn_per_s")]
-        lines.append(f"| {LABELS.get(c, c)} | " + " | ".join(row) + " |")
+    if "frp-quic" in cfgs:
+        ratio_cols += [("P1 / frp-quic", "p1_gbps", "frp-quic"),
+                       ("RTT p50 / frp-quic", "rtt_p50_us", "frp-quic"),
+                       ("connect p50 / frp-quic", "connect_p50_us", "frp-quic")]
+    ratio_cols = [col for col in ratio_cols if col[2] in cfgs]
+    if ratio_cols and any(c != "raw" for c in cfgs):
+        lines += [
+            "",
+            f"{heading}# Ratios (within each run, median over runs)",
+            "",
+            "| config | " + " | ".join(h for h, _, _ in ratio_cols) + " |",
+            "|---|" + "---|" * len(ratio_cols),
+        ]
+        for c in cfgs:
+            if c == "raw":
+                continue
+            row = [fmt(per_run_ratio(doc, c, k, base)) for _, k, base in ratio_cols]
+            lines.append(f"| {label(doc, c)} | " + " | ".join(row) + " |")
     udp = [c for c in cfgs if med(doc, c, "udp_gbps") is not None]
     if udp:
+        ref = udp_reference(doc)
+        ref = ref if ref in udp else None  # the ratio column only when the reference ran
         lines += ["", f"{heading}# UDP (iperf3 `-u -b 0 -l 1400`, receiver)", "",
-                  "| config | Gbit/s | loss % |", "|---|---|---|"]
+                  "| config | Gbit/s | loss % |" + (f" / {ref} |" if ref else ""),
+                  "|---|---|---|" + ("---|" if ref else "")]
         for c in udp:
-            lines.append(f"| {LABELS.get(c, c)} | {fmt(med(doc, c, 'udp_gbps'))} "
-                         f"| {fmt(med(doc, c, 'udp_loss_pct'), '{:.1f}')} |")
+            lines.append(f"| {label(doc, c)} | {fmt(med(doc, c, 'udp_gbps'))} "
+                         f"| {fmt(med(doc, c, 'udp_loss_pct'), '{:.1f}')} |"
+                         + (f" {fmt(per_run_ratio(doc, c, 'udp_gbps', ref), '{:.2f}×')} |" if ref else ""))
     tg = targets(doc)
     if tg:
         lines += ["", f"{heading}# Targets from the issue", "",
                   "| config | target | measured | met? |", "|---|---|---|---|"]
-        for cfg, label, measured, met in tg:
+        for cfg, what, measured, met in tg:
             mark = "—" if met is None else ("met" if met else "**not met**")
-            lines.append(f"| {LABELS.get(cfg, cfg)} | {label} | {measured} | {mark} |")
+            lines.append(f"| {label(doc, cfg)} | {what} | {measured} | {mark} |")
     errs = [(r["run"], c, e) for r in doc["runs"] for c, v in r["configs"].items() for e in v.get("errors", [])]
     if errs:
         lines += ["", "Errors:", ""] + [f"- run {r}, {c}: {e}" for r, c, e in errs]
@@ -836,15 +1262,38 @@ def render(doc: dict, heading: str = "#") -> str:
     return "\n".join(lines) + "\n"
 
 
+NETNS_SECTION = "\n## Through network namespaces"
+SCALE_SECTION = "\n## Scale"
+
+
+def split_results(text: str) -> tuple[str, str, str]:
+    """RESULTS.md as (loopback run, network-namespace section, scale section)."""
+    ends = [i for i in (text.find(NETNS_SECTION), text.find(SCALE_SECTION)) if i >= 0]
+    main_end = min(ends) if ends else len(text)
+    ns_at, sc_at = text.find(NETNS_SECTION), text.find(SCALE_SECTION)
+    netns = ""
+    if ns_at >= 0:
+        netns = text[ns_at:sc_at if sc_at > ns_at else len(text)]
+    scale = ""
+    if sc_at >= 0:
+        scale = text[sc_at:ns_at if ns_at > sc_at else len(text)]
+    return text[:main_end], netns, scale
+
+
 def write_outputs(doc: dict) -> None:
-    body = render(doc, "#").replace("](bench/README.md)", "](README.md)")
-    # The "## Scale" section comes from bench/scale.py, not from this run: keep it.
     results = HERE / "RESULTS.md"
     old = results.read_text() if results.exists() else ""
-    scale = old.find("\n## Scale")
-    if scale >= 0:
-        body += old[scale:]
-    results.write_text(body)
+    main, netns, scale = split_results(old)
+    if is_netns(doc):
+        # A --netns run only replaces its own section of RESULTS.md; README.md's table is
+        # the loopback run's.
+        section = render(doc, "##").replace("](bench/README.md)", "](README.md)")
+        results.write_text(main.rstrip("\n") + "\n\n" + section.rstrip("\n") + "\n" + scale)
+        return
+    body = render(doc, "#").replace("](bench/README.md)", "](README.md)")
+    # The "## Scale" section comes from bench/scale.py and the network-namespace one from
+    # `run --netns`, not from this run: keep them.
+    results.write_text(body + netns + scale)
     readme = REPO / "README.md"
     text = readme.read_text()
     idx = text.find("\n## Benchmarks")
@@ -864,6 +1313,14 @@ def write_outputs(doc: dict) -> None:
         "names the cipher it picked on the measuring machine, whose CPU features (and missing\n"
         "ones) are on the Machine line; the other Warren rows pin one cipher each.\n"
     )
+    if any(c in doc["configs"] for c in WARREN_QUIC_PACKET):
+        intro += (
+            "\n"
+            "Loopback is not the internet: its MTU is 65536 and it has no delay or loss. The QUIC\n"
+            "rows with 1452-byte packets are closest to an internet path; `bench/run.sh --netns`\n"
+            "measures them across a 1500-byte veth between two network namespaces\n"
+            "([bench/RESULTS.md](bench/RESULTS.md), section \"Through network namespaces\").\n"
+        )
     readme.write_text(text[:idx] + intro + section)
 
 
@@ -884,27 +1341,45 @@ def cmd_run(args) -> int:
             log("sockperf is missing: smoke mode skips the round-trip figure")
             args.no_sockperf = True
     else:
-        configs = args.only or list(ALL_CONFIGS)
-    configs = [c for c in ALL_CONFIGS if c in configs] + [c for c in configs if c not in ALL_CONFIGS]
+        configs = args.only or list(NETNS_CONFIGS if args.netns else DEFAULT_CONFIGS)
+    if args.baseline_warren and "warren-baseline" not in configs:
+        configs = list(configs) + ["warren-baseline"]
+    unknown = [c for c in configs if c not in ALL_CONFIGS]
+    if unknown:
+        log(f"unknown config(s) {', '.join(unknown)}; known: {', '.join(ALL_CONFIGS)}")
+        return 2
+    configs = [c for c in ALL_CONFIGS if c in configs]
     warren = args.warren or str(REPO / "target" / "release" / "warren")
     if not os.access(warren, os.X_OK):
         log(f"no warren binary at {warren}: run `cargo build --release` first")
+        return 2
+    if args.baseline_warren and not os.access(args.baseline_warren, os.X_OK):
+        log(f"--baseline-warren {args.baseline_warren} is not an executable")
         return 2
     if not shutil.which("iperf3") or (not args.no_sockperf and not shutil.which("sockperf")):
         log("iperf3 and sockperf are needed (bench/run.sh installs them)")
         return 2
 
+    netns = None
+    if args.netns:
+        NET.netns = NetnsPair(args.mtu)
+        NET.tunnel_host, NET.target_host = NETNS_SERVER_ADDR, NETNS_CLIENT_ADDR
+        NET.client_prefix = NET.netns.client_prefix()
+        netns = {"mtu": args.mtu, "server_addr": NETNS_SERVER_ADDR, "client_addr": NETNS_CLIENT_ADDR}
+
     now = dt.datetime.now(dt.timezone.utc)
     doc = {
         "date": now.strftime("%Y-%m-%d %H:%M UTC"),
-        "json_name": now.strftime("%Y%m%d-%H%M%S") + ".json",
+        "json_name": now.strftime("%Y%m%d-%H%M%S") + ("-netns" if netns else "") + ".json",
         "machine": machine_info(),
-        "versions": versions(args.bench_home, warren, configs),
+        "versions": versions(args.bench_home, warren, configs, args.baseline_warren),
         "settings": {
             "iperf_time": args.iperf_time, "sockperf_time": args.sockperf_time,
             "idle_conns": args.idle_conns, "connects": args.connects,
             "iperf_modes": args.iperf_modes, "smoke": args.smoke,
             "idle_connection_method": "connect, send 1 byte, read the 1-byte echo, then hold",
+            "netns": netns,
+            "quic_loopback_packet": QUIC_LOOPBACK_PACKET,
         },
         "configs": configs,
         "runs": [],
@@ -926,6 +1401,9 @@ def cmd_run(args) -> int:
                     res["seconds"] = round(time.monotonic() - t0, 1)
                     entry["configs"][cfg] = res
                     failed |= bool(res["errors"])
+                    if res.get("unavailable"):
+                        log(f"  {cfg}: {res['unavailable']} (not measured; the run goes on)")
+                        continue
                     log(f"  {cfg}: " + ", ".join(
                         f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
                         for k, v in res.items() if k not in ("errors", "logs")
@@ -942,6 +1420,9 @@ def cmd_run(args) -> int:
     if args.smoke:
         res = doc["runs"][0]["configs"]
         for cfg, r in res.items():
+            if r.get("unavailable"):
+                log(f"SMOKE FAILED: {cfg}: {r['unavailable']}")
+                return 1
             if r.get("p1_bytes", 0) <= 0:
                 log(f"SMOKE FAILED: {cfg} carried no bytes: {r.get('errors')}\n{r.get('logs', '')}")
                 return 1
@@ -957,7 +1438,8 @@ def cmd_run(args) -> int:
     save_json(doc, args)
     if args.write_results:
         write_outputs(doc)
-        log("wrote bench/RESULTS.md and the README Benchmarks section")
+        log("wrote bench/RESULTS.md's network-namespace section" if netns
+            else "wrote bench/RESULTS.md and the README Benchmarks section")
     print(render(doc, "#"))
     return 1 if failed else 0
 
@@ -976,6 +1458,14 @@ def main() -> int:
     r.add_argument("--runs", type=int, default=3)
     r.add_argument("--only", type=lambda s: [x for x in s.split(",") if x], default=None,
                    help="comma-separated configs: " + ",".join(ALL_CONFIGS))
+    r.add_argument("--netns", action="store_true",
+                   help="tunnel server and visitors in one network namespace, tunnel client and local "
+                   "services in another, one veth (--mtu) between them; needs root. Default configs: "
+                   + ",".join(NETNS_CONFIGS))
+    r.add_argument("--mtu", type=int, default=1500, help="the veth's MTU with --netns (default 1500)")
+    r.add_argument("--baseline-warren", metavar="PATH",
+                   help="also measure this Warren binary (the one before a change) as warren-baseline, "
+                   "default config, in the same run: the reference for 'today's Warren' figures")
     r.add_argument("--iperf-time", type=int, default=5)
     r.add_argument("--iperf-modes", type=lambda s: s.split(","), default=["p1", "p4", "r", "udp"])
     r.add_argument("--sockperf-time", type=int, default=4)
@@ -989,13 +1479,14 @@ def main() -> int:
                    help="write bench/RESULTS.md and README.md's Benchmarks section")
     e = sub.add_parser("serve-echo")
     e.add_argument("port", type=int)
+    e.add_argument("host", nargs="?", default=LOOPBACK)
     d = sub.add_parser("render", help="print (and with --write-results, write) the tables of a JSON file")
     d.add_argument("json", type=Path)
     d.add_argument("--write-results", action="store_true")
     args = ap.parse_args()
 
     if args.cmd == "serve-echo":
-        serve_echo(args.port)
+        serve_echo(args.port, args.host)
         return 0
     if args.cmd == "render":
         doc = json.loads(args.json.read_text())
@@ -1012,6 +1503,8 @@ def main() -> int:
         return 1
     finally:
         PROCS.stop_all()
+        if NET.netns is not None:
+            NET.netns.close()
 
 
 if __name__ == "__main__":

@@ -3,21 +3,24 @@
 # everything on 127.0.0.1. Installs what is missing, builds Warren, measures, and (for a
 # full run) writes bench/RESULTS.md and README.md's Benchmarks section. See bench/README.md.
 #
-#   bench/run.sh                      # full run: 11 configs x 3 runs (~18 minutes)
+#   bench/run.sh                      # full run: 15 configs x 3 runs (~25 minutes)
 #   bench/run.sh --smoke              # a few seconds: Warren only, no peers, no files written
 #   bench/run.sh --runs 1 --only warren-aes128,rathole-tcp   # quick look, no files but the JSON
+#   bench/run.sh --netns --runs 1     # as root: across a 1500-byte veth between two network
+#                                     # namespaces (writes RESULTS.md's section for it)
 #   bench/run.sh --help               # every option of bench/bench.py run
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-smoke=0; only=""; write=1; passthrough=()
+smoke=0; netns=0; only=""; write=1; passthrough=()
 while (($#)); do
     case "$1" in
         --smoke) smoke=1; passthrough+=("$1") ;;
+        --netns) netns=1; passthrough+=("$1") ;;
         --only) only="$2"; passthrough+=("$1" "$2"); shift ;;
         --only=*) only="${1#--only=}"; passthrough+=("$1") ;;
         --no-write) write=0 ;;
-        -h|--help) sed -n '2,12p' "$0"; echo; exec python3 bench/bench.py run --help ;;
+        -h|--help) sed -n '2,11p' "$0"; echo; exec python3 bench/bench.py run --help ;;
         *) passthrough+=("$1") ;;
     esac
     shift
@@ -55,7 +58,10 @@ else
 fi
 
 if ((!smoke)); then
-    if [[ -z "$only" || "$only" == *rathole* ]]; then bench/install-peers.sh rathole; fi
+    # --netns without --only runs no rathole config (bench.py's NETNS_CONFIGS).
+    if [[ "$only" == *rathole* ]] || [[ -z "$only" && $netns == 0 ]]; then
+        bench/install-peers.sh rathole
+    fi
     if [[ -z "$only" || "$only" == *frp* ]]; then bench/install-peers.sh frp; fi
 fi
 
