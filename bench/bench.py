@@ -116,7 +116,7 @@ WARREN_CIPHERS = {
 # and `[client.quic] max_packet`); warren-quic keeps Warren's default (1452, as on the
 # internet). Loopback's MTU is 65536, but see shared/FACTS.md: above ~6.5 KB with GSO,
 # batches exceed 64 KB; tune this with the transport.
-QUIC_LOOPBACK_PACKET = 8192
+QUIC_LOOPBACK_PACKET = 65527
 WARREN_QUIC_PACKET = {"warren-quic": None, "warren-quic-loopback": QUIC_LOOPBACK_PACKET}
 # The network namespace mode: documentation addresses (RFC 5737) on the veth pair.
 NETNS_SERVER_ADDR = "198.51.100.1"

@@ -19,7 +19,7 @@ use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::{BufMut, Bytes};
+use bytes::{BufMut, Bytes, BytesMut};
 use quinn::{ReadError, VarInt, WriteError};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -29,7 +29,6 @@ use warren_proto::message::{self, StreamOpen};
 use super::link::{OpenError, Replenish, StreamHandler};
 use super::quic_datagram::Datagrams;
 use super::stream::{Chunk, SendError, Stream, StreamError, StreamReader, StreamWriter};
-use crate::transport::buffers;
 use crate::transport::records::ReadReady;
 
 /// Largest message framed on a stream (a control message or a `StreamOpen`).
@@ -121,7 +120,6 @@ fn make_stream(
             staged: Vec::new(),
             finish_staged: false,
             done: false,
-            buf: Vec::new(),
         }),
     }
 }
@@ -225,8 +223,6 @@ pub struct QuicWriter {
     finish_staged: bool,
     /// Finished or reset: nothing to do on drop.
     done: bool,
-    /// What [`QuicWriter::send_from`] reads into; empty while the source is idle.
-    buf: Vec<u8>,
 }
 
 fn write_error(error: WriteError) -> StreamError {
@@ -255,36 +251,31 @@ impl QuicWriter {
         self.send.write_all(bytes).await.map_err(write_error)
     }
 
+    /// Reads what `src` has into a fresh buffer and hands that buffer to quinn as it is
+    /// (`write_chunk`): quinn keeps the bytes until they are acknowledged anyway, so a
+    /// buffer per chunk costs an allocation where `write_all` would cost a copy, and the
+    /// copy measured slower (quinn's own ceiling here: 2.0 vs 2.6 Gbit/s at 1452-byte
+    /// packets). While `src` is idle no buffer is held.
     pub(super) async fn send_from<S: ReadReady>(&mut self, src: &S) -> Result<usize, SendError> {
         loop {
-            if self.buf.capacity() == 0 {
-                src.readable().await.map_err(SendError::Source)?;
-                self.buf = buffers::take_write();
-            }
-            self.buf.clear();
-            // Straight into spare capacity: no zeroing of the buffer per read.
-            match src.try_read_buf(&mut (&mut self.buf).limit(READ_CHUNK)) {
-                Ok(0) => {
-                    self.release();
-                    return Ok(0);
-                }
+            src.readable().await.map_err(SendError::Source)?;
+            let mut chunk = BytesMut::with_capacity(READ_CHUNK);
+            // Limited to the buffer's size: a read that fills less than that tells the
+            // reader the socket is drained (see `ReadReady::try_read_buf`).
+            match src.try_read_buf(&mut (&mut chunk).limit(READ_CHUNK)) {
+                Ok(0) => return Ok(0),
                 Ok(n) => {
                     self.flush().await.map_err(SendError::Sink)?;
-                    let written = self.send.write_all(&self.buf[..n]).await;
+                    let written = self.send.write_chunk(chunk.freeze()).await;
                     written.map_err(|e| SendError::Sink(write_error(e)))?;
                     return Ok(n);
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                    self.release();
                     self.flush().await.map_err(SendError::Sink)?;
                 }
                 Err(e) => return Err(SendError::Source(e)),
             }
         }
-    }
-
-    fn release(&mut self) {
-        buffers::give_write(std::mem::take(&mut self.buf));
     }
 
     pub(super) async fn finish(&mut self) -> Result<(), StreamError> {
@@ -348,9 +339,6 @@ impl Drop for QuicWriter {
         if !self.done {
             // quinn would finish it: a cut stream must not look complete.
             let _ = self.send.reset(reset_code("stream aborted"));
-        }
-        if self.buf.capacity() != 0 {
-            self.release();
         }
     }
 }

@@ -300,9 +300,30 @@ impl ClientTls {
     }
 }
 
-/// aws-lc-rs, the one provider Warren links.
+/// aws-lc-rs, the one provider Warren links, with the TLS 1.3 suites in the order that is
+/// fastest here: rustls puts AES-256-GCM first, but AES-128-GCM gives the same protection
+/// for a session key and seals ~10 % faster (`warren doctor` shows both); without AES
+/// instructions ChaCha20-Poly1305 goes first. The client's order decides (rustls servers
+/// follow it), and both sides offer all three.
 fn provider() -> Arc<CryptoProvider> {
-    Arc::new(rustls::crypto::aws_lc_rs::default_provider())
+    use rustls::crypto::aws_lc_rs::cipher_suite::{
+        TLS13_AES_128_GCM_SHA256, TLS13_AES_256_GCM_SHA384, TLS13_CHACHA20_POLY1305_SHA256,
+    };
+    let mut provider = rustls::crypto::aws_lc_rs::default_provider();
+    provider.cipher_suites = if crate::config::has_aes_hardware() {
+        vec![
+            TLS13_AES_128_GCM_SHA256,
+            TLS13_AES_256_GCM_SHA384,
+            TLS13_CHACHA20_POLY1305_SHA256,
+        ]
+    } else {
+        vec![
+            TLS13_CHACHA20_POLY1305_SHA256,
+            TLS13_AES_128_GCM_SHA256,
+            TLS13_AES_256_GCM_SHA384,
+        ]
+    };
+    Arc::new(provider)
 }
 
 fn server_builder()
