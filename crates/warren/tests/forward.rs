@@ -487,3 +487,33 @@ async fn forward_bind_in_use_is_a_clear_error() {
     assert!(error.to_string().contains(&taken.to_string()), "{error}");
     server.stop.cancel();
 }
+
+/// Issue 14: forward and client-declared services over QUIC (the client opens the forward
+/// streams on the connection; the declared port is bound for the QUIC session).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forward_and_declared_services_over_quic() {
+    use warren::config::Transport;
+    let (target, mut results) = sink_then_reply_target(300_000).await;
+    let quic = |b: warren::ServerBuilder| b.transport(Transport::Quic).quic(quic_config());
+    let server = server("127.0.0.1:0", |b| {
+        quic(b)
+            .forward_service("db", HostPort::from(target))
+            .allow_ports("20000-29999".parse::<PortRange>().unwrap())
+    })
+    .await;
+    let mut client = client(server.addr, |b| {
+        b.transport(Transport::Quic)
+            .quic(quic_config())
+            .forward_service("db", "127.0.0.1:0".parse().unwrap())
+            .declared_service("app", HostPort::from(target), "0.0.0.0:0".parse().unwrap())
+    });
+    let status = client.connected().await;
+    let local = status.forwards["db"];
+    let bound = status.bound["app"];
+    for _ in 0..2 {
+        check_bytes(local, &mut results).await;
+        check_bytes(bound, &mut results).await;
+    }
+    client.stop.cancel();
+    server.stop.cancel();
+}

@@ -127,6 +127,8 @@ pub struct SessionInfo {
     pub id: String,
     /// The client's address (server side) or the server's (client side).
     pub peer: String,
+    /// `"noise"`, `"tcp"` or `"quic"`.
+    pub transport: &'static str,
     /// The negotiated cipher.
     pub cipher: String,
     /// How the cipher was chosen, with both sides' figures.
@@ -140,6 +142,21 @@ pub struct SessionInfo {
     /// Client side: the server this session is with, as configured.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub server: Option<String>,
+    /// QUIC sessions: RTT, congestion window, packet size, losses.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub quic: Option<crate::session::quic::QuicPath>,
+}
+
+/// The transport name of a session, from what carries it and its record cipher.
+pub fn transport_name(
+    quic: Option<&crate::session::quic::QuicPath>,
+    keys: &crate::crypto::keys::SessionKeys,
+) -> &'static str {
+    match (quic, keys.record_cipher()) {
+        (Some(_), _) => "quic",
+        (None, Some(warren_proto::CipherSuite::None)) => "tcp",
+        (None, _) => "noise",
+    }
 }
 
 /// One session serving a service (server side of `/api/v1/services`).

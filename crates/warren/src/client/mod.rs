@@ -734,15 +734,18 @@ const REPLACED_POOL_GRACE: Duration = Duration::from_secs(2);
 impl ClientSession {
     /// The session as the admin API shows it.
     fn info(&self) -> SessionInfo {
+        let quic = self.link.quic_path();
         SessionInfo {
             id: short_id(self.keys.session_id()),
             peer: self.server_addr.to_string(),
+            transport: crate::admin::transport_name(quic.as_ref(), &self.keys),
             cipher: self.keys.cipher_label(),
             cipher_choice: self.keys.negotiation().into(),
             since: unix_seconds(self.since),
             services: self.service_names(),
             open_streams: self.open_streams.load(Ordering::Relaxed),
             server: Some(self.server.to_string()),
+            quic,
         }
     }
 

@@ -30,21 +30,21 @@ pub(super) struct ReverseStreams {
 }
 
 impl StreamHandler for ReverseStreams {
-    async fn serve(
+    // Not an `async fn`: its future would keep its own copy of the stream beside the one
+    // `serve_stream` holds, for the life of the connection.
+    fn serve(
         &self,
         open: StreamOpen,
         stream: Stream,
         replenish: Replenish,
-    ) -> Option<Stream> {
-        self.session
-            .counting(serve_stream(
-                &self.shared,
-                &self.session,
-                stream,
-                open,
-                replenish,
-            ))
-            .await
+    ) -> impl std::future::Future<Output = Option<Stream>> + Send {
+        self.session.counting(serve_stream(
+            &self.shared,
+            &self.session,
+            stream,
+            open,
+            replenish,
+        ))
     }
 }
 

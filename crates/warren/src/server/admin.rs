@@ -31,15 +31,20 @@ impl AdminSource for ServerAdmin {
         let total = sessions.len();
         let items = sessions[page.range(total)]
             .iter()
-            .map(|session| SessionInfo {
-                id: short_id(&session.id()),
-                peer: session.peer.to_string(),
-                cipher: session.keys.cipher_label(),
-                cipher_choice: session.keys.negotiation().into(),
-                since: unix_seconds(session.since),
-                services: session.services.clone(),
-                open_streams: session.open_streams(),
-                server: None,
+            .map(|session| {
+                let quic = session.link.quic_path();
+                SessionInfo {
+                    id: short_id(&session.id()),
+                    peer: session.peer.to_string(),
+                    transport: crate::admin::transport_name(quic.as_ref(), &session.keys),
+                    cipher: session.keys.cipher_label(),
+                    cipher_choice: session.keys.negotiation().into(),
+                    since: unix_seconds(session.since),
+                    services: session.services.clone(),
+                    open_streams: session.open_streams(),
+                    server: None,
+                    quic,
+                }
             })
             .collect();
         Paged { items, total }

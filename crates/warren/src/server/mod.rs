@@ -1238,8 +1238,10 @@ async fn serve_visitor(
     match relay::pump_from(visitor, &mut channel, &cancel, Some(&meter), start).await {
         Ok(moved) => {
             debug!(event = "stream_closed", service = %slot.name, %peer, up = moved.to_tunnel, down = moved.to_local, "visitor done");
-            // The transport may carry another stream on it.
-            lease.session.link.recycle(channel).await;
+            // The transport may carry another stream on it. Boxed: this step's state is
+            // needed only now, and must not size the future every visitor holds for the
+            // whole connection.
+            Box::pin(lease.session.link.recycle(channel)).await;
         }
         Err(error) => {
             if !matches!(error, relay::RelayError::Cancelled) {

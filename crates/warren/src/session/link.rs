@@ -152,6 +152,14 @@ impl ServerLink {
         }
     }
 
+    /// The QUIC path of a session on QUIC.
+    pub fn quic_path(&self) -> Option<super::quic::QuicPath> {
+        match self {
+            ServerLink::Tcp(_) => None,
+            ServerLink::Quic(link) => Some(link.path()),
+        }
+    }
+
     /// Takes back a stream that ended cleanly in both directions.
     pub async fn recycle(&self, stream: Stream) {
         match self {
@@ -204,6 +212,14 @@ impl ClientLink {
         match self {
             ClientLink::Tcp(pool) => pool.serve(handler, usize::from(count)),
             ClientLink::Quic(_) => {}
+        }
+    }
+
+    /// The QUIC path of a session on QUIC.
+    pub fn quic_path(&self) -> Option<super::quic::QuicPath> {
+        match self {
+            ClientLink::Tcp(_) => None,
+            ClientLink::Quic(link) => Some(link.path()),
         }
     }
 

@@ -343,6 +343,28 @@ impl Drop for QuicWriter {
     }
 }
 
+/// What a QUIC connection's path looks like now (for the admin API).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct QuicPath {
+    /// Smoothed round-trip time, milliseconds.
+    pub rtt_ms: f64,
+    /// Congestion window, bytes.
+    pub cwnd: u64,
+    /// UDP payload size PMTUD settled on, bytes.
+    pub mtu: u16,
+    /// Packets sent and declared lost so far.
+    pub sent_packets: u64,
+    /// Packets declared lost so far.
+    pub lost_packets: u64,
+    /// Congestion events so far.
+    pub congestion_events: u64,
+    /// The largest UDP-service datagram that fits one QUIC datagram now (larger ones are
+    /// split).
+    pub max_datagram: Option<usize>,
+    /// UDP-service datagrams dropped (full queues, no channel, the path shrank).
+    pub datagrams_dropped: u64,
+}
+
 /// Both sides' streams of one QUIC connection.
 pub struct QuicLink {
     connection: quinn::Connection,
@@ -366,6 +388,21 @@ impl QuicLink {
     /// The connection under the link.
     pub fn connection(&self) -> &quinn::Connection {
         &self.connection
+    }
+
+    /// The connection's path now.
+    pub fn path(&self) -> QuicPath {
+        let stats = self.connection.stats();
+        QuicPath {
+            rtt_ms: stats.path.rtt.as_secs_f64() * 1e3,
+            cwnd: stats.path.cwnd,
+            mtu: stats.path.current_mtu,
+            sent_packets: stats.path.sent_packets,
+            lost_packets: stats.path.lost_packets,
+            congestion_events: stats.path.congestion_events,
+            max_datagram: self.connection.max_datagram_size(),
+            datagrams_dropped: self.datagrams.dropped(),
+        }
     }
 
     /// Opens a stream; its `StreamOpen` leaves with the first bytes.

@@ -9,7 +9,11 @@
 //! control channel's messages.
 //!
 //! The implementations are the variants of an enum ([`StreamReader`], [`StreamWriter`]), so
-//! the relay's hot path dispatches with a `match`, not a virtual call:
+//! the relay's hot path dispatches with a `match`, not a virtual call. An async method's
+//! future is as large as its largest arm's, and every open stream holds one per direction,
+//! on both sides: the QUIC arms' futures are boxed (one small allocation per chunk, next
+//! to QUIC's per-packet work), so the TCP transports' streams stay as small as before
+//! (measured: +0.9 KB per idle connection without the boxes).
 //! * `Tcp`: a data channel of the TCP transports (plaintext or Noise-keyed records, see
 //!   [`crate::transport::records`]). Data is `Data` records, the end an `End` record, a
 //!   reset a `Close` record with its reason, a message a `Control` record.
@@ -128,7 +132,7 @@ impl StreamReader {
                 )),
                 None => Err(StreamError::Cut),
             },
-            StreamReader::Quic(reader) => reader.read().await,
+            StreamReader::Quic(reader) => Box::pin(reader.read()).await,
         }
     }
 
@@ -148,7 +152,7 @@ impl StreamReader {
                 Some(_) => Err(StreamError::Protocol("stream data where a message belongs")),
                 None => Err(StreamError::Cut),
             },
-            StreamReader::Quic(reader) => reader.read_message().await,
+            StreamReader::Quic(reader) => Box::pin(reader.read_message()).await,
         }
     }
 
@@ -183,7 +187,7 @@ impl StreamWriter {
                 }
                 Ok(())
             }
-            StreamWriter::Quic(writer) => writer.send(bytes).await,
+            StreamWriter::Quic(writer) => Box::pin(writer.send(bytes)).await,
         }
     }
 
@@ -199,7 +203,7 @@ impl StreamWriter {
                 SendFromError::Source(e) => SendError::Source(e),
                 SendFromError::Sink(e) => SendError::Sink(e.into()),
             }),
-            StreamWriter::Quic(writer) => writer.send_from(src).await,
+            StreamWriter::Quic(writer) => Box::pin(writer.send_from(src)).await,
         }
     }
 
@@ -210,7 +214,7 @@ impl StreamWriter {
     pub async fn finish(&mut self) -> Result<(), StreamError> {
         match self {
             StreamWriter::Tcp(writer) => Ok(writer.send(RecordKind::End, &[]).await?),
-            StreamWriter::Quic(writer) => writer.finish().await,
+            StreamWriter::Quic(writer) => Box::pin(writer.finish()).await,
         }
     }
 
@@ -248,7 +252,7 @@ impl StreamWriter {
     pub async fn send_message(&mut self, message: &[u8]) -> Result<(), StreamError> {
         match self {
             StreamWriter::Tcp(writer) => Ok(writer.send(RecordKind::Control, message).await?),
-            StreamWriter::Quic(writer) => writer.send_message(message).await,
+            StreamWriter::Quic(writer) => Box::pin(writer.send_message(message)).await,
         }
     }
 
@@ -271,7 +275,7 @@ impl StreamWriter {
     pub async fn flush(&mut self) -> Result<(), StreamError> {
         match self {
             StreamWriter::Tcp(writer) => Ok(writer.flush_staged().await?),
-            StreamWriter::Quic(writer) => writer.flush().await,
+            StreamWriter::Quic(writer) => Box::pin(writer.flush()).await,
         }
     }
 
