@@ -266,3 +266,37 @@ async fn a_stream_survives_the_client_moving_to_a_new_socket() {
     let after = server.connection.remote_address();
     assert_ne!(before, after, "the server sees the client's new address");
 }
+
+/// Hostile input on the server's UDP port: garbage datagrams of every size before and
+/// while a real client connects; the client gets its session and carries bytes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn garbage_on_the_udp_port_does_not_stop_a_real_client() {
+    let echo = echo_target().await;
+    let server = start_server(
+        &quic(),
+        "127.0.0.1:0".parse().unwrap(),
+        "127.0.0.1:0".parse().unwrap(),
+    )
+    .await;
+    let attacker = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    let blast = |count: usize| {
+        let attacker = &attacker;
+        let target = server.addr;
+        async move {
+            for n in 0..count {
+                // Random bytes, some shaped like long-header (Initial) packets.
+                let mut junk = random_bytes(1 + (n * 37) % 1400);
+                if n % 3 == 0 {
+                    junk[0] = 0xc0 | (junk[0] & 0x0f);
+                }
+                let _ = attacker.send_to(&junk, target).await;
+            }
+        }
+    };
+    blast(5_000).await;
+    let mut client = start_client(&quic(), server.addr, echo);
+    let (_, ()) = tokio::join!(blast(5_000), client.wait_sessions(1));
+    let payload = random_bytes(256 * 1024);
+    let reply = round_trip(server.service, &payload).await.unwrap();
+    assert_eq!(hash(&reply), hash(&payload));
+}

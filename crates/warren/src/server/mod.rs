@@ -493,6 +493,15 @@ impl BoundServer {
                 "some connections did not close within 5s"
             );
         }
+        // QUIC: the sessions' goodbyes are out; close what is left of the connections.
+        let quic = shared
+            .quic
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        if let Some(listener) = quic {
+            quic::close(&listener).await;
+        }
         info!(event = "server_stopped", "warren server stopped");
     }
 }

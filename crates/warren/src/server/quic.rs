@@ -113,11 +113,20 @@ pub(super) async fn accept_loop(shared: &Arc<Shared>, listener: Arc<QuicListener
             .tasks
             .spawn(handle(Arc::clone(shared), admitted, tls));
     }
-    // Goodbyes were sent by the sessions; what is left closes now.
+}
+
+/// Closes every connection left once the sessions have said goodbye (the server stops),
+/// and waits a moment for the closes to leave.
+pub(super) async fn close(listener: &QuicListener) {
     listener
         .endpoint
         .endpoint
         .close(0u32.into(), b"server stopped");
+    let _ = tokio::time::timeout(
+        std::time::Duration::from_secs(1),
+        listener.endpoint.endpoint.wait_idle(),
+    )
+    .await;
 }
 
 /// One connection: authenticate, hello, then the session.

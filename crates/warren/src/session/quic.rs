@@ -37,6 +37,9 @@ pub const MAX_MESSAGE_LEN: usize = 64 * 1024;
 /// Largest chunk one read hands out.
 const READ_CHUNK: usize = 64 * 1024;
 
+/// How long a shutdown waits for the peer to acknowledge the stream's end.
+const SHUTDOWN_WAIT: Duration = Duration::from_secs(1);
+
 /// How long a peer that opened a stream may take to send its `StreamOpen`.
 const OPEN_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -281,6 +284,15 @@ impl QuicWriter {
     pub(super) async fn finish(&mut self) -> Result<(), StreamError> {
         self.flush().await?;
         self.finish_now()
+    }
+
+    /// Finishes and waits (at most a second) until the peer has everything: the control
+    /// stream's goodbye must arrive before the connection is dropped, and dropping it
+    /// discards what quinn has not sent yet.
+    pub(super) async fn shutdown(&mut self) -> Result<(), StreamError> {
+        self.finish().await?;
+        let _ = tokio::time::timeout(SHUTDOWN_WAIT, self.send.stopped()).await;
+        Ok(())
     }
 
     fn finish_now(&mut self) -> Result<(), StreamError> {

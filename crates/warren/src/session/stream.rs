@@ -286,7 +286,7 @@ impl StreamWriter {
     pub async fn shutdown(&mut self) -> Result<(), StreamError> {
         match self {
             StreamWriter::Tcp(writer) => Ok(writer.shutdown().await?),
-            StreamWriter::Quic(writer) => writer.finish().await,
+            StreamWriter::Quic(writer) => Box::pin(writer.shutdown()).await,
         }
     }
 }
