@@ -300,3 +300,70 @@ async fn garbage_on_the_udp_port_does_not_stop_a_real_client() {
     let reply = round_trip(server.service, &payload).await.unwrap();
     assert_eq!(hash(&reply), hash(&payload));
 }
+
+/// A reload that changes the PSK of a QUIC server: new connections must prove the new
+/// PSK (the endpoint's TLS settings are swapped), and the session that proved the old one
+/// is ended.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_psk_reload_over_quic_takes_the_new_psk_and_ends_the_old_session() {
+    const NEW_PSK: &str = "the-new-psk-after-the-reload-0123";
+    let echo = echo_target().await;
+    let cert = match quic_config().auth {
+        warren::config::quic::QuicAuth::Psk {
+            cert: Some(cert), ..
+        } => cert,
+        _ => unreachable!("quic_config is psk mode with a cert path"),
+    };
+    let toml = |psk: &str, port: u16, web: u16| {
+        format!(
+            "[server]\nbind = \"127.0.0.1:{port}\"\ntransport = \"quic\"\npsk = \"{psk}\"\ndefault_token = \"{TOKEN}\"\nheartbeat_interval = \"1s\"\n[server.quic]\ncert = \"{}\"\nmax_packet = 6500\n[server.services.web]\nbind = \"127.0.0.1:{web}\"\n",
+            cert.display()
+        )
+    };
+    let web = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let web_port = web.local_addr().unwrap().port();
+    drop(web);
+    let udp = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let port = udp.local_addr().unwrap().port();
+    drop(udp);
+    let config = warren::ServerConfig::from_toml_str(&toml(PSK, port, web_port), "s.toml").unwrap();
+    let bound = warren::Server::from_config(config)
+        .unwrap()
+        .bind()
+        .await
+        .unwrap();
+    let addr = bound.local_addr();
+    let service = bound.service_addr("web").unwrap();
+    let reloader = bound.reloader();
+    let stop = bound.shutdown_token();
+    tokio::spawn(bound.run());
+
+    let mut old = start_client(&quic(), addr, echo);
+    old.wait_sessions(1).await;
+    let new_config =
+        warren::ServerConfig::from_toml_str(&toml(NEW_PSK, port, web_port), "s.toml").unwrap();
+    reloader.apply(new_config).await.expect("reload applies");
+    // The old client's session ends; with the old PSK it cannot come back.
+    tokio::time::timeout(
+        Duration::from_secs(15),
+        old.status.wait_for(|s| !s.connected),
+    )
+    .await
+    .expect("the old session ends after the PSK changed")
+    .unwrap();
+    let setup = Setup {
+        client_psk: NEW_PSK.into(),
+        ..quic()
+    };
+    let mut new = start_client(&setup, addr, echo);
+    new.wait_sessions(1).await;
+    let payload = random_bytes(100_000);
+    let reply = round_trip(service, &payload).await.unwrap();
+    assert_eq!(hash(&reply), hash(&payload));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(
+        !old.status.borrow().connected,
+        "the old PSK must not connect again"
+    );
+    stop.cancel();
+}
