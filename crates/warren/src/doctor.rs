@@ -562,26 +562,18 @@ type Probed = (establish::EstablishedSession, Option<String>);
 async fn quic_hello(
     config: &ClientConfig,
     target: &HostPort,
-    server: &str,
     claims: &[establish::Claim<'_>],
     deadline: std::time::Duration,
 ) -> Result<Probed, EstablishError> {
-    let addr = crate::client::quic::resolve(target, deadline, family(config))
-        .await
-        .map_err(|source| EstablishError::Connect {
-            server: server.to_owned(),
-            source,
-        })?;
-    let client =
-        crate::client::quic::QuicClient::new(config, target, addr.is_ipv6()).map_err(|e| {
-            EstablishError::Quic {
-                server: server.to_owned(),
-                error: e.to_string(),
-            }
-        })?;
-    let session =
-        establish::establish_quic(&client, server, addr, claims, HelloMode::Probe, deadline)
-            .await?;
+    let (session, client) = establish::establish_quic_once(
+        &config.quic,
+        &config.psk,
+        target,
+        family(config),
+        (claims, HelloMode::Probe),
+        deadline,
+    )
+    .await?;
     let facts = match &session.carrier {
         crate::session::link::Carrier::Quic(connection) => {
             let socket = client.endpoint().socket;
@@ -632,7 +624,7 @@ async fn handshake(
         None => target.to_string(),
     };
     let established = if config.transport == Transport::Quic {
-        quic_hello(config, target, &server, &claims, deadline).await
+        quic_hello(config, target, &claims, deadline).await
     } else {
         establish::establish(
             dial,

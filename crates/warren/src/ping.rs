@@ -56,36 +56,16 @@ pub struct PingTarget {
 pub async fn probe(target: &PingTarget, seq: u64) -> Result<Probe, EstablishError> {
     let mut session = match &target.quic {
         Some(quic) => {
-            let server = target.server.to_string();
-            let addr = crate::client::quic::resolve(
-                &target.server,
-                target.deadline,
-                crate::transport::tcp::Family::Any,
-            )
-            .await
-            .map_err(|source| EstablishError::Connect {
-                server: server.clone(),
-                source,
-            })?;
-            let client = crate::client::quic::QuicClient::with(
+            let (session, _) = establish::establish_quic_once(
                 quic,
                 &target.psk,
                 &target.server,
-                addr.is_ipv6(),
-            )
-            .map_err(|e| EstablishError::Quic {
-                server: server.clone(),
-                error: e.to_string(),
-            })?;
-            establish::establish_quic(
-                &client,
-                &server,
-                addr,
-                &[],
-                HelloMode::Probe,
+                crate::transport::tcp::Family::Any,
+                (&[], HelloMode::Probe),
                 target.deadline,
             )
-            .await?
+            .await?;
+            session
         }
         None => {
             let policy =

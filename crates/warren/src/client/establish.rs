@@ -192,23 +192,56 @@ pub async fn establish(
     let handshake_time = started.elapsed();
     let keys = SessionKeys::new(&established);
     let (sealer, opener) = keys.control_channel(Side::Client);
-    let mut channel = Stream::tcp(Channel::new(stream, sealer, opener));
-    let claims = proven(claims, &keys);
-    let started = Instant::now();
-    let verdicts = match tokio::time::timeout(deadline, hello(&mut channel, mode, claims)).await {
-        Err(_) => return Err(EstablishError::HelloTimeout),
-        Ok(result) => result?,
-    };
-    Ok(EstablishedSession {
+    let channel = Stream::tcp(Channel::new(stream, sealer, opener));
+    let up = Authenticated {
         channel,
         carrier: Carrier::Tcp,
         keys,
         server_addr,
-        verdicts,
         connect_time,
         handshake_time,
-        hello_time: started.elapsed(),
-    })
+    };
+    up.hello(claims, mode, deadline).await
+}
+
+/// A session whose handshake is done, before its hello: what both transports hand to
+/// [`Authenticated::hello`].
+struct Authenticated {
+    channel: Stream,
+    carrier: Carrier,
+    keys: SessionKeys,
+    server_addr: SocketAddr,
+    connect_time: Duration,
+    handshake_time: Duration,
+}
+
+impl Authenticated {
+    /// Sends the hello with `claims` (their token proofs bound to this session) and
+    /// collects the verdicts within `deadline`.
+    async fn hello(
+        mut self,
+        claims: &[Claim<'_>],
+        mode: HelloMode,
+        deadline: Duration,
+    ) -> Result<EstablishedSession, EstablishError> {
+        let claims = proven(claims, &self.keys);
+        let started = Instant::now();
+        let verdicts =
+            match tokio::time::timeout(deadline, hello(&mut self.channel, mode, claims)).await {
+                Err(_) => return Err(EstablishError::HelloTimeout),
+                Ok(result) => result?,
+            };
+        Ok(EstablishedSession {
+            channel: self.channel,
+            carrier: self.carrier,
+            keys: self.keys,
+            server_addr: self.server_addr,
+            verdicts,
+            connect_time: self.connect_time,
+            handshake_time: self.handshake_time,
+            hello_time: started.elapsed(),
+        })
+    }
 }
 
 /// The claims with their token proofs, bound to this session's handshake.
@@ -249,25 +282,46 @@ pub async fn establish_quic(
     let connection = authenticated.connection;
     let binding = crate::session::quic::session_binding(&connection)
         .ok_or_else(|| EstablishError::Hello("the TLS exporter failed".into()))?;
-    let keys = SessionKeys::for_quic(binding);
     let (send, recv) = authenticated.control;
-    let mut channel = crate::session::quic::control_stream(send, recv);
-    let claims = proven(claims, &keys);
-    let started = Instant::now();
-    let verdicts = match tokio::time::timeout(deadline, hello(&mut channel, mode, claims)).await {
-        Err(_) => return Err(EstablishError::HelloTimeout),
-        Ok(result) => result?,
-    };
-    Ok(EstablishedSession {
-        channel,
+    let up = Authenticated {
+        channel: crate::session::quic::control_stream(send, recv),
         carrier: Carrier::Quic(connection),
-        keys,
+        keys: SessionKeys::for_quic(binding),
         server_addr,
-        verdicts,
         connect_time: Duration::ZERO,
         handshake_time,
-        hello_time: started.elapsed(),
-    })
+    };
+    up.hello(claims, mode, deadline).await
+}
+
+/// [`establish_quic`] with a fresh endpoint for `server` (`warren doctor`, `warren ping`:
+/// one session each, nothing to resume): resolves it (trying `family` first), then
+/// connects with `quic` and `psk`. The endpoint comes back too, for its socket's facts.
+///
+/// # Errors
+/// As [`establish_quic`]; resolution and endpoint failures name the server.
+pub async fn establish_quic_once(
+    quic: &crate::config::quic::QuicConfig,
+    psk: &Secret,
+    server: &crate::config::HostPort,
+    family: crate::transport::tcp::Family,
+    (claims, mode): (&[Claim<'_>], HelloMode),
+    deadline: Duration,
+) -> Result<(EstablishedSession, QuicClient), EstablishError> {
+    let name = server.to_string();
+    let addr = crate::client::quic::resolve(server, deadline, family)
+        .await
+        .map_err(|source| EstablishError::Connect {
+            server: name.clone(),
+            source,
+        })?;
+    let client =
+        QuicClient::with(quic, psk, server, addr.is_ipv6()).map_err(|e| EstablishError::Quic {
+            server: name.clone(),
+            error: e.to_string(),
+        })?;
+    let session = establish_quic(&client, &name, addr, claims, mode, deadline).await?;
+    Ok((session, client))
 }
 
 fn quic_establish_error(server: &str, deadline: Duration, error: QuicError) -> EstablishError {

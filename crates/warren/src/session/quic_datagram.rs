@@ -127,16 +127,13 @@ impl Datagrams {
             return Err(DatagramError::TooLarge { len: bytes.len() });
         }
         let key = FlowKey { channel, flow };
-        let frames: Vec<Vec<u8>> = {
-            let mut fragmenter = self
-                .fragmenter
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
-            fragmenter
-                .split(key, bytes, self.connection.max_datagram_size())
-                .map_err(|e| DatagramError::Quic(e.to_string()))?
-                .collect()
-        };
+        // The lock only numbers the packet; the frames are made one by one as they go.
+        let frames = self
+            .fragmenter
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .split(key, bytes, self.connection.max_datagram_size())
+            .map_err(|e| DatagramError::Quic(e.to_string()))?;
         for frame in frames {
             match self.connection.send_datagram_wait(Bytes::from(frame)).await {
                 Ok(()) => {}
