@@ -367,3 +367,42 @@ async fn a_psk_reload_over_quic_takes_the_new_psk_and_ends_the_old_session() {
     );
     stop.cancel();
 }
+
+/// `warren ping` and `warren doctor` over QUIC: a probe session that serves nothing, with
+/// real timings, and a doctor report whose QUIC line names the path's facts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ping_and_doctor_speak_quic() {
+    let echo = echo_target().await;
+    let (server, _client) = tunnel(&quic(), echo).await;
+    let target = warren::ping::PingTarget {
+        server: warren::HostPort::from(server.addr),
+        psk: warren::crypto::secret::Secret::new(PSK),
+        ciphers: Vec::new(),
+        cipher_choice: Default::default(),
+        deadline: Duration::from_secs(5),
+        quic: Some(quic_config()),
+    };
+    let probe = warren::ping::probe(&target, 1)
+        .await
+        .expect("ping over QUIC");
+    assert_eq!(probe.cipher, "tls1.3-quic");
+    assert!(probe.rtt > Duration::ZERO && probe.handshake > Duration::ZERO);
+
+    let dir = std::env::temp_dir().join(format!("warren-quic-doctor-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = dir.join("client.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[client]\nserver = \"{}\"\ntransport = \"quic\"\npsk = \"{PSK}\"\ndefault_token = \"{TOKEN}\"\n[client.quic]\nmax_packet = 6500\n[client.services.web]\ntarget = \"{echo}\"\n",
+            server.addr
+        ),
+    )
+    .unwrap();
+    let report = warren::doctor::diagnose(&config).await;
+    let text = format!("{report:?}");
+    assert!(!report.failed(), "doctor failed over QUIC: {text}");
+    assert!(text.contains("QUIC path: rtt"), "no QUIC line: {text}");
+    assert!(text.contains("accepted by the server"), "{text}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
