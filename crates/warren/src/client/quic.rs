@@ -105,24 +105,15 @@ pub async fn resolve(
     deadline: Duration,
     family: crate::transport::tcp::Family,
 ) -> std::io::Result<SocketAddr> {
-    use crate::transport::tcp::Family;
-    let lookup = tokio::net::lookup_host((server.host.as_str(), server.port));
-    let addrs: Vec<SocketAddr> = tokio::time::timeout(deadline, lookup)
+    let addrs = tokio::time::timeout(deadline, crate::transport::tcp::resolve(server, family))
         .await
         .map_err(|_| {
             std::io::Error::new(
                 std::io::ErrorKind::TimedOut,
                 format!("resolving {server} timed out after {deadline:?}"),
             )
-        })?
-        .map_err(|e| std::io::Error::new(e.kind(), format!("cannot resolve {server}: {e}")))?
-        .collect();
-    let pick = match family {
-        Family::PreferIpv6 => addrs.iter().find(|a| a.is_ipv6()),
-        Family::PreferIpv4 => addrs.iter().find(|a| a.is_ipv4()),
-        Family::Any => None,
-    };
-    pick.or(addrs.first()).copied().ok_or_else(|| {
+        })??;
+    addrs.first().copied().ok_or_else(|| {
         std::io::Error::new(
             std::io::ErrorKind::NotFound,
             format!("{server} resolved to no address"),

@@ -42,16 +42,7 @@ pub async fn connect_preferring(
     family: Family,
 ) -> io::Result<TcpStream> {
     let attempt = async {
-        let mut addrs: Vec<SocketAddr> = lookup_host((target.host.as_str(), target.port))
-            .await
-            .map_err(|e| io::Error::new(e.kind(), format!("cannot resolve {target}: {e}")))?
-            .collect();
-        match family {
-            Family::Any => {}
-            // Stable sorts: the resolver's order is kept within each family.
-            Family::PreferIpv4 => addrs.sort_by_key(|a| a.is_ipv6()),
-            Family::PreferIpv6 => addrs.sort_by_key(|a| a.is_ipv4()),
-        }
+        let addrs = resolve(target, family).await?;
         let mut last = io::Error::new(
             io::ErrorKind::NotFound,
             format!("{target} resolved to no address"),
@@ -112,6 +103,24 @@ pub async fn dial_server(
         }
         (None, None) => connect_preferring(server, deadline, family).await,
     }
+}
+
+/// Resolves `target` (no deadline: callers add one), the addresses of `family` first.
+///
+/// # Errors
+/// Resolution failures, naming the target.
+pub async fn resolve(target: &HostPort, family: Family) -> io::Result<Vec<SocketAddr>> {
+    let mut addrs: Vec<SocketAddr> = lookup_host((target.host.as_str(), target.port))
+        .await
+        .map_err(|e| io::Error::new(e.kind(), format!("cannot resolve {target}: {e}")))?
+        .collect();
+    match family {
+        Family::Any => {}
+        // Stable sorts: the resolver's order is kept within each family.
+        Family::PreferIpv4 => addrs.sort_by_key(|a| a.is_ipv6()),
+        Family::PreferIpv6 => addrs.sort_by_key(|a| a.is_ipv4()),
+    }
+    Ok(addrs)
 }
 
 /// TCP keepalive: a connection whose peer vanished without a FIN or RST (a cut cable, a
