@@ -34,6 +34,7 @@
 //! * [`session`]: the control channel (hello, heartbeats) and datagram channels.
 //! * [`relay`]: byte pumps between local sockets and channels; UDP flow tables.
 //! * [`server`], [`client`]: the two sides.
+//! * [`http`]: HTTP services: host and path routing, middleware.
 //! * [`demo`]: the self-contained `warren demo`.
 //! * [`doctor`], [`ping`]: `warren doctor` and `warren ping`.
 //! * [`metrics`], [`admin`]: Prometheus metrics, live connections and the admin HTTP API.
@@ -46,6 +47,7 @@ pub mod config;
 pub mod crypto;
 pub mod demo;
 pub mod doctor;
+pub mod http;
 pub mod metrics;
 pub mod ping;
 pub mod relay;

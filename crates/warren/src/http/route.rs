@@ -1,0 +1,1 @@
+//! The route key of a request and the route table (being written).
