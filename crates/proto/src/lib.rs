@@ -23,6 +23,7 @@ pub mod handshake;
 pub mod liveness;
 pub mod message;
 pub mod proxy_header;
+pub mod sni;
 pub mod speed_ext;
 
 pub use cipher::{CipherChoice, CipherPolicy, CipherSuite, SuiteSpeed};

@@ -93,7 +93,8 @@ pub(super) struct Running {
 /// [`ClientError::Bind`] naming the service.
 pub(super) async fn bind_forward(forward: &ClientForward) -> Result<ForwardSocket, ClientError> {
     let bound = match forward.kind {
-        ServiceKind::Tcp => TcpListener::bind(forward.bind)
+        // `http` forward services are refused by the config.
+        ServiceKind::Tcp | ServiceKind::Http => TcpListener::bind(forward.bind)
             .await
             .map(|listener| ForwardSocket::Tcp(Arc::new(listener))),
         ServiceKind::Udp(_) => relay::udp::bind_service_socket(forward.bind)
@@ -155,7 +156,7 @@ pub(super) fn start(
         (ForwardSocket::Udp(socket), kind) => {
             let settings = match kind {
                 ServiceKind::Udp(settings) => settings,
-                ServiceKind::Tcp => UdpSettings::DEFAULT,
+                ServiceKind::Tcp | ServiceKind::Http => UdpSettings::DEFAULT,
             };
             let tasks = shared.tasks.clone();
             let side = VisitorSide {

@@ -1172,7 +1172,10 @@ pub fn claims_of(config: &ClientConfig) -> Vec<Claim<'_>> {
         name: &service.name,
         token: &service.token,
         kind: match (service.remote_bind, service.kind) {
-            (Some(remote_bind), ServiceKind::Tcp) => ClaimKind::Declared { remote_bind },
+            // A declared `http` service is refused by the config (for now).
+            (Some(remote_bind), ServiceKind::Tcp | ServiceKind::Http) => {
+                ClaimKind::Declared { remote_bind }
+            }
             (Some(remote_bind), ServiceKind::Udp(_)) => ClaimKind::DeclaredUdp { remote_bind },
             (None, _) => ClaimKind::Reverse,
         },
@@ -1185,7 +1188,7 @@ pub fn claims_of(config: &ClientConfig) -> Vec<Claim<'_>> {
             name: &forward.name,
             token: &forward.token,
             kind: match forward.kind {
-                ServiceKind::Tcp => ClaimKind::Forward { target },
+                ServiceKind::Tcp | ServiceKind::Http => ClaimKind::Forward { target },
                 ServiceKind::Udp(_) => ClaimKind::ForwardUdp { target },
             },
             weight: 1,

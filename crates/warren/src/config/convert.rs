@@ -194,7 +194,13 @@ pub(crate) fn convert_server(file: FileServer, report: &mut Report) -> ServerCon
             ),
         }
     }
-    let (services, forwards) = server_services(report, file.services, default_token.as_ref());
+    config.http = super::http::convert_listen(report, file.http);
+    let (services, forwards) = server_services(
+        report,
+        file.services,
+        default_token.as_ref(),
+        config.http.as_ref(),
+    );
     config.services = services;
     config.forwards = forwards;
     config.default_token = default_token;
@@ -211,10 +217,11 @@ fn server_services(
     report: &mut Report,
     services: BTreeMap<String, FileServerService>,
     default_token: Option<&Secret>,
+    http: Option<&super::http::HttpListen>,
 ) -> ServerServices {
     let mut out = BTreeMap::new();
     let mut forwards = BTreeMap::new();
-    for (name, service) in services {
+    for (name, mut service) in services {
         let key = service_key("server", &name);
         let kind = service_kind(report, &key, service.kind.as_deref());
         let kind = udp_settings(
@@ -224,6 +231,26 @@ fn server_services(
             service.udp_idle_timeout.as_ref(),
             service.udp_max_sessions,
         );
+        let http_keys = service.take_http();
+        if kind == ServiceKind::Http {
+            if let Some(service) =
+                http_service(report, &key, &name, service, http_keys, default_token, http)
+            {
+                out.insert(name, service);
+            }
+            continue;
+        }
+        if let Some(first) = http_keys.set_keys().first()
+            && !report.is_poisoned(&join_key(&key, "type"))
+        {
+            report.fail(
+                ConfigError::new(
+                    join_key(&key, first),
+                    format!("`{first}` only applies to http services, and this one is {kind}"),
+                )
+                .with_hint("add type = \"http\", or remove it"),
+            );
+        }
         let bind_key = join_key(&key, "bind");
         let proxy_protocol = proxy_protocol(report, &key, service.proxy_protocol.as_deref());
         let load_balance = ha::load_balance(report, &key, service.load_balance.as_deref());
@@ -289,10 +316,58 @@ fn server_services(
                 bind,
                 token,
                 load_balance,
+                http: None,
             },
         );
     }
     (out, forwards)
+}
+
+/// An http service: routed on `[server.http]`'s ports, so it has no `bind` or `target`.
+fn http_service(
+    report: &mut Report,
+    key: &str,
+    name: &str,
+    service: FileServerService,
+    http_keys: super::http::FileHttpService,
+    default_token: Option<&Secret>,
+    http: Option<&super::http::HttpListen>,
+) -> Option<ServerService> {
+    for (set, leaf) in [
+        (service.bind.is_some(), "bind"),
+        (service.target.is_some(), "target"),
+        (service.proxy_protocol.is_some(), "proxy_protocol"),
+    ] {
+        if set {
+            report.fail(
+                ConfigError::new(join_key(key, leaf), format!("an http service takes no `{leaf}`: visitors reach it on [server.http]'s ports by host name"))
+                    .with_hint("remove it; set the ports in [server.http] and the names in `hosts`"),
+            );
+        }
+    }
+    let Some(listen) = http else {
+        report.fail(
+            ConfigError::new(key, "an http service needs the server's shared HTTP port").with_hint(
+                "add [server.http] with bind = \"0.0.0.0:80\" (and/or tls_bind = \"0.0.0.0:443\")",
+            ),
+        );
+        return None;
+    };
+    let route = super::http::convert_route(report, key, http_keys);
+    let load_balance = ha::load_balance(report, key, service.load_balance.as_deref());
+    let token = token(report, "server", name, service.token, default_token);
+    let bind = listen
+        .bind
+        .or(listen.tls_bind)
+        .unwrap_or(SocketAddr::from((Ipv4Addr::UNSPECIFIED, 0)));
+    Some(ServerService {
+        name: name.to_owned(),
+        kind: ServiceKind::Http,
+        bind,
+        token,
+        load_balance,
+        http: Some(Box::new(route)),
+    })
 }
 
 /// Converts `[client]`, then checks the semantic rules on the result.
@@ -418,6 +493,27 @@ fn client_services(
             service.udp_max_sessions,
         );
         let proxy_protocol = proxy_protocol(report, &key, service.proxy_protocol.as_deref());
+        if kind == ServiceKind::Http {
+            for (set, field, why) in [
+                (
+                    service.bind.is_some(),
+                    "bind",
+                    "visitors of an http service come through the server's HTTP port",
+                ),
+                (
+                    service.remote_bind.is_some(),
+                    "remote_bind",
+                    "client-declared http services are not supported yet",
+                ),
+            ] {
+                if set {
+                    report.fail(
+                        ConfigError::new(join_key(&key, field), format!("an http service takes no `{field}`: {why}"))
+                            .with_hint("remove it; list the service with type = \"http\" and its hosts in the server's config"),
+                    );
+                }
+            }
+        }
         if let Some(text) = &service.bind {
             let bind = socket_addr(report, &join_key(&key, "bind"), text)
                 .unwrap_or(SocketAddr::from((Ipv4Addr::UNSPECIFIED, 0)));
@@ -561,7 +657,7 @@ fn token(
     }
 }
 
-fn socket_addr(report: &mut Report, key: &str, text: &str) -> Option<SocketAddr> {
+pub(super) fn socket_addr(report: &mut Report, key: &str, text: &str) -> Option<SocketAddr> {
     match text.trim().parse::<SocketAddr>() {
         Ok(addr) if addr.port() == 0 => {
             report.fail(

@@ -67,6 +67,8 @@ pub struct FileServer {
     pub allow_bind_addrs: Option<Vec<String>>,
     /// `[server.quic]`: the QUIC transport's settings.
     pub quic: Option<super::quic::FileQuic>,
+    /// `[server.http]`: the shared HTTP ports of `type = "http"` services.
+    pub http: Option<super::http::FileHttp>,
     /// `[server.services.NAME]` tables. Default: none.
     #[serde(default)]
     pub services: BTreeMap<String, FileServerService>,
@@ -76,11 +78,12 @@ pub struct FileServer {
 #[derive(Debug, Clone, Default, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct FileServerService {
-    /// Service type: `"tcp"` (default) or `"udp"`. `"http"` is not supported yet.
+    /// Service type: `"tcp"` (default), `"udp"` or `"http"` (routed by host on
+    /// `[server.http]`'s ports).
     #[serde(rename = "type")]
     pub kind: Option<String>,
     /// `IP:PORT` where visitors connect: a reverse service. Exactly one of `bind` and
-    /// `target`.
+    /// `target` (an http service has neither: it is served on `[server.http]`).
     pub bind: Option<String>,
     /// `HOST:PORT` the server dials for each stream: a forward service (the client binds).
     pub target: Option<String>,
@@ -98,6 +101,41 @@ pub struct FileServerService {
     /// Reverse services: how visitors are spread over the clients serving the service,
     /// `"least-connections"` (default), `"round-robin"` or `"random"`.
     pub load_balance: Option<String>,
+    /// HTTP only: host names (exact, or `*.suffix` for one label). Required.
+    pub hosts: Option<Vec<String>>,
+    /// HTTP only: path prefixes, matched segment by segment. Default `["/"]`.
+    pub paths: Option<Vec<String>>,
+    /// HTTP only: `"terminate"` or `"passthrough"`. Default: plain HTTP only.
+    pub tls: Option<String>,
+    /// HTTP only, `tls = "terminate"`: the certificate chain (PEM).
+    pub cert: Option<std::path::PathBuf>,
+    /// HTTP only, `tls = "terminate"`: the private key (PEM).
+    pub key: Option<std::path::PathBuf>,
+    /// HTTP only: the `Host` the backend sees. Default: the visitor's.
+    pub host_rewrite: Option<String>,
+    /// HTTP only: remove the matched path prefix before forwarding. Default `false`.
+    pub strip_prefix: Option<bool>,
+    /// HTTP only: `"http1"` (default) or `"h2c"`.
+    pub backend: Option<String>,
+    /// HTTP only: the middleware chain (`[[server.services.NAME.middleware]]`), in order.
+    pub middleware: Option<Vec<super::middleware::FileMiddleware>>,
+}
+
+impl FileServerService {
+    /// Moves the http keys out (they are checked by [`super::http`]).
+    pub fn take_http(&mut self) -> super::http::FileHttpService {
+        super::http::FileHttpService {
+            hosts: self.hosts.take(),
+            paths: self.paths.take(),
+            tls: self.tls.take(),
+            cert: self.cert.take(),
+            key: self.key.take(),
+            host_rewrite: self.host_rewrite.take(),
+            strip_prefix: self.strip_prefix.take(),
+            backend: self.backend.take(),
+            middleware: self.middleware.take(),
+        }
+    }
 }
 
 /// The `[client]` section.
@@ -147,7 +185,8 @@ pub struct FileClient {
 #[derive(Debug, Clone, Default, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct FileClientService {
-    /// Service type: `"tcp"` (default) or `"udp"`. `"http"` is not supported yet.
+    /// Service type: `"tcp"` (default), `"udp"` or `"http"` (the server routes requests
+    /// to it by host; here it is dialled like `tcp`).
     #[serde(rename = "type")]
     pub kind: Option<String>,
     /// `HOST:PORT` of the local service to forward to (a reverse service). With `bind`:

@@ -136,6 +136,9 @@ pub enum ServiceKind {
     Tcp,
     /// UDP datagrams, one flow per visitor address.
     Udp(UdpSettings),
+    /// HTTP requests routed by host and path on the server's shared HTTP ports; through
+    /// the tunnel they are TCP streams (the client dials its target as for `tcp`).
+    Http,
 }
 
 impl ServiceKind {
@@ -145,15 +148,26 @@ impl ServiceKind {
     }
 
     /// Every supported kind (UDP with its default settings).
-    pub const ALL: [ServiceKind; 2] = [ServiceKind::Tcp, ServiceKind::Udp(UdpSettings::DEFAULT)];
+    pub const ALL: [ServiceKind; 3] = [
+        ServiceKind::Tcp,
+        ServiceKind::Udp(UdpSettings::DEFAULT),
+        ServiceKind::Http,
+    ];
     /// Kinds that are planned but refused for now with "not supported yet".
-    pub const PLANNED: [&'static str; 1] = ["http"];
+    pub const PLANNED: [&'static str; 0] = [];
+
+    /// Whether the tunnel carries this kind as streams (TCP and HTTP) rather than
+    /// datagrams.
+    pub fn is_stream(self) -> bool {
+        !matches!(self, ServiceKind::Udp(_))
+    }
 
     /// The name used in config files (`"tcp"`, `"udp"`).
     pub fn name(self) -> &'static str {
         match self {
             ServiceKind::Tcp => "tcp",
             ServiceKind::Udp(_) => "udp",
+            ServiceKind::Http => "http",
         }
     }
 
@@ -325,6 +339,8 @@ pub struct ServerConfig {
     pub allow_bind_addrs: Vec<IpAddr>,
     /// The QUIC transport's settings (used with `transport = "quic"`).
     pub quic: super::quic::QuicConfig,
+    /// The shared HTTP ports of `type = "http"` services; `None`: no http services.
+    pub http: Option<super::http::HttpListen>,
     /// The admin API and `/metrics`; `None` (the default) serves neither.
     pub admin: Option<AdminConfig>,
 }
@@ -393,6 +409,8 @@ pub struct ServerService {
     pub token: Secret,
     /// How visitors are spread over the sessions serving the service.
     pub load_balance: super::ha::Strategy,
+    /// An http service's routes and middleware (`kind` is [`ServiceKind::Http`]).
+    pub http: Option<Box<super::http::HttpRoute>>,
 }
 
 /// Everything the client runs with.
@@ -512,6 +530,7 @@ impl ServerConfig {
             allow_ports: None,
             allow_bind_addrs: Vec::new(),
             quic: super::quic::QuicConfig::default(),
+            http: None,
             admin: None,
         }
     }
@@ -556,10 +575,33 @@ impl ServerConfig {
         // one port. The server port counts as both TCP and UDP: QUIC will use its UDP side.
         let mut binds: Vec<(SocketAddr, Option<ServiceKind>, String)> =
             vec![(self.bind, None, "server.bind".to_owned())];
+        if let Some(http) = &self.http {
+            for (addr, key) in [
+                (http.bind, "server.http.bind"),
+                (http.tls_bind, "server.http.tls_bind"),
+            ] {
+                if let Some(addr) = addr {
+                    let conflict = binds
+                        .iter()
+                        .find(|(other, _, _)| addr.port() != 0 && binds_conflict(*other, addr));
+                    if let Some((_, _, other)) = conflict {
+                        errors.push(
+                            ConfigError::new(key, format!("{addr} is already used by {other}"))
+                                .with_hint("give the HTTP ports their own port numbers"),
+                        );
+                    }
+                    binds.push((addr, Some(ServiceKind::Tcp), key.to_owned()));
+                }
+            }
+        }
         for (name, service) in &self.services {
             let key = service_key(side, name);
             check_service(&mut errors, side, name, &service.name, &service.token, self);
             check_udp(&mut errors, &key, service.kind);
+            if service.kind == ServiceKind::Http {
+                // Served on the shared HTTP ports, checked above.
+                continue;
+            }
             let bind_key = join_key(&key, "bind");
             // Port 0 asks the OS for a free port, so it never conflicts; a UDP and a TCP
             // service may share a port number.

@@ -12,7 +12,9 @@
 //! * [`route`]: the route key of a request (host, normalized path) and the route table.
 //! * [`middleware`]: the [`middleware::Middleware`] trait and the built-ins.
 
+pub mod forwarded;
 pub mod middleware;
+pub mod page;
 pub mod route;
 
 use bytes::Bytes;

@@ -83,7 +83,7 @@ impl DeclaredSocket {
 /// The protocol a service kind carries.
 fn protocol_of(kind: ServiceKind) -> Protocol {
     match kind {
-        ServiceKind::Tcp => Protocol::Tcp,
+        ServiceKind::Tcp | ServiceKind::Http => Protocol::Tcp,
         ServiceKind::Udp(_) => Protocol::Udp,
     }
 }

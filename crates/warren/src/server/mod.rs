@@ -17,6 +17,7 @@
 mod admin;
 mod forward;
 mod hello;
+mod http;
 pub mod pending;
 mod quic;
 mod reload;
@@ -238,6 +239,7 @@ impl ServerBuilder {
             self.config.services.insert(
                 name.clone(),
                 ServerService {
+                    http: None,
                     load_balance: self.load_balance.get(&name).copied().unwrap_or_default(),
                     name,
                     kind,
@@ -302,6 +304,10 @@ impl Server {
             Some(admin) => Some(bind_listener("the admin API", admin.bind).await?),
             None => None,
         };
+        let http_ports = match &self.config.http {
+            Some(listen) => Some(http::HttpPorts::bind(listen).await?),
+            None => None,
+        };
         let telemetry = Telemetry::new(Side::Server);
         let cancel = CancellationToken::new();
         let mut services = HashMap::new();
@@ -322,12 +328,22 @@ impl Server {
             tasks: TaskTracker::new(),
             telemetry,
             quic: RwLock::new(None),
+            http: RwLock::new(Arc::new(http::Front::empty())),
         });
+        {
+            let services = shared
+                .services
+                .read()
+                .unwrap_or_else(PoisonError::into_inner);
+            let front = http::Front::build(&shared.live().config, &services);
+            *shared.http.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(front);
+        }
         let (reloader, reloads) = Reloader::new("server");
         Ok(BoundServer {
             shared,
             listener,
             admin_listener,
+            http_ports,
             reloader,
             reloads,
             source: None,
@@ -365,6 +381,7 @@ pub struct BoundServer {
     shared: Arc<Shared>,
     listener: Listener,
     admin_listener: Option<TcpListener>,
+    http_ports: Option<http::HttpPorts>,
     reloader: Reloader<ServerConfig>,
     reloads: Requests<ServerConfig>,
     /// The config file, when the server reloads from one.
@@ -385,6 +402,16 @@ impl BoundServer {
         self.shared
             .binding(name)
             .and_then(|binding| binding.socket.local_addr().ok())
+    }
+
+    /// The HTTP ports' actual addresses (plain, TLS), when `[server.http]` is configured.
+    pub fn http_addrs(&self) -> (Option<SocketAddr>, Option<SocketAddr>) {
+        let addr =
+            |listener: &Option<TcpListener>| listener.as_ref().and_then(|l| l.local_addr().ok());
+        match &self.http_ports {
+            Some(ports) => (addr(&ports.plain), addr(&ports.tls)),
+            None => (None, None),
+        }
     }
 
     /// The admin API's actual address, when `[admin]` is configured.
@@ -430,6 +457,7 @@ impl BoundServer {
             shared,
             listener,
             admin_listener,
+            http_ports,
             reloader,
             reloads,
             source,
@@ -474,6 +502,16 @@ impl BoundServer {
         );
         for binding in bindings {
             spawn_service(&shared, binding);
+        }
+        if let Some(ports) = http_ports {
+            http::log_ports(&ports);
+            for (listener, tls) in [(ports.plain, false), (ports.tls, true)] {
+                if let Some(listener) = listener {
+                    shared
+                        .tasks
+                        .spawn(http::accept_loop(Arc::clone(&shared), listener, tls));
+                }
+            }
         }
         match listener {
             Listener::Tcp(listener) => accept_loop(&shared, listener).await,
@@ -520,10 +558,12 @@ fn spawn_service(shared: &Arc<Shared>, binding: Binding) {
                 .tasks
                 .spawn(serve_visitors(Arc::clone(shared), slot, listener, None));
         }
+        // Requests reach it through the HTTP front (rebuilt with the services).
+        (ServiceSocket::Http, _) => {}
         (ServiceSocket::Udp(socket), kind) => {
             let settings = match kind {
                 ServiceKind::Udp(settings) => settings,
-                ServiceKind::Tcp => UdpSettings::DEFAULT,
+                ServiceKind::Tcp | ServiceKind::Http => UdpSettings::DEFAULT,
             };
             let until = slot.stop.clone();
             let service = udp::UdpService {
@@ -565,6 +605,8 @@ struct Shared {
     telemetry: Arc<Telemetry>,
     /// The QUIC listener, while the server runs on QUIC (a reload updates its PSK).
     quic: RwLock<Option<Arc<quic::QuicListener>>>,
+    /// What routes requests on the HTTP ports; a reload swaps it whole.
+    http: RwLock<Arc<http::Front>>,
 }
 
 impl Shared {
@@ -671,6 +713,8 @@ impl Binding {
 enum ServiceSocket {
     Tcp(Arc<TcpListener>),
     Udp(Arc<UdpSocket>),
+    /// An http service has no socket of its own: the `[server.http]` ports route to it.
+    Http,
 }
 
 impl ServiceSocket {
@@ -688,6 +732,7 @@ impl ServiceSocket {
                     addr: service.bind,
                     source,
                 }),
+            ServiceKind::Http => Ok(ServiceSocket::Http),
         }
     }
 
@@ -695,6 +740,9 @@ impl ServiceSocket {
         match self {
             ServiceSocket::Tcp(listener) => listener.local_addr(),
             ServiceSocket::Udp(socket) => socket.local_addr(),
+            ServiceSocket::Http => Err(std::io::Error::other(
+                "an http service is served on the shared HTTP ports",
+            )),
         }
     }
 }

@@ -81,19 +81,36 @@ pub(super) async fn apply(shared: &Arc<Shared>, new: ServerConfig) -> ReloadResu
         }
     }
 
-    // 0. A new `load_balance` alone applies in place: the service keeps its socket, its
-    //    sessions and its streams.
-    let rebalanced = rebalance(shared, &new);
+    let http_ports =
+        |config: &ServerConfig| config.http.as_ref().map(|http| (http.bind, http.tls_bind));
+    if http_ports(&new) != http_ports(old) {
+        summary
+            .needs_restart
+            .push("[server.http] bind / tls_bind (the HTTP ports keep their addresses)".to_owned());
+    }
+
+    // 0. A new `load_balance` or http route alone applies in place: the service keeps its
+    //    socket, its sessions and its streams.
+    let InPlace {
+        rebalanced,
+        rerouted,
+    } = apply_in_place(shared, &new);
     for name in &rebalanced {
         summary.applied.push(format!(
             "service {name} now spreads its visitors by {}",
             new.services[name].load_balance.name()
         ));
     }
+    for name in &rerouted {
+        summary.applied.push(format!(
+            "http service {name}: routes and middleware updated"
+        ));
+    }
     let mut old_services = old.services.clone();
-    for name in &rebalanced {
+    for name in rebalanced.iter().chain(&rerouted) {
         if let Some(service) = old_services.get_mut(name) {
             service.load_balance = new.services[name].load_balance;
+            service.http.clone_from(&new.services[name].http);
         }
     }
 
@@ -162,6 +179,10 @@ pub(super) async fn apply(shared: &Arc<Shared>, new: ServerConfig) -> ReloadResu
             }
             spawn_service(shared, binding);
         }
+        // Routes, certificates and chains follow the services (a request in flight keeps
+        // the front it started with).
+        let front = super::http::Front::build(&new, &services);
+        *shared.http.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(front);
     }
     summary.note_table("forward service", &old.forwards, &new.forwards);
     describe_settings(old, &new, &mut summary);
@@ -205,27 +226,46 @@ pub(super) async fn apply(shared: &Arc<Shared>, new: ServerConfig) -> ReloadResu
     Ok(summary)
 }
 
-/// Applies a changed `load_balance` to the running slot of every service where it is the
-/// only change; returns their names.
-fn rebalance(shared: &Shared, new: &ServerConfig) -> Vec<String> {
+/// Services whose change applied to their running slot.
+struct InPlace {
+    /// A new `load_balance`.
+    rebalanced: Vec<String>,
+    /// New http routes, TLS or middleware (the HTTP front is rebuilt after the swap).
+    rerouted: Vec<String>,
+}
+
+/// Applies a changed `load_balance` or http route to the running slot of every service
+/// where that is all that changed.
+fn apply_in_place(shared: &Shared, new: &ServerConfig) -> InPlace {
     let mut services = shared
         .services
         .write()
         .unwrap_or_else(PoisonError::into_inner);
-    let mut rebalanced = Vec::new();
+    let mut in_place = InPlace {
+        rebalanced: Vec::new(),
+        rerouted: Vec::new(),
+    };
     for (name, wanted) in &new.services {
         let Some(binding) = services.get_mut(name) else {
             continue;
         };
         let mut same = binding.service.clone();
         same.load_balance = wanted.load_balance;
-        if same == *wanted && binding.service.load_balance != wanted.load_balance {
+        same.http.clone_from(&wanted.http);
+        if same != *wanted {
+            continue;
+        }
+        if binding.service.load_balance != wanted.load_balance {
             binding.slot.set_strategy(wanted.load_balance);
             binding.service.load_balance = wanted.load_balance;
-            rebalanced.push(name.clone());
+            in_place.rebalanced.push(name.clone());
+        }
+        if binding.service.http != wanted.http {
+            binding.service.http.clone_from(&wanted.http);
+            in_place.rerouted.push(name.clone());
         }
     }
-    rebalanced
+    in_place
 }
 
 /// Names added, removed or changed between `old` and `new`.

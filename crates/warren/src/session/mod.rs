@@ -8,6 +8,7 @@
 //! channel per service carries every flow's datagrams.
 
 pub mod datagram;
+pub mod io;
 pub mod link;
 pub mod quic;
 pub mod quic_datagram;

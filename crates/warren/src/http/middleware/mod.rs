@@ -21,6 +21,18 @@ use http::{Request, Response};
 
 use super::Body;
 
+pub mod chain;
+
+pub use chain::Chain;
+
+/// Builds a chain (stub).
+///
+/// # Errors
+/// Never (stub).
+pub fn build_chain(_specs: &[crate::config::middleware::MiddlewareSpec]) -> Result<Chain, String> {
+    Ok(Chain::empty())
+}
+
 /// A boxed future of a middleware hook.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 

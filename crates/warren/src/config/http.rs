@@ -1,0 +1,298 @@
+//! `[server.http]` (the shared public HTTP ports) and the keys of `type = "http"` services.
+//!
+//! ```toml
+//! [server.http]
+//! bind = "0.0.0.0:80"              # HTTP/1.1 and h2c for every http service
+//! tls_bind = "0.0.0.0:443"         # optional: TLS (ALPN h2, http/1.1) and SNI passthrough
+//! trusted_proxies = ["10.0.0.0/8"] # peers whose X-Forwarded-For is believed
+//!
+//! [server.services.app]
+//! type = "http"
+//! hosts = ["app.example.com", "*.preview.example.com"]
+//! paths = ["/"]                    # longest segment-wise prefix wins; default "/"
+//! tls = "terminate"                # or "passthrough"; default: plain HTTP only
+//! cert = "app.pem"                 # terminate: certificate chain and key (PEM)
+//! key = "app.key"
+//! host_rewrite = "app.internal"    # Host the backend sees; default: the visitor's
+//! strip_prefix = true              # drop the matched path prefix before forwarding
+//! backend = "http1"                # or "h2c" (gRPC and other HTTP/2 backends)
+//! ```
+//!
+//! A service is served on the plain port unless it passes TLS through; with a certificate
+//! it is also served on the TLS port. Header rules and access control are middleware.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use serde::Deserialize;
+
+use super::error::{ConfigError, Report};
+use super::middleware::{FileMiddleware, MiddlewareSpec};
+use crate::http::route::HostPattern;
+
+/// The `[server.http]` table, as the file says it.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileHttp {
+    /// `IP:PORT` of the plain HTTP port (HTTP/1.1 and h2c).
+    pub bind: Option<String>,
+    /// `IP:PORT` of the TLS port (terminated or passed through by SNI).
+    pub tls_bind: Option<String>,
+    /// CIDRs of proxies in front of Warren whose `X-Forwarded-For` is believed.
+    pub trusted_proxies: Option<Vec<String>>,
+}
+
+/// The http keys of a `[server.services.NAME]` table.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileHttpService {
+    /// Host names (exact, or `*.suffix` for one label).
+    pub hosts: Option<Vec<String>>,
+    /// Path prefixes, matched segment by segment. Default `["/"]`.
+    pub paths: Option<Vec<String>>,
+    /// `"terminate"` or `"passthrough"`. Default: plain HTTP only.
+    pub tls: Option<String>,
+    /// `tls = "terminate"`: the certificate chain (PEM).
+    pub cert: Option<PathBuf>,
+    /// `tls = "terminate"`: the private key (PEM).
+    pub key: Option<PathBuf>,
+    /// The `Host` the backend sees. Default: the visitor's.
+    pub host_rewrite: Option<String>,
+    /// Remove the matched path prefix before forwarding. Default `false`.
+    pub strip_prefix: Option<bool>,
+    /// `"http1"` (default) or `"h2c"`.
+    pub backend: Option<String>,
+    /// The middleware chain, in order.
+    pub middleware: Option<Vec<FileMiddleware>>,
+}
+
+impl FileHttpService {
+    /// The keys that are set, for "only http services take `hosts`".
+    pub fn set_keys(&self) -> Vec<&'static str> {
+        let mut keys = Vec::new();
+        let pairs: [(&'static str, bool); 9] = [
+            ("hosts", self.hosts.is_some()),
+            ("paths", self.paths.is_some()),
+            ("tls", self.tls.is_some()),
+            ("cert", self.cert.is_some()),
+            ("key", self.key.is_some()),
+            ("host_rewrite", self.host_rewrite.is_some()),
+            ("strip_prefix", self.strip_prefix.is_some()),
+            ("backend", self.backend.is_some()),
+            ("middleware", self.middleware.is_some()),
+        ];
+        for (key, set) in pairs {
+            if set {
+                keys.push(key);
+            }
+        }
+        keys
+    }
+}
+
+/// The shared HTTP ports, typed.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HttpListen {
+    /// The plain port.
+    pub bind: Option<SocketAddr>,
+    /// The TLS port.
+    pub tls_bind: Option<SocketAddr>,
+    /// Proxies whose `X-Forwarded-For` is believed.
+    pub trusted_proxies: Vec<crate::http::forwarded::Cidr>,
+}
+
+/// How an http service treats TLS.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum HttpTls {
+    /// Plain HTTP only.
+    #[default]
+    Off,
+    /// Warren terminates TLS with this certificate and key (selected by SNI).
+    Terminate {
+        /// Certificate chain (PEM).
+        cert: PathBuf,
+        /// Private key (PEM).
+        key: PathBuf,
+    },
+    /// The ClientHello's SNI picks the service; the TLS bytes go to the client untouched.
+    Passthrough,
+}
+
+/// Which HTTP version Warren speaks to the backend.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Backend {
+    /// HTTP/1.1 (upgrades such as WebSocket pass through).
+    #[default]
+    Http1,
+    /// HTTP/2 without TLS, prior knowledge (gRPC).
+    H2c,
+}
+
+/// An http service's routing and shaping, typed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HttpRoute {
+    /// Host patterns.
+    pub hosts: Vec<HostPattern>,
+    /// Normalized path prefixes; never empty.
+    pub paths: Vec<String>,
+    /// TLS handling.
+    pub tls: HttpTls,
+    /// The `Host` the backend sees.
+    pub host_rewrite: Option<String>,
+    /// Remove the matched prefix before forwarding.
+    pub strip_prefix: bool,
+    /// The backend's protocol.
+    pub backend: Backend,
+    /// The middleware chain, in order.
+    pub middleware: Vec<MiddlewareSpec>,
+}
+
+/// Converts `[server.http]`.
+pub(crate) fn convert_listen(report: &mut Report, file: Option<FileHttp>) -> Option<HttpListen> {
+    let file = file?;
+    let mut listen = HttpListen::default();
+    if let Some(text) = &file.bind {
+        listen.bind = super::convert::socket_addr(report, "server.http.bind", text);
+    }
+    if let Some(text) = &file.tls_bind {
+        listen.tls_bind = super::convert::socket_addr(report, "server.http.tls_bind", text);
+    }
+    if file.bind.is_none() && file.tls_bind.is_none() {
+        report.fail(
+            ConfigError::new("server.http", "[server.http] needs a port to listen on").with_hint(
+                "add bind = \"0.0.0.0:80\" (plain HTTP) and/or tls_bind = \"0.0.0.0:443\"",
+            ),
+        );
+    }
+    for (i, text) in file.trusted_proxies.iter().flatten().enumerate() {
+        match text.parse::<crate::http::forwarded::Cidr>() {
+            Ok(cidr) => listen.trusted_proxies.push(cidr),
+            Err(error) => report.fail(
+                ConfigError::new(
+                    format!("server.http.trusted_proxies[{i}]"),
+                    error.to_string(),
+                )
+                .with_hint(
+                    "write an address or a CIDR: \"10.0.0.0/8\", \"192.0.2.7\", \"2001:db8::/32\"",
+                ),
+            ),
+        }
+    }
+    Some(listen)
+}
+
+/// Converts the http keys of service `key` (`server.services.NAME`).
+pub(crate) fn convert_route(report: &mut Report, key: &str, file: FileHttpService) -> HttpRoute {
+    let mut hosts = Vec::new();
+    for (i, text) in file.hosts.iter().flatten().enumerate() {
+        match HostPattern::parse(text) {
+            Ok(pattern) => hosts.push(pattern),
+            Err(error) => report.fail(ConfigError::new(format!("{key}.hosts[{i}]"), error)),
+        }
+    }
+    if file.hosts.as_ref().is_none_or(Vec::is_empty) {
+        report.fail(
+            ConfigError::new(
+                format!("{key}.hosts"),
+                "an http service needs the host names it answers for",
+            )
+            .with_hint("add hosts = [\"app.example.com\"] (\"*.example.com\" matches one label)"),
+        );
+    }
+    let mut paths = Vec::new();
+    for (i, text) in file.paths.iter().flatten().enumerate() {
+        if !text.starts_with('/') {
+            report.fail(
+                ConfigError::new(
+                    format!("{key}.paths[{i}]"),
+                    format!("{text:?} is not a path"),
+                )
+                .with_hint("paths start with \"/\", e.g. \"/api\""),
+            );
+            continue;
+        }
+        match crate::http::route::normalize_path(text) {
+            Ok(path) => paths.push(path.trim_end_matches('/').to_owned()),
+            Err(error) => report.fail(ConfigError::new(
+                format!("{key}.paths[{i}]"),
+                format!("{text:?}: {error}"),
+            )),
+        }
+    }
+    for path in &mut paths {
+        if path.is_empty() {
+            "/".clone_into(path);
+        }
+    }
+    if paths.is_empty() {
+        paths.push("/".to_owned());
+    }
+    let tls = match file.tls.as_deref().map(str::trim) {
+        None => HttpTls::Off,
+        Some("terminate") => match (file.cert.clone(), file.key.clone()) {
+            (Some(cert), Some(key)) => HttpTls::Terminate { cert, key },
+            _ => {
+                report.fail(
+                    ConfigError::new(format!("{key}.tls"), "tls = \"terminate\" needs the certificate and its key")
+                        .with_hint("add cert = \"app.pem\" and key = \"app.key\" (`warren cert server --name HOST` makes a development pair)"),
+                );
+                HttpTls::Off
+            }
+        },
+        Some("passthrough") => HttpTls::Passthrough,
+        Some(other) => {
+            report.fail(
+                ConfigError::new(format!("{key}.tls"), format!("unknown tls mode {other:?}"))
+                    .with_hint("write tls = \"terminate\" (Warren holds the certificate) or tls = \"passthrough\" (the backend does)"),
+            );
+            HttpTls::Off
+        }
+    };
+    if !matches!(tls, HttpTls::Terminate { .. }) && (file.cert.is_some() || file.key.is_some()) {
+        report.fail(
+            ConfigError::new(
+                format!("{key}.cert"),
+                "`cert` and `key` are for tls = \"terminate\"",
+            )
+            .with_hint("add tls = \"terminate\", or remove them"),
+        );
+    }
+    let backend = match file.backend.as_deref().map(str::trim) {
+        None | Some("http1") => Backend::Http1,
+        Some("h2c") => Backend::H2c,
+        Some(other) => {
+            report.fail(
+                ConfigError::new(format!("{key}.backend"), format!("unknown backend {other:?}"))
+                    .with_hint("write backend = \"http1\" (default) or backend = \"h2c\" (HTTP/2 without TLS, e.g. gRPC)"),
+            );
+            Backend::Http1
+        }
+    };
+    if let Some(host) = &file.host_rewrite
+        && (host.is_empty()
+            || http::HeaderValue::from_str(host).is_err()
+            || host.contains(['/', ' ', '@']))
+    {
+        report.fail(
+            ConfigError::new(
+                format!("{key}.host_rewrite"),
+                format!("{host:?} is not a host name"),
+            )
+            .with_hint("write a name with an optional port, e.g. \"app.internal:8080\""),
+        );
+    }
+    let middleware = super::middleware::parse_chain(
+        report,
+        &format!("{key}.middleware"),
+        file.middleware.as_deref().unwrap_or_default(),
+    );
+    HttpRoute {
+        hosts,
+        paths,
+        tls,
+        host_rewrite: file.host_rewrite,
+        strip_prefix: file.strip_prefix.unwrap_or(false),
+        backend,
+        middleware,
+    }
+}

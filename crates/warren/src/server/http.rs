@@ -1,0 +1,847 @@
+//! The server's shared HTTP ports (`[server.http]`): accept visitors, decide each request's
+//! route once, run the service's middleware and hand the request to a backend connection
+//! through a session serving the service.
+//!
+//! * The plain port speaks HTTP/1.1 and h2c (prior knowledge); the TLS port terminates TLS
+//!   with the certificate the SNI names (ALPN h2 and http/1.1), or passes the connection
+//!   through untouched when the SNI names a `tls = "passthrough"` service (its bytes are only
+//!   peeked, then relayed like any TCP visitor's).
+//! * What routes a request is a [`Front`]: the route table, the services' chains and
+//!   backend pools, and the certificates, built from one config and swapped whole on
+//!   reload. A connection reads the front in force when each request arrives, so a reload
+//!   changes routes between two requests of one keep-alive connection.
+//! * Backend connections are tunnel streams opened on a session serving the service
+//!   ([`TunnelConnector`]), kept alive in a pool per service (hyper-util's client), so a
+//!   request on a warm pool opens nothing.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, PoisonError};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Request, Response, StatusCode, Uri};
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::{Connected, Connection};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tracing::{debug, info, warn};
+use warren_proto::handshake::SessionId;
+
+use super::serving::{Lease, ServiceSlot};
+use super::{Binding, STREAM_OPEN_TIMEOUT, Shared, open_stream, short_id};
+use crate::config::http::{Backend, HttpListen, HttpRoute, HttpTls};
+use crate::config::{ServerConfig, ServiceKind};
+use crate::http::middleware::{Chain, RequestContext};
+use crate::http::page::error_page;
+use crate::http::route::{self, HostPattern, RouteSpec, RouteTable};
+use crate::http::{Body, BoxError};
+use crate::session::io::StreamIo;
+use crate::transport::tcp;
+
+/// Most visitor connections the HTTP ports hold at once; more are refused (closed) until
+/// some end.
+const MAX_CONNECTIONS: usize = 16_384;
+
+/// How long a visitor may take to send a request's head.
+const HEADER_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How long the TLS port waits for a ClientHello.
+const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long a backend may take to answer when no `timeout` middleware says otherwise.
+const DEFAULT_BACKEND_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Idle backend connections kept per service and host.
+const POOL_IDLE_PER_HOST: usize = 64;
+
+/// How long an idle backend connection is kept.
+const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// How long a closing server lets requests in flight finish.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Request numbers (the inspector's ids).
+static NEXT_REQUEST: AtomicU64 = AtomicU64::new(1);
+
+/// The HTTP ports, bound.
+pub(super) struct HttpPorts {
+    pub(super) plain: Option<TcpListener>,
+    pub(super) tls: Option<TcpListener>,
+}
+
+impl HttpPorts {
+    /// Binds the ports `listen` names.
+    pub(super) async fn bind(listen: &HttpListen) -> Result<HttpPorts, super::ServerError> {
+        let plain = match listen.bind {
+            Some(addr) => Some(super::bind_listener("the HTTP port", addr).await?),
+            None => None,
+        };
+        let tls = match listen.tls_bind {
+            Some(addr) => Some(super::bind_listener("the HTTPS port", addr).await?),
+            None => None,
+        };
+        Ok(HttpPorts { plain, tls })
+    }
+}
+
+/// What routes requests: built from one config, swapped whole on reload.
+pub(super) struct Front {
+    routes: RouteTable,
+    services: HashMap<Arc<str>, Arc<HttpService>>,
+    /// `tls = "passthrough"` services, matched on the SNI.
+    passthrough: Vec<(HostPattern, Arc<ServiceSlot>)>,
+    /// Certificates of `tls = "terminate"` services, by SNI.
+    tls: Option<Arc<rustls::ServerConfig>>,
+    trusted_proxies: Vec<crate::http::forwarded::Cidr>,
+}
+
+/// One http service as the front sees it.
+struct HttpService {
+    slot: Arc<ServiceSlot>,
+    route: HttpRoute,
+    chain: Chain,
+    backend: Client<TunnelConnector, Body>,
+}
+
+impl Front {
+    /// An empty front (no http services).
+    pub(super) fn empty() -> Front {
+        Front {
+            routes: RouteTable::default(),
+            services: HashMap::new(),
+            passthrough: Vec::new(),
+            tls: None,
+            trusted_proxies: Vec::new(),
+        }
+    }
+
+    /// The front for `config`, whose http services' slots are in `bindings`. Problems
+    /// (a certificate that does not load, a chain that does not build) are logged and leave
+    /// that service out, so one bad certificate does not take every site down.
+    pub(super) fn build(config: &ServerConfig, bindings: &HashMap<String, Binding>) -> Front {
+        let mut front = Front::empty();
+        let Some(listen) = &config.http else {
+            return front;
+        };
+        front.trusted_proxies = listen.trusted_proxies.clone();
+        let mut specs = Vec::new();
+        let mut certs = Vec::new();
+        for service in config.services.values() {
+            let (ServiceKind::Http, Some(route)) = (service.kind, &service.http) else {
+                continue;
+            };
+            let Some(binding) = bindings.get(&service.name) else {
+                continue;
+            };
+            let name: Arc<str> = Arc::from(service.name.as_str());
+            match &route.tls {
+                HttpTls::Passthrough => {
+                    for host in &route.hosts {
+                        front
+                            .passthrough
+                            .push((host.clone(), Arc::clone(&binding.slot)));
+                    }
+                    continue;
+                }
+                HttpTls::Terminate { cert, key } => match load_certified_key(cert, key) {
+                    Ok(key) => {
+                        for host in &route.hosts {
+                            certs.push((host.clone(), Arc::clone(&key)));
+                        }
+                    }
+                    Err(error) => {
+                        warn!(event = "http_certificate", service = %service.name, %error, "cannot load the service's certificate; its TLS port is off until it loads");
+                    }
+                },
+                HttpTls::Off => {}
+            }
+            let chain = match crate::http::middleware::build_chain(&route.middleware) {
+                Ok(chain) => chain,
+                Err(error) => {
+                    warn!(event = "http_middleware", service = %service.name, %error, "cannot build the service's middleware; the service is off");
+                    continue;
+                }
+            };
+            specs.push(RouteSpec {
+                service: Arc::clone(&name),
+                hosts: route.hosts.clone(),
+                paths: route.paths.clone(),
+            });
+            let backend = backend_client(&binding.slot, route.backend);
+            front.services.insert(
+                name,
+                Arc::new(HttpService {
+                    slot: Arc::clone(&binding.slot),
+                    route: (**route).clone(),
+                    chain,
+                    backend,
+                }),
+            );
+        }
+        match RouteTable::build(specs) {
+            Ok(routes) => front.routes = routes,
+            // The config's check refuses conflicting routes; this is a last guard.
+            Err(conflicts) => {
+                warn!(event = "http_routes", conflicts = ?conflicts, "conflicting http routes; no http service is routed");
+            }
+        }
+        if !certs.is_empty() {
+            front.tls = Some(Arc::new(tls_config(certs)));
+        }
+        front
+    }
+}
+
+/// Accepts visitors on one HTTP port until the server stops.
+pub(super) async fn accept_loop(shared: Arc<Shared>, listener: TcpListener, tls: bool) {
+    let connections = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    loop {
+        let accepted = tokio::select! {
+            () = shared.cancel.cancelled() => return,
+            accepted = listener.accept() => accepted,
+        };
+        let (stream, peer) = match accepted {
+            Ok(accepted) => accepted,
+            Err(error) => {
+                warn!(event = "accept_failed", port = if tls { "https" } else { "http" }, %error, "accept failed on the HTTP port; retrying");
+                tokio::time::sleep(super::ACCEPT_ERROR_BACKOFF).await;
+                continue;
+            }
+        };
+        let Ok(permit) = Arc::clone(&connections).try_acquire_owned() else {
+            debug!(event = "visitor_rejected", %peer, "too many HTTP connections; closing the visitor");
+            continue;
+        };
+        tcp::tune_peer(&stream, peer);
+        let shared_for_task = Arc::clone(&shared);
+        shared.tasks.spawn(async move {
+            if tls {
+                serve_tls(shared_for_task, stream, peer).await;
+            } else {
+                serve_http(shared_for_task, TokioIo::new(stream), peer, false).await;
+            }
+            drop(permit);
+        });
+    }
+}
+
+/// The TLS port: peek the SNI, then pass the connection through or terminate it.
+async fn serve_tls(shared: Arc<Shared>, stream: TcpStream, peer: SocketAddr) {
+    let sni = match tokio::time::timeout(HELLO_TIMEOUT, peek_sni(&stream)).await {
+        Ok(Ok(sni)) => sni,
+        Ok(Err(reason)) => {
+            debug!(event = "tls_refused", %peer, %reason, "not a TLS ClientHello on the HTTPS port");
+            return;
+        }
+        Err(_) => {
+            debug!(event = "tls_refused", %peer, "no ClientHello within {HELLO_TIMEOUT:?}");
+            return;
+        }
+    };
+    let front = shared.http_front();
+    if let Some(name) = &sni
+        && let Some((_, slot)) = front
+            .passthrough
+            .iter()
+            .find(|(host, _)| host.matches(name))
+    {
+        let slot = Arc::clone(slot);
+        let cancel = slot.stop.clone();
+        debug!(event = "tls_passthrough", %peer, sni = %name, service = %slot.name, "passing TLS through");
+        super::serve_visitor(slot, stream, peer, cancel, Arc::clone(&shared.telemetry)).await;
+        return;
+    }
+    let Some(config) = front.tls.clone().filter(|_| {
+        sni.as_deref()
+            .is_some_and(|name| front_has_certificate(&front, name))
+    }) else {
+        debug!(event = "tls_refused", %peer, sni = sni.as_deref().unwrap_or("(none)"), "no service has a certificate for this name; sent unrecognized_name");
+        let mut stream = stream;
+        let _ = tokio::io::AsyncWriteExt::write_all(
+            &mut stream,
+            &warren_proto::sni::ALERT_UNRECOGNIZED_NAME,
+        )
+        .await;
+        return;
+    };
+    drop(front);
+    let acceptor = tokio_rustls::TlsAcceptor::from(config);
+    match tokio::time::timeout(HELLO_TIMEOUT, acceptor.accept(stream)).await {
+        Ok(Ok(tls)) => serve_http(shared, TokioIo::new(tls), peer, true).await,
+        Ok(Err(error)) => {
+            debug!(event = "tls_refused", %peer, %error, "TLS handshake failed");
+        }
+        Err(_) => debug!(event = "tls_refused", %peer, "TLS handshake timed out"),
+    }
+}
+
+fn front_has_certificate(front: &Front, name: &str) -> bool {
+    front.services.values().any(|service| {
+        matches!(service.route.tls, HttpTls::Terminate { .. })
+            && service.route.hosts.iter().any(|host| host.matches(name))
+    })
+}
+
+/// Waits until the ClientHello's SNI can be read without consuming it.
+async fn peek_sni(stream: &TcpStream) -> Result<Option<String>, String> {
+    use warren_proto::sni::{MAX_CLIENT_HELLO, Peek, peek_sni};
+    let mut buf = vec![0u8; MAX_CLIENT_HELLO];
+    let mut last = 0;
+    loop {
+        let n = stream.peek(&mut buf).await.map_err(|e| e.to_string())?;
+        if n == 0 {
+            return Err("closed before its ClientHello".to_owned());
+        }
+        match peek_sni(&buf[..n]).map_err(|e| e.to_string())? {
+            Peek::Sni(name) => return Ok(Some(name.to_string())),
+            Peek::NoSni => return Ok(None),
+            Peek::NotTls => return Err("not TLS".to_owned()),
+            Peek::NeedMore if n >= buf.len() => return Err("ClientHello too large".to_owned()),
+            Peek::NeedMore => {
+                if n == last {
+                    // peek returns what is there at once; wait for more to arrive.
+                    stream.readable().await.map_err(|e| e.to_string())?;
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+                last = n;
+            }
+        }
+    }
+}
+
+/// Serves HTTP/1.1 and HTTP/2 on one visitor connection until it closes, the server stops
+/// (in-flight requests get [`DRAIN_TIMEOUT`]), or the visitor idles past the header timeout.
+async fn serve_http<I>(shared: Arc<Shared>, io: I, peer: SocketAddr, tls: bool)
+where
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+{
+    let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(HEADER_TIMEOUT)
+        .keep_alive(true);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_concurrent_streams(256)
+        .keep_alive_interval(Some(Duration::from_secs(30)));
+    let service_shared = Arc::clone(&shared);
+    let service = hyper::service::service_fn(move |request: Request<Incoming>| {
+        let shared = Arc::clone(&service_shared);
+        async move {
+            let front = shared.http_front();
+            Ok::<_, std::convert::Infallible>(handle(&front, request, peer, tls).await)
+        }
+    });
+    let connection = builder.serve_connection_with_upgrades(io, service);
+    tokio::pin!(connection);
+    tokio::select! {
+        result = connection.as_mut() => {
+            if let Err(error) = result {
+                debug!(event = "http_connection_closed", %peer, %error, "HTTP connection ended with an error");
+            }
+        }
+        () = shared.cancel.cancelled() => {
+            connection.as_mut().graceful_shutdown();
+            let _ = tokio::time::timeout(DRAIN_TIMEOUT, connection).await;
+        }
+    }
+}
+
+/// Answers one request: route, middleware, backend.
+async fn handle(
+    front: &Front,
+    request: Request<Incoming>,
+    peer: SocketAddr,
+    tls: bool,
+) -> Response<Body> {
+    let started = tokio::time::Instant::now();
+    let key = match route::route_key(&request) {
+        Ok(key) => key,
+        Err(error) => {
+            debug!(event = "http_bad_request", %peer, %error, "refused a request");
+            return error_page(error.status(), "Bad request", &error.to_string());
+        }
+    };
+    let Some(found) = front.routes.lookup(&key.host, &key.path) else {
+        debug!(event = "http_no_route", %peer, host = %key.host, path = %key.path, "no http service for this host and path");
+        return error_page(
+            StatusCode::NOT_FOUND,
+            "No such site here",
+            &format!(
+                "This Warren server has no service for {} (path {}). Check the address, or ask the site's owner to add the host to a service's `hosts`.",
+                key.host, key.path
+            ),
+        );
+    };
+    let prefix = found.prefix.to_owned();
+    let Some(service) = front.services.get(found.service).map(Arc::clone) else {
+        return error_page(
+            StatusCode::NOT_FOUND,
+            "No such site here",
+            &format!("No service answers for {}.", key.host),
+        );
+    };
+    if tls && !matches!(service.route.tls, HttpTls::Terminate { .. }) {
+        return error_page(
+            StatusCode::MISDIRECTED_REQUEST,
+            "Wrong connection for this host",
+            &format!(
+                "{} is not served over TLS here. Connect with http:// instead.",
+                key.host
+            ),
+        );
+    }
+    let client_ip =
+        crate::http::forwarded::client_ip(peer.ip(), request.headers(), &front.trusted_proxies);
+    let mut cx = RequestContext {
+        id: NEXT_REQUEST.fetch_add(1, Ordering::Relaxed),
+        service: Arc::from(service.slot.name.as_str()),
+        host: key.host.clone(),
+        path: key.path.clone(),
+        peer,
+        client_ip,
+        tls,
+        started,
+        timeout: None,
+        decisions: Vec::new(),
+    };
+    let mut request = request.map(|body| body.map_err(BoxError::from).boxed_unsync());
+    let ran = match service.chain.request(&mut request, &mut cx).await {
+        Ok(ran) => ran,
+        Err((ran, mut response)) => {
+            service.chain.response(ran, &mut response, &cx);
+            return response;
+        }
+    };
+    let mut response = forward(&service, request, &key, &prefix, &cx).await;
+    service.chain.response(ran, &mut response, &cx);
+    response
+}
+
+/// Sends the request to the service's backend and returns its response (or a Warren page
+/// saying why there is none).
+async fn forward(
+    service: &HttpService,
+    mut request: Request<Body>,
+    key: &route::RouteKey,
+    prefix: &str,
+    cx: &RequestContext,
+) -> Response<Body> {
+    let upgrade = wants_upgrade(request.headers());
+    let visitor_upgrade = upgrade.then(|| hyper::upgrade::on(&mut request));
+    let original_host = request.headers().get(header::HOST).cloned().or_else(|| {
+        request
+            .uri()
+            .authority()
+            .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
+    });
+    let path = if service.route.strip_prefix {
+        route::strip_prefix(prefix, &key.path)
+    } else {
+        key.path.clone()
+    };
+    let host = match &service.route.host_rewrite {
+        Some(host) => host.clone(),
+        None => match key.port {
+            Some(port) => format!("{}:{port}", authority_host(&key.host)),
+            None => authority_host(&key.host),
+        },
+    };
+    let path_and_query = match &key.query {
+        Some(query) => format!("{path}?{query}"),
+        None => path,
+    };
+    let Ok(uri) = Uri::builder()
+        .scheme("http")
+        .authority(host.as_str())
+        .path_and_query(path_and_query.as_str())
+        .build()
+    else {
+        return error_page(
+            StatusCode::BAD_REQUEST,
+            "Bad request",
+            "The request's path cannot be forwarded.",
+        );
+    };
+    *request.uri_mut() = uri;
+    let headers = request.headers_mut();
+    strip_hop_by_hop(headers, upgrade);
+    headers.remove(header::HOST);
+    if service.route.backend == Backend::Http1 {
+        if let Ok(value) = HeaderValue::from_str(&host) {
+            headers.insert(header::HOST, value);
+        }
+        *request.version_mut() = http::Version::HTTP_11;
+    } else {
+        *request.version_mut() = http::Version::HTTP_2;
+    }
+    add_forwarded(request.headers_mut(), cx, original_host);
+    let timeout = cx.timeout.unwrap_or(DEFAULT_BACKEND_TIMEOUT);
+    let response = match tokio::time::timeout(timeout, service.backend.request(request)).await {
+        Ok(Ok(response)) => response,
+        Ok(Err(error)) => {
+            service.slot.meter.error();
+            let cause = error_chain(&error);
+            warn!(event = "http_backend_failed", service = %service.slot.name, host = %key.host, error = %cause, "the backend did not answer");
+            return error_page(
+                StatusCode::BAD_GATEWAY,
+                "The site is not answering",
+                &format!(
+                    "Warren could not reach the service behind {}. If you run it, check that its client is connected and its target is up (`warren doctor`).",
+                    key.host
+                ),
+            );
+        }
+        Err(_) => {
+            service.slot.meter.error();
+            warn!(event = "http_backend_timeout", service = %service.slot.name, host = %key.host, "the backend did not answer within {timeout:?}");
+            return error_page(
+                StatusCode::GATEWAY_TIMEOUT,
+                "The site took too long",
+                &format!(
+                    "The service behind {} did not answer within {} s.",
+                    key.host,
+                    timeout.as_secs()
+                ),
+            );
+        }
+    };
+    let mut response = response.map(|body| body.map_err(BoxError::from).boxed_unsync());
+    if response.status() == StatusCode::SWITCHING_PROTOCOLS {
+        if let Some(visitor_upgrade) = visitor_upgrade {
+            let backend_upgrade = hyper::upgrade::on(&mut response);
+            let name = service.slot.name.clone();
+            let stop = service.slot.stop.clone();
+            tokio::spawn(async move {
+                let (visitor, backend) = match tokio::join!(visitor_upgrade, backend_upgrade) {
+                    (Ok(visitor), Ok(backend)) => (visitor, backend),
+                    (visitor, backend) => {
+                        debug!(event = "http_upgrade_failed", service = %name, visitor = ?visitor.err(), backend = ?backend.err(), "an upgrade did not complete");
+                        return;
+                    }
+                };
+                let mut visitor = TokioIo::new(visitor);
+                let mut backend = TokioIo::new(backend);
+                tokio::select! {
+                    () = stop.cancelled() => {}
+                    result = tokio::io::copy_bidirectional(&mut visitor, &mut backend) => {
+                        if let Err(error) = result {
+                            debug!(event = "http_upgrade_closed", service = %name, %error, "upgraded connection ended with an error");
+                        }
+                    }
+                }
+            });
+        }
+    } else {
+        strip_hop_by_hop(response.headers_mut(), false);
+    }
+    response
+}
+
+/// A host as it goes into an authority (IPv6 in brackets).
+fn authority_host(host: &str) -> String {
+    if host.contains(':') {
+        format!("[{host}]")
+    } else {
+        host.to_owned()
+    }
+}
+
+fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+/// Whether a request asks to switch protocols (WebSocket and friends).
+fn wants_upgrade(headers: &HeaderMap) -> bool {
+    headers.contains_key(header::UPGRADE)
+        && headers
+            .get_all(header::CONNECTION)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .any(|token| token.trim().eq_ignore_ascii_case("upgrade"))
+}
+
+/// Removes the headers that belong to one connection (RFC 9110 §7.6.1), and those the
+/// `Connection` header names; an upgrade keeps `Connection: upgrade` and `Upgrade`.
+fn strip_hop_by_hop(headers: &mut HeaderMap, upgrade: bool) {
+    let named: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|token| HeaderName::from_bytes(token.trim().as_bytes()).ok())
+        .filter(|name| !(upgrade && name == header::UPGRADE))
+        .collect();
+    for name in named {
+        headers.remove(name);
+    }
+    for name in [
+        header::TE,
+        header::TRAILER,
+        header::TRANSFER_ENCODING,
+        header::PROXY_AUTHORIZATION,
+        header::PROXY_AUTHENTICATE,
+    ] {
+        headers.remove(name);
+    }
+    headers.remove("keep-alive");
+    headers.remove("proxy-connection");
+    if upgrade {
+        headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+    } else {
+        headers.remove(header::CONNECTION);
+        headers.remove(header::UPGRADE);
+    }
+}
+
+/// Adds `X-Forwarded-For` (appended to what a trusted proxy sent; replaced otherwise),
+/// `X-Forwarded-Proto` and `X-Forwarded-Host`.
+fn add_forwarded(headers: &mut HeaderMap, cx: &RequestContext, original_host: Option<HeaderValue>) {
+    let trusted_chain = cx.client_ip != cx.peer.ip();
+    let for_value = if trusted_chain {
+        let earlier: Vec<&str> = headers
+            .get_all("x-forwarded-for")
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .collect();
+        format!("{}, {}", earlier.join(", "), cx.peer.ip())
+    } else {
+        cx.peer.ip().to_string()
+    };
+    if let Ok(value) = HeaderValue::from_str(&for_value) {
+        headers.insert("x-forwarded-for", value);
+    }
+    headers.insert(
+        "x-forwarded-proto",
+        HeaderValue::from_static(if cx.tls { "https" } else { "http" }),
+    );
+    if let Some(host) = original_host {
+        headers.insert("x-forwarded-host", host);
+    }
+}
+
+/// A hyper-util client whose connections are tunnel streams to `slot`'s sessions.
+fn backend_client(slot: &Arc<ServiceSlot>, backend: Backend) -> Client<TunnelConnector, Body> {
+    let mut builder = Client::builder(TokioExecutor::new());
+    builder
+        .pool_timer(TokioTimer::new())
+        .timer(TokioTimer::new())
+        .pool_idle_timeout(POOL_IDLE_TIMEOUT)
+        .pool_max_idle_per_host(POOL_IDLE_PER_HOST)
+        .set_host(false);
+    if backend == Backend::H2c {
+        builder.http2_only(true);
+    }
+    builder.build(TunnelConnector {
+        slot: Arc::clone(slot),
+    })
+}
+
+/// Opens backend connections: a stream on a session serving the service, the next session
+/// when one fails.
+#[derive(Clone)]
+struct TunnelConnector {
+    slot: Arc<ServiceSlot>,
+}
+
+impl tower_service::Service<Uri> for TunnelConnector {
+    type Response = TunnelConn;
+    type Error = BoxError;
+    type Future = Pin<Box<dyn std::future::Future<Output = Result<TunnelConn, BoxError>> + Send>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, _uri: Uri) -> Self::Future {
+        let slot = Arc::clone(&self.slot);
+        Box::pin(async move { connect(&slot).await })
+    }
+}
+
+async fn connect(slot: &Arc<ServiceSlot>) -> Result<TunnelConn, BoxError> {
+    let mut tried: Vec<SessionId> = Vec::new();
+    loop {
+        let Some(lease) = slot.pick(&tried) else {
+            return Err(if tried.is_empty() {
+                format!("no client serves `{}`", slot.name).into()
+            } else {
+                format!(
+                    "every session serving `{}` failed to open a stream",
+                    slot.name
+                )
+                .into()
+            });
+        };
+        tried.push(lease.session.id());
+        match tokio::time::timeout(
+            STREAM_OPEN_TIMEOUT,
+            open_stream(&lease.session, &slot.name, None, None),
+        )
+        .await
+        {
+            Ok(Ok(stream)) => {
+                debug!(event = "http_backend_connection", service = %slot.name, session = %short_id(&lease.session.id()), "opened a backend connection");
+                return Ok(TunnelConn {
+                    io: TokioIo::new(StreamIo::new(stream)),
+                    _lease: lease,
+                });
+            }
+            Ok(Err(error)) => {
+                debug!(event = "stream_open_failed", service = %slot.name, %error, "could not open a backend stream; trying another session");
+            }
+            Err(_) => {
+                warn!(event = "stream_open_failed", service = %slot.name, "no stream from the client within {STREAM_OPEN_TIMEOUT:?}; trying another session");
+            }
+        }
+    }
+}
+
+/// A backend connection: a tunnel stream, holding its session's lease while it lives.
+struct TunnelConn {
+    io: TokioIo<StreamIo>,
+    _lease: Lease,
+}
+
+impl Connection for TunnelConn {
+    fn connected(&self) -> Connected {
+        Connected::new()
+    }
+}
+
+impl hyper::rt::Read for TunnelConn {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: hyper::rt::ReadBufCursor<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl hyper::rt::Write for TunnelConn {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}
+
+// Keep the unused-import lints quiet for the tokio traits the adapter relies on.
+#[allow(dead_code)]
+fn _assert_io<T: AsyncRead + AsyncWrite>() {}
+#[allow(dead_code)]
+fn _uses(_: ReadBuf<'_>) {}
+
+/// Loads a PEM certificate chain and key for rustls.
+fn load_certified_key(
+    cert: &std::path::Path,
+    key: &std::path::Path,
+) -> Result<Arc<rustls::sign::CertifiedKey>, String> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
+        .map_err(|e| format!("cannot read {}: {e}", cert.display()))?
+        .collect::<Result<_, _>>()
+        .map_err(|e| format!("{} is not a PEM certificate chain: {e}", cert.display()))?;
+    if chain.is_empty() {
+        return Err(format!("{} holds no certificate", cert.display()));
+    }
+    let key_der = PrivateKeyDer::from_pem_file(key)
+        .map_err(|e| format!("cannot read the private key in {}: {e}", key.display()))?;
+    let provider = rustls::crypto::aws_lc_rs::default_provider();
+    let signing = provider
+        .key_provider
+        .load_private_key(key_der)
+        .map_err(|e| format!("{} is not a usable private key: {e}", key.display()))?;
+    let certified = rustls::sign::CertifiedKey::new(chain, signing);
+    certified.keys_match().map_err(|e| {
+        format!(
+            "{} does not belong to {}: {e}",
+            key.display(),
+            cert.display()
+        )
+    })?;
+    Ok(Arc::new(certified))
+}
+
+/// A rustls config that picks the certificate by SNI (exact names first, then wildcards).
+fn tls_config(certs: Vec<(HostPattern, Arc<rustls::sign::CertifiedKey>)>) -> rustls::ServerConfig {
+    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    let mut config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map(|builder| {
+            builder
+                .with_no_client_auth()
+                .with_cert_resolver(Arc::new(SniCertificates(certs)))
+        })
+        .unwrap_or_else(|_| unreachable_tls());
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    config
+}
+
+fn unreachable_tls() -> rustls::ServerConfig {
+    unreachable!("aws-lc-rs supports the default TLS versions")
+}
+
+#[derive(Debug)]
+struct SniCertificates(Vec<(HostPattern, Arc<rustls::sign::CertifiedKey>)>);
+
+impl rustls::server::ResolvesServerCert for SniCertificates {
+    fn resolve(
+        &self,
+        hello: rustls::server::ClientHello<'_>,
+    ) -> Option<Arc<rustls::sign::CertifiedKey>> {
+        let name = hello.server_name()?.to_ascii_lowercase();
+        self.0
+            .iter()
+            .find(|(host, _)| matches!(host, HostPattern::Exact(_)) && host.matches(&name))
+            .or_else(|| self.0.iter().find(|(host, _)| host.matches(&name)))
+            .map(|(_, key)| Arc::clone(key))
+    }
+}
+
+impl Shared {
+    /// The HTTP front in force.
+    pub(super) fn http_front(&self) -> Arc<Front> {
+        Arc::clone(&self.http.read().unwrap_or_else(PoisonError::into_inner))
+    }
+}
+
+/// Logs the HTTP ports at start.
+pub(super) fn log_ports(ports: &HttpPorts) {
+    for (listener, what) in [(&ports.plain, "http"), (&ports.tls, "https")] {
+        if let Some(listener) = listener
+            && let Ok(addr) = listener.local_addr()
+        {
+            info!(event = "http_listening", port = what, %addr, "serving http services");
+        }
+    }
+}

@@ -1,0 +1,263 @@
+//! A [`Stream`] as tokio's `AsyncRead` + `AsyncWrite`, for code that speaks a protocol over
+//! a tunnel stream itself (the HTTP layer's backend connections) instead of relaying a
+//! socket's bytes.
+//!
+//! The relay does not use this: it moves bytes between a socket and a stream without the
+//! extra copy this adapter makes (a chunk is copied once into the adapter's buffer, then
+//! into the reader's). Semantics follow the stream's:
+//! * the peer's end of stream is EOF; a reset or a cut stream is an error
+//!   (`ConnectionReset` / `ConnectionAborted`), never EOF, so a cut response never looks
+//!   complete;
+//! * `poll_shutdown` finishes our direction (half-close);
+//! * dropping the adapter drops the stream: QUIC resets it, TCP closes its channel, and
+//!   the peer sees a cut.
+//!
+//! One write is in flight at a time: `poll_write` copies up to [`WRITE_CHUNK`] bytes, starts
+//! sending them and returns; the next write (or flush) waits for that send, which is the
+//! backpressure.
+
+use std::io;
+use std::pin::Pin;
+use std::task::{Context, Poll, ready};
+
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio_util::sync::ReusableBoxFuture;
+
+use super::stream::{Chunk, Stream, StreamError, StreamReader, StreamWriter};
+
+/// Most bytes one `poll_write` takes.
+pub const WRITE_CHUNK: usize = 64 * 1024;
+
+type ReadDone = (StreamReader, Vec<u8>, io::Result<bool>);
+type WriteDone = (StreamWriter, Vec<u8>, Result<(), StreamError>);
+
+enum ReadState {
+    /// Ready to start a read; the buffer is empty or fully consumed.
+    Idle(StreamReader, Vec<u8>),
+    /// A read is in flight in `StreamIo::reading`.
+    Busy,
+    /// The peer ended its direction.
+    Eof,
+    /// The stream failed; every later read fails the same way.
+    Failed(io::ErrorKind),
+}
+
+enum WriteState {
+    Idle(StreamWriter, Vec<u8>),
+    /// A send (or the finish, with `finishing`) is in flight in `StreamIo::writing`.
+    Busy {
+        finishing: bool,
+    },
+    /// Our direction is finished.
+    Finished,
+    Failed(io::ErrorKind),
+}
+
+/// A tunnel stream as a byte pipe (see the module doc).
+pub struct StreamIo {
+    read: ReadState,
+    /// Bytes of the last chunk not yet handed out, from `read_pos`.
+    read_buf: Vec<u8>,
+    read_pos: usize,
+    reading: Option<ReusableBoxFuture<'static, ReadDone>>,
+    write: WriteState,
+    writing: Option<ReusableBoxFuture<'static, WriteDone>>,
+}
+
+impl StreamIo {
+    /// Wraps an opened stream.
+    pub fn new(stream: Stream) -> StreamIo {
+        StreamIo {
+            read: ReadState::Idle(stream.reader, Vec::new()),
+            read_buf: Vec::new(),
+            read_pos: 0,
+            reading: None,
+            write: WriteState::Idle(stream.writer, Vec::new()),
+            writing: None,
+        }
+    }
+
+    fn poll_writer_idle(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        loop {
+            match &self.write {
+                WriteState::Idle(..) => return Poll::Ready(Ok(())),
+                WriteState::Finished => {
+                    return Poll::Ready(Err(io::Error::new(
+                        io::ErrorKind::BrokenPipe,
+                        "the tunnel stream was already finished",
+                    )));
+                }
+                WriteState::Failed(kind) => return Poll::Ready(Err((*kind).into())),
+                WriteState::Busy { finishing } => {
+                    let finishing = *finishing;
+                    let Some(future) = self.writing.as_mut() else {
+                        self.write = WriteState::Failed(io::ErrorKind::Other);
+                        continue;
+                    };
+                    let (writer, buf, result) = ready!(future.poll(cx));
+                    match result {
+                        Ok(()) if finishing => {
+                            drop(writer);
+                            self.write = WriteState::Finished;
+                            return Poll::Ready(Ok(()));
+                        }
+                        Ok(()) => self.write = WriteState::Idle(writer, buf),
+                        Err(error) => {
+                            let error = io_error(error);
+                            self.write = WriteState::Failed(error.kind());
+                            return Poll::Ready(Err(error));
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    fn start_write(&mut self, finishing: bool, bytes: &[u8]) {
+        let WriteState::Idle(mut writer, mut buf) =
+            std::mem::replace(&mut self.write, WriteState::Busy { finishing })
+        else {
+            unreachable!("start_write is called only when the writer is idle");
+        };
+        buf.clear();
+        buf.extend_from_slice(bytes);
+        let future = async move {
+            let result = if finishing {
+                writer.finish().await
+            } else {
+                writer.send(&buf).await
+            };
+            (writer, buf, result)
+        };
+        match &mut self.writing {
+            Some(slot) => slot.set(future),
+            None => self.writing = Some(ReusableBoxFuture::new(future)),
+        }
+    }
+}
+
+/// Reads one chunk into `buf`: `Ok(true)` with data, `Ok(false)` at the peer's end.
+async fn read_chunk(reader: &mut StreamReader, buf: &mut Vec<u8>) -> io::Result<bool> {
+    match reader.read().await {
+        Ok(Chunk::Data(bytes)) => {
+            buf.extend_from_slice(bytes);
+            Ok(true)
+        }
+        Ok(Chunk::End) => Ok(false),
+        Ok(Chunk::Reset(reason)) => Err(io::Error::new(
+            io::ErrorKind::ConnectionReset,
+            format!("the tunnel stream was reset: {reason}"),
+        )),
+        Err(error) => Err(io_error(error)),
+    }
+}
+
+fn io_error(error: StreamError) -> io::Error {
+    match error {
+        StreamError::Cut => io::Error::new(
+            io::ErrorKind::ConnectionAborted,
+            "the tunnel stream was cut (its session ended)",
+        ),
+        other => io::Error::other(other),
+    }
+}
+
+impl AsyncRead for StreamIo {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        out: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        loop {
+            if this.read_pos < this.read_buf.len() {
+                let n = out.remaining().min(this.read_buf.len() - this.read_pos);
+                out.put_slice(&this.read_buf[this.read_pos..this.read_pos + n]);
+                this.read_pos += n;
+                return Poll::Ready(Ok(()));
+            }
+            match std::mem::replace(&mut this.read, ReadState::Busy) {
+                ReadState::Eof => {
+                    this.read = ReadState::Eof;
+                    return Poll::Ready(Ok(()));
+                }
+                ReadState::Failed(kind) => {
+                    this.read = ReadState::Failed(kind);
+                    return Poll::Ready(Err(kind.into()));
+                }
+                ReadState::Idle(mut reader, mut buf) => {
+                    buf.clear();
+                    let future = async move {
+                        let result = read_chunk(&mut reader, &mut buf).await;
+                        (reader, buf, result)
+                    };
+                    match &mut this.reading {
+                        Some(slot) => slot.set(future),
+                        None => this.reading = Some(ReusableBoxFuture::new(future)),
+                    }
+                }
+                ReadState::Busy => {
+                    let Some(future) = this.reading.as_mut() else {
+                        this.read = ReadState::Failed(io::ErrorKind::Other);
+                        continue;
+                    };
+                    let (reader, buf, result) = match future.poll(cx) {
+                        Poll::Ready(done) => done,
+                        Poll::Pending => {
+                            this.read = ReadState::Busy;
+                            return Poll::Pending;
+                        }
+                    };
+                    // The chunk's bytes become the buffer; the old buffer goes back to the
+                    // reader for the next chunk.
+                    let spent = std::mem::replace(&mut this.read_buf, buf);
+                    this.read_pos = 0;
+                    match result {
+                        Ok(true) => this.read = ReadState::Idle(reader, spent),
+                        Ok(false) => this.read = ReadState::Eof,
+                        Err(error) => {
+                            this.read = ReadState::Failed(error.kind());
+                            return Poll::Ready(Err(error));
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl AsyncWrite for StreamIo {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bytes: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        ready!(this.poll_writer_idle(cx))?;
+        let n = bytes.len().min(WRITE_CHUNK);
+        if n == 0 {
+            return Poll::Ready(Ok(0));
+        }
+        this.start_write(false, &bytes[..n]);
+        Poll::Ready(Ok(n))
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        match this.write {
+            WriteState::Finished => Poll::Ready(Ok(())),
+            _ => this.poll_writer_idle(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        loop {
+            match this.write {
+                WriteState::Finished => return Poll::Ready(Ok(())),
+                WriteState::Idle(..) => this.start_write(true, &[]),
+                _ => ready!(this.poll_writer_idle(cx))?,
+            }
+        }
+    }
+}
