@@ -262,3 +262,332 @@ async fn unknown_hosts_and_ambiguous_requests_get_warren_pages() {
     assert!(answer.contains("api.test"), "{answer}");
     server.stop.cancel();
 }
+
+/// A WebSocket echo backend (a real WebSocket server).
+async fn websocket_echo() -> SocketAddr {
+    use futures_util::{SinkExt, StreamExt};
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let Ok(mut ws) = tokio_tungstenite::accept_async(stream).await else {
+                    return;
+                };
+                while let Some(Ok(message)) = ws.next().await {
+                    if message.is_binary() || message.is_text() {
+                        if ws.send(message).await.is_err() {
+                            return;
+                        }
+                    } else if message.is_close() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn websocket_upgrades_pass_through() {
+    use futures_util::{SinkExt, StreamExt};
+    use tokio_tungstenite::tungstenite::Message;
+    let echo = websocket_echo().await;
+    let server = start_http_server(TWO_SERVICES).await;
+    let _client = start_http_client(server.addr, &[("app", echo)]).await;
+    let stream = TcpStream::connect(server.http).await.unwrap();
+    let (mut ws, response) = tokio_tungstenite::client_async("ws://app.test/chat", stream)
+        .await
+        .expect("the WebSocket handshake passes through");
+    assert_eq!(response.status(), 101);
+    for size in [1, 1000, 200_000] {
+        let payload = random_bytes(size);
+        ws.send(Message::binary(payload.clone())).await.unwrap();
+        let echoed = tokio::time::timeout(Duration::from_secs(10), ws.next())
+            .await
+            .expect("an echo within 10 s")
+            .expect("a message")
+            .unwrap();
+        assert_eq!(hash(&echoed.into_data()), hash(&payload));
+    }
+    ws.close(None).await.unwrap();
+    server.stop.cancel();
+}
+
+/// An h2c backend (gRPC-like): answers with a body and trailers.
+async fn h2c_backend() -> SocketAddr {
+    use http_body_util::StreamBody;
+    use hyper::body::Frame;
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let service = hyper::service::service_fn(
+                    |request: http::Request<hyper::body::Incoming>| async move {
+                        let version = format!("{:?} {}", request.version(), request.uri().path());
+                        let mut trailers = http::HeaderMap::new();
+                        trailers.insert("grpc-status", http::HeaderValue::from_static("0"));
+                        let frames: Vec<Result<Frame<Bytes>, std::convert::Infallible>> = vec![
+                            Ok(Frame::data(Bytes::from(version))),
+                            Ok(Frame::trailers(trailers)),
+                        ];
+                        Ok::<_, std::convert::Infallible>(http::Response::new(StreamBody::new(
+                            futures_util::stream::iter(frames),
+                        )))
+                    },
+                );
+                let _ =
+                    hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+                        .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                        .await;
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn h2c_backends_get_http2_and_trailers_come_back() {
+    let backend = h2c_backend().await;
+    let server = start_http_server(
+        "[server.services.grpc]\ntype = \"http\"\nhosts = [\"grpc.test\"]\nbackend = \"h2c\"\n",
+    )
+    .await;
+    let _client = start_http_client(server.addr, &[("grpc", backend)]).await;
+    // The visitor speaks h2c with prior knowledge too; `:authority` names the route.
+    let stream = TcpStream::connect(server.http).await.unwrap();
+    let (mut sender, connection) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(stream),
+    )
+    .await
+    .unwrap();
+    tokio::spawn(connection);
+    let request = http::Request::builder()
+        .uri("http://grpc.test/pkg.Service/Call")
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let response = tokio::time::timeout(Duration::from_secs(10), sender.send_request(request))
+        .await
+        .unwrap()
+        .expect("a response over h2c");
+    assert_eq!(response.status(), 200);
+    let collected = response.into_body().collect().await.unwrap();
+    let trailers = collected.trailers().cloned().expect("trailers came back");
+    assert_eq!(trailers.get("grpc-status").unwrap(), "0");
+    assert_eq!(collected.to_bytes(), "HTTP/2.0 /pkg.Service/Call");
+    server.stop.cancel();
+}
+
+/// A self-signed certificate for `name`, written as PEM files in `dir`; returns the
+/// (cert path, key path, DER) triple.
+fn certificate(
+    dir: &std::path::Path,
+    name: &str,
+) -> (
+    std::path::PathBuf,
+    std::path::PathBuf,
+    rustls::pki_types::CertificateDer<'static>,
+) {
+    let issued = warren::transport::quic::certs::self_signed(&[name.to_owned()]).unwrap();
+    let cert = dir.join(format!("{name}.pem"));
+    let key = dir.join(format!("{name}.key"));
+    std::fs::write(&cert, &issued.cert_pem).unwrap();
+    std::fs::write(&key, &issued.key_pem).unwrap();
+    (cert, key, issued.cert_der)
+}
+
+fn temp_dir(test: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("warren-http-{test}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// A TLS connection to `addr` with SNI `name`, trusting only `root`.
+async fn tls_connect(
+    addr: SocketAddr,
+    name: &'static str,
+    root: rustls::pki_types::CertificateDer<'static>,
+    alpn: &[&[u8]],
+) -> std::io::Result<tokio_rustls::client::TlsStream<TcpStream>> {
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(root).unwrap();
+    let mut config = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::aws_lc_rs::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+    let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config));
+    let stream = TcpStream::connect(addr).await?;
+    let server_name = rustls::pki_types::ServerName::try_from(name).unwrap();
+    connector.connect(server_name, stream).await
+}
+
+/// One GET over an established connection, HTTP/2 when ALPN chose it; (status, body).
+async fn get_over<S>(stream: S, h2: bool, host: &str, path: &str) -> (u16, Bytes)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let io = hyper_util::rt::TokioIo::new(stream);
+    let uri = format!("https://{host}{path}");
+    let request = http::Request::builder()
+        .uri(&uri)
+        .header("host", host)
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let response = if h2 {
+        let (mut sender, connection) =
+            hyper::client::conn::http2::handshake(hyper_util::rt::TokioExecutor::new(), io)
+                .await
+                .unwrap();
+        tokio::spawn(connection);
+        let (mut parts, body) = request.into_parts();
+        parts.headers.remove("host");
+        sender
+            .send_request(http::Request::from_parts(parts, body))
+            .await
+    } else {
+        let (mut sender, connection) = hyper::client::conn::http1::handshake(io).await.unwrap();
+        tokio::spawn(connection);
+        let (mut parts, body) = request.into_parts();
+        parts.uri = path.parse().unwrap();
+        sender
+            .send_request(http::Request::from_parts(parts, body))
+            .await
+    }
+    .expect("a response");
+    let status = response.status().as_u16();
+    (
+        status,
+        response.into_body().collect().await.unwrap().to_bytes(),
+    )
+}
+
+/// A backend that terminates TLS itself (for passthrough) and says so.
+async fn tls_backend(cert: &std::path::Path, key: &std::path::Path) -> SocketAddr {
+    use rustls::pki_types::pem::PemObject;
+    let chain = vec![rustls::pki_types::CertificateDer::from_pem_file(cert).unwrap()];
+    let key = rustls::pki_types::PrivateKeyDer::from_pem_file(key).unwrap();
+    let config = rustls::ServerConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::aws_lc_rs::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_no_client_auth()
+    .with_single_cert(chain, key)
+    .unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(config));
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let acceptor = acceptor.clone();
+            tokio::spawn(async move {
+                let Ok(tls) = acceptor.accept(stream).await else {
+                    return;
+                };
+                let service = hyper::service::service_fn(
+                    |_request: http::Request<hyper::body::Incoming>| async {
+                        Ok::<_, std::convert::Infallible>(http::Response::new(Full::new(
+                            Bytes::from_static(b"tls terminated by the backend"),
+                        )))
+                    },
+                );
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(tls), service)
+                    .await;
+            });
+        }
+    });
+    addr
+}
+
+async fn start_tls_server(services: &str) -> (HttpServer, SocketAddr) {
+    let (port, http, https) = (free_port(), free_port(), free_port());
+    let toml = format!(
+        "[server]\nbind = \"127.0.0.1:{port}\"\npsk = \"{PSK}\"\ndefault_token = \"{TOKEN}\"\nheartbeat_interval = \"1s\"\n[server.http]\nbind = \"127.0.0.1:{http}\"\ntls_bind = \"127.0.0.1:{https}\"\n{services}"
+    );
+    let config = ServerConfig::from_toml_str(&toml, "server.toml").expect("valid config");
+    let bound = warren::Server::from_config(config)
+        .unwrap()
+        .bind()
+        .await
+        .unwrap();
+    let addr = bound.local_addr();
+    let (http, tls) = bound.http_addrs();
+    let stop = bound.shutdown_token();
+    tokio::spawn(bound.run());
+    (
+        HttpServer {
+            http: http.unwrap(),
+            addr,
+            stop,
+        },
+        tls.unwrap(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_is_terminated_by_sni_passed_through_untouched_and_unknown_names_get_an_alert() {
+    let dir = temp_dir("tls");
+    let (app_cert, app_key, app_der) = certificate(&dir, "app.test");
+    let (pass_cert, pass_key, pass_der) = certificate(&dir, "pass.test");
+    let app = backend("app").await;
+    let pass = tls_backend(&pass_cert, &pass_key).await;
+    let services = format!(
+        "[server.services.app]\ntype = \"http\"\nhosts = [\"app.test\"]\ntls = \"terminate\"\ncert = \"{}\"\nkey = \"{}\"\n[server.services.pass]\ntype = \"http\"\nhosts = [\"pass.test\"]\ntls = \"passthrough\"\n",
+        app_cert.display(),
+        app_key.display()
+    );
+    let (server, https) = start_tls_server(&services).await;
+    let _client = start_http_client(server.addr, &[("app", app), ("pass", pass)]).await;
+
+    // Terminated by Warren, HTTP/2 over ALPN and HTTP/1.1.
+    let tls = tls_connect(https, "app.test", app_der.clone(), &[b"h2", b"http/1.1"])
+        .await
+        .expect("Warren presents app.test's certificate");
+    assert_eq!(tls.get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
+    let (status, body) = get_over(tls, true, "app.test", "/secure").await;
+    assert_eq!(status, 200);
+    let body = String::from_utf8_lossy(&body);
+    assert!(
+        body.contains("backend=app path=/secure") && body.contains("xfp=https"),
+        "{body}"
+    );
+    let tls = tls_connect(https, "app.test", app_der, &[b"http/1.1"])
+        .await
+        .unwrap();
+    let (status, _) = get_over(tls, false, "app.test", "/").await;
+    assert_eq!(status, 200);
+
+    // Passed through: the certificate that arrives is the backend's own (trusting only it
+    // works), and the backend answered.
+    let tls = tls_connect(https, "pass.test", pass_der, &[b"http/1.1"])
+        .await
+        .expect("the backend's certificate came through");
+    let (status, body) = get_over(tls, false, "pass.test", "/").await;
+    assert_eq!(
+        (status, &body[..]),
+        (200, &b"tls terminated by the backend"[..])
+    );
+
+    // An unknown name: a fatal unrecognized_name alert, nothing else.
+    let error = tls_connect(https, "nope.test", certificate(&dir, "nope.test").2, &[])
+        .await
+        .expect_err("no certificate for nope.test");
+    assert!(
+        error
+            .to_string()
+            .to_lowercase()
+            .contains("unrecognizedname")
+            || error.to_string().to_lowercase().contains("unrecognized"),
+        "{error}"
+    );
+    server.stop.cancel();
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -1,0 +1,414 @@
+//! End to end, HTTP services (issue 15): the real `warren` binary between curl and nginx.
+//! nginx serves random files over plain HTTP (and over its own TLS for passthrough); curl
+//! fetches them by host name through Warren's HTTP ports with `--resolve`, over HTTP/1.1,
+//! h2c and TLS (h2 by ALPN) with a development CA made by `warren cert`. Bodies are checked
+//! by BLAKE3 hash.
+//!
+//! Needs `nginx` and `curl` on PATH; skipped without them unless
+//! `WARREN_E2E_REQUIRE_TOOLS=1` (as `scripts/test.sh` sets), which makes a missing tool fail.
+
+mod e2e_support;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use e2e_support::*;
+
+const MIB: usize = 1024 * 1024;
+
+fn tools_present(test: &str) -> bool {
+    let missing: Vec<&str> = ["nginx", "curl"]
+        .into_iter()
+        .filter(|tool| {
+            !std::env::var_os("PATH").is_some_and(|paths| {
+                std::env::split_paths(&paths)
+                    .chain([PathBuf::from("/usr/sbin")])
+                    .any(|dir| dir.join(tool).is_file())
+            })
+        })
+        .collect();
+    if missing.is_empty() {
+        return true;
+    }
+    if std::env::var("WARREN_E2E_REQUIRE_TOOLS").as_deref() == Ok("1") {
+        panic!(
+            "{missing:?} not on PATH but WARREN_E2E_REQUIRE_TOOLS=1: apt-get install nginx-light curl"
+        );
+    }
+    eprintln!("SKIPPED {test}: {missing:?} not on PATH (apt-get install nginx-light curl)");
+    false
+}
+
+fn nginx_binary() -> &'static str {
+    if Path::new("/usr/sbin/nginx").is_file() {
+        "/usr/sbin/nginx"
+    } else {
+        "nginx"
+    }
+}
+
+/// nginx serving `www/` on `plain` (HTTP) and `tls` (HTTPS with `cert`/`key`), in the
+/// foreground, everything under the test dir.
+fn start_nginx(dir: &TestDir, plain: u16, tls: u16, cert: &Path, key: &Path) -> Proc {
+    let root = dir.path();
+    let conf = format!(
+        "daemon off;\nmaster_process off;\nworker_processes 1;\npid {root}/nginx.pid;\nerror_log {root}/nginx.error.log warn;\nevents {{ worker_connections 256; }}\nhttp {{\n  access_log off;\n  client_body_temp_path {root}/body;\n  proxy_temp_path {root}/proxy;\n  fastcgi_temp_path {root}/fastcgi;\n  uwsgi_temp_path {root}/uwsgi;\n  scgi_temp_path {root}/scgi;\n  default_type application/octet-stream;\n  server {{ listen 127.0.0.1:{plain}; root {root}/www; }}\n  server {{ listen 127.0.0.1:{tls} ssl; ssl_certificate {cert}; ssl_certificate_key {key}; root {root}/www; }}\n}}\n",
+        root = root.display(),
+        cert = cert.display(),
+        key = key.display(),
+    );
+    let conf_path = dir.write("nginx.conf", &conf);
+    Proc::spawn(
+        dir,
+        "nginx",
+        nginx_binary(),
+        &["-c", conf_path.to_str().unwrap(), "-e", "stderr"],
+        &[],
+    )
+}
+
+/// A random file of `len` bytes under `www/`; returns its hash.
+fn www_file(dir: &TestDir, name: &str, len: usize) -> blake3::Hash {
+    let www = dir.path().join("www");
+    std::fs::create_dir_all(&www).unwrap();
+    let bytes = random_bytes(len);
+    std::fs::write(www.join(name), &bytes).unwrap();
+    blake3::hash(&bytes)
+}
+
+/// Runs curl with `args` (plus `-sS --max-time 30`); returns (exit code, stdout bytes,
+/// stderr).
+fn curl(args: &[&str]) -> (i32, Vec<u8>, String) {
+    let output = Command::new("curl")
+        .args(["-sS", "--max-time", "30"])
+        .args(args)
+        .output()
+        .expect("run curl");
+    (
+        output.status.code().unwrap_or(-1),
+        output.stdout,
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+/// `warren cert ca` + `warren cert server --name NAME`: returns (ca.pem, server.pem,
+/// server.key).
+async fn dev_certificate(dir: &TestDir, name: &str) -> (PathBuf, PathBuf, PathBuf) {
+    let ca = dir.path().join("ca");
+    if !ca.join("ca.pem").exists() {
+        let (code, _, err) =
+            Proc::warren_output(dir, "cert-ca", &["cert", "ca", "--out", "ca"], &[]).await;
+        assert_eq!(code, 0, "{err}");
+    }
+    let out = format!("cert-{name}");
+    let (code, _, err) = Proc::warren_output(
+        dir,
+        "cert-server",
+        &[
+            "cert", "server", "--ca", "ca", "--name", name, "--out", &out, "--force",
+        ],
+        &[],
+    )
+    .await;
+    assert_eq!(code, 0, "{err}");
+    let out = dir.path().join(out);
+    (
+        ca.join("ca.pem"),
+        out.join("server.pem"),
+        out.join("server.key"),
+    )
+}
+
+fn server_config(server: u16, http: u16, https: u16, services: &str) -> String {
+    format!(
+        "[server]\nbind = \"127.0.0.1:{server}\"\npsk = \"${{WARREN_PSK}}\"\ndefault_token = \"{TOKEN}\"\n[server.http]\nbind = \"127.0.0.1:{http}\"\ntls_bind = \"127.0.0.1:{https}\"\n{services}"
+    )
+}
+
+fn client_config(server: u16, services: &[(&str, u16)]) -> String {
+    let mut text = format!(
+        "[client]\nserver = \"127.0.0.1:{server}\"\npsk = \"${{WARREN_PSK}}\"\ndefault_token = \"{TOKEN}\"\n"
+    );
+    for (name, port) in services {
+        text.push_str(&format!(
+            "[client.services.{name}]\ntype = \"http\"\ntarget = \"127.0.0.1:{port}\"\n"
+        ));
+    }
+    text
+}
+
+/// Polls `url` (with curl `extra` args) until it answers 200, for at most 10 s.
+async fn wait_200(extra: &[&str], url: &str) {
+    let deadline = tokio::time::Instant::now() + READY_TIMEOUT;
+    loop {
+        let mut args = extra.to_vec();
+        args.extend(["-o", "/dev/null", "-w", "%{http_code}", url]);
+        let (_, out, _) = curl(&args);
+        if out == b"200" {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{url} did not answer 200 within {READY_TIMEOUT:?} (last: {})",
+            String::from_utf8_lossy(&out)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn curl_reaches_nginx_by_host_over_http1_h2c_tls_and_passthrough() {
+    if !tools_present("curl_reaches_nginx_by_host_over_http1_h2c_tls_and_passthrough") {
+        return;
+    }
+    let dir = TestDir::new("http");
+    let (ca, app_cert, app_key) = dev_certificate(&dir, "app.test").await;
+    let (_, pass_cert, pass_key) = dev_certificate(&dir, "pass.test").await;
+    let big = www_file(&dir, "big.bin", 8 * MIB + 3);
+    let small = www_file(&dir, "small.bin", 1024);
+    let (nginx_plain, nginx_tls) = (free_port(), free_port());
+    let _nginx = start_nginx(&dir, nginx_plain, nginx_tls, &pass_cert, &pass_key);
+    let (server_port, http, https) = (free_port(), free_port(), free_port());
+    let services = format!(
+        "[server.services.app]\ntype = \"http\"\nhosts = [\"app.test\"]\ntls = \"terminate\"\ncert = \"{}\"\nkey = \"{}\"\n[server.services.pass]\ntype = \"http\"\nhosts = [\"pass.test\"]\ntls = \"passthrough\"\n",
+        app_cert.display(),
+        app_key.display()
+    );
+    let server_toml = dir.write(
+        "server.toml",
+        &server_config(server_port, http, https, &services),
+    );
+    let client_toml = dir.write(
+        "client.toml",
+        &client_config(server_port, &[("app", nginx_plain), ("pass", nginx_tls)]),
+    );
+    let _server = Proc::warren(
+        &dir,
+        "server",
+        &["server", server_toml.to_str().unwrap()],
+        &[("WARREN_PSK", PSK)],
+    );
+    let _client = Proc::warren(
+        &dir,
+        "client",
+        &["client", client_toml.to_str().unwrap()],
+        &[("WARREN_PSK", PSK)],
+    );
+
+    let resolve_http = format!("app.test:{http}:127.0.0.1");
+    let url = format!("http://app.test:{http}/big.bin");
+    wait_200(&["--resolve", &resolve_http], &url).await;
+
+    // HTTP/1.1 and h2c (prior knowledge), the bytes exactly.
+    for version in ["--http1.1", "--http2-prior-knowledge"] {
+        let (code, body, err) = curl(&["--resolve", &resolve_http, version, &url]);
+        assert_eq!(code, 0, "{version}: {err}");
+        assert_eq!(blake3::hash(&body), big, "{version}: the body differs");
+    }
+    let (_, out, _) = curl(&[
+        "--resolve",
+        &resolve_http,
+        "--http2-prior-knowledge",
+        "-o",
+        "/dev/null",
+        "-w",
+        "%{http_version}",
+        &format!("http://app.test:{http}/small.bin"),
+    ]);
+    assert_eq!(out, b"2", "h2c was not used");
+
+    // TLS terminated by Warren with the dev CA's certificate; h2 by ALPN.
+    let resolve_https = format!("app.test:{https}:127.0.0.1");
+    let tls_url = format!("https://app.test:{https}/big.bin");
+    let (code, body, err) = curl(&[
+        "--cacert",
+        ca.to_str().unwrap(),
+        "--resolve",
+        &resolve_https,
+        "--http2",
+        &tls_url,
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(blake3::hash(&body), big);
+    let (_, out, _) = curl(&[
+        "--cacert",
+        ca.to_str().unwrap(),
+        "--resolve",
+        &resolve_https,
+        "--http2",
+        "-o",
+        "/dev/null",
+        "-w",
+        "%{http_version}",
+        &format!("https://app.test:{https}/small.bin"),
+    ]);
+    assert_eq!(out, b"2", "h2 over TLS was not negotiated");
+
+    // Passed through: curl checks nginx's own certificate (pass.test), which Warren never
+    // holds the key of.
+    let resolve_pass = format!("pass.test:{https}:127.0.0.1");
+    let (code, body, err) = curl(&[
+        "--cacert",
+        ca.to_str().unwrap(),
+        "--resolve",
+        &resolve_pass,
+        &format!("https://pass.test:{https}/small.bin"),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(blake3::hash(&body), small);
+
+    // An unknown name over TLS: refused during the handshake.
+    let resolve_nope = format!("nope.test:{https}:127.0.0.1");
+    let (code, _, err) = curl(&[
+        "--cacert",
+        ca.to_str().unwrap(),
+        "--resolve",
+        &resolve_nope,
+        &format!("https://nope.test:{https}/"),
+    ]);
+    assert_ne!(code, 0);
+    assert!(
+        err.to_lowercase().contains("unrecognized name") || err.contains("alert"),
+        "{err}"
+    );
+    // An unknown host over plain HTTP: Warren's 404 page names it.
+    let (_, body, _) = curl(&[
+        "--resolve",
+        &format!("nope.test:{http}:127.0.0.1"),
+        &format!("http://nope.test:{http}/"),
+    ]);
+    assert!(String::from_utf8_lossy(&body).contains("nope.test"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_changes_routes_and_certificates_without_failing_a_download_in_flight() {
+    if !tools_present(
+        "a_reload_changes_routes_and_certificates_without_failing_a_download_in_flight",
+    ) {
+        return;
+    }
+    let dir = TestDir::new("http-reload");
+    let (ca, cert, key) = dev_certificate(&dir, "app.test").await;
+    let big = www_file(&dir, "big.bin", 6 * MIB);
+    let (nginx_plain, nginx_tls) = (free_port(), free_port());
+    let _nginx = start_nginx(&dir, nginx_plain, nginx_tls, &cert, &key);
+    let (server_port, http, https) = (free_port(), free_port(), free_port());
+    let services = |hosts: &str, cert: &Path, key: &Path| {
+        format!(
+            "[server.services.app]\ntype = \"http\"\nhosts = [{hosts}]\ntls = \"terminate\"\ncert = \"{}\"\nkey = \"{}\"\n",
+            cert.display(),
+            key.display()
+        )
+    };
+    let server_toml = dir.write(
+        "server.toml",
+        &server_config(
+            server_port,
+            http,
+            https,
+            &services("\"app.test\"", &cert, &key),
+        ),
+    );
+    let client_toml = dir.write(
+        "client.toml",
+        &client_config(server_port, &[("app", nginx_plain)]),
+    );
+    let mut server = Proc::warren(
+        &dir,
+        "server",
+        &["server", server_toml.to_str().unwrap()],
+        &[("WARREN_PSK", PSK)],
+    );
+    let _client = Proc::warren(
+        &dir,
+        "client",
+        &["client", client_toml.to_str().unwrap()],
+        &[("WARREN_PSK", PSK)],
+    );
+    let resolve = format!("app.test:{https}:127.0.0.1");
+    let url = format!("https://app.test:{https}/big.bin");
+    let ca_arg = ca.to_str().unwrap().to_owned();
+    wait_200(&["--cacert", &ca_arg, "--resolve", &resolve], &url).await;
+
+    // A slow download (about 3 s) across the reload.
+    let download = {
+        let (ca_arg, resolve, url) = (ca_arg.clone(), resolve.clone(), url.clone());
+        tokio::task::spawn_blocking(move || {
+            curl(&[
+                "--cacert",
+                &ca_arg,
+                "--resolve",
+                &resolve,
+                "--limit-rate",
+                "2M",
+                &url,
+            ])
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // A new certificate (another CA: the old one must no longer verify) and a new host.
+    let other = TestDir::new("http-reload-ca");
+    let (new_ca, new_cert, new_key) = dev_certificate(&other, "app.test").await;
+    let text = server_config(
+        server_port,
+        http,
+        https,
+        &services("\"app.test\", \"new.test\"", &new_cert, &new_key),
+    );
+    let aside = server_toml.with_extension("toml.new");
+    std::fs::write(&aside, text).unwrap();
+    std::fs::rename(&aside, &server_toml).unwrap();
+    assert!(
+        server
+            .stderr_contains_within("config_reloaded", Duration::from_secs(10))
+            .await,
+        "the server did not reload:\n{}",
+        server.logs()
+    );
+    let (code, body, err) = download.await.unwrap();
+    assert_eq!(code, 0, "the download in flight failed: {err}");
+    assert_eq!(
+        blake3::hash(&body),
+        big,
+        "the download in flight was damaged"
+    );
+
+    // The new route and the new certificate are in force.
+    let (code, _, err) = curl(&[
+        "--cacert",
+        new_ca.to_str().unwrap(),
+        "--resolve",
+        &format!("new.test:{https}:127.0.0.1"),
+        "--resolve",
+        &resolve,
+        "-o",
+        "/dev/null",
+        &url,
+    ]);
+    assert_eq!(code, 0, "the new certificate is not served: {err}");
+    let (code, out, _) = curl(&[
+        "--resolve",
+        &format!("new.test:{http}:127.0.0.1"),
+        "-o",
+        "/dev/null",
+        "-w",
+        "%{http_code}",
+        &format!("http://new.test:{http}/big.bin"),
+    ]);
+    assert_eq!(
+        (code, &out[..]),
+        (0, &b"200"[..]),
+        "the new host is not routed"
+    );
+    let (code, _, _) = curl(&[
+        "--cacert",
+        &ca_arg,
+        "--resolve",
+        &resolve,
+        "-o",
+        "/dev/null",
+        &url,
+    ]);
+    assert_ne!(code, 0, "the old certificate is still served");
+}
