@@ -160,6 +160,16 @@ pub struct Metrics {
     serving_sessions: Family<StateLabel, Gauge>,
     session_streams: Family<SessionLabel, Gauge>,
     health_checks: Family<StateLabel, Counter>,
+    http_requests: Family<StatusLabel, Counter>,
+    http_duration: HistogramFamily,
+    http_captures_dropped: Counter,
+}
+
+/// Labels of `warren_http_requests`: the service and the status class (`2xx` .. `5xx`).
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StatusLabel {
+    service: String,
+    class: &'static str,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -202,8 +212,26 @@ impl Metrics {
             serving_sessions: Family::default(),
             session_streams: Family::default(),
             health_checks: Family::default(),
+            http_requests: Family::default(),
+            http_duration: HistogramFamily::new_with_constructor(latency_histogram),
+            http_captures_dropped: Counter::default(),
             registry: Registry::default(),
         };
+        registry.register(
+            "http_requests",
+            "Server: HTTP requests answered per service, by status class (Warren's own pages included)",
+            metrics.http_requests.clone(),
+        );
+        registry.register(
+            "http_request_duration_seconds",
+            "Server: time from a request's arrival to its response head, per service",
+            metrics.http_duration.clone(),
+        );
+        registry.register(
+            "http_captures_dropped",
+            "Server: request captures dropped because the inspector's queue was full (traffic is never delayed for them)",
+            metrics.http_captures_dropped.clone(),
+        );
         registry.register(
             "service_retries",
             "Server: visitors a failed session handed on to another session before any byte went back",
@@ -288,6 +316,33 @@ impl Metrics {
             registry,
             ..metrics
         }
+    }
+
+    /// Counts one HTTP request answered with `status` after `elapsed` (to the response head).
+    pub fn http_request(&self, service: &str, status: u16, elapsed: Duration) {
+        let class = match status {
+            100..=199 => "1xx",
+            200..=299 => "2xx",
+            300..=399 => "3xx",
+            400..=499 => "4xx",
+            _ => "5xx",
+        };
+        self.http_requests
+            .get_or_create(&StatusLabel {
+                service: service.to_owned(),
+                class,
+            })
+            .inc();
+        self.http_duration
+            .get_or_create(&ServiceLabel {
+                service: service.to_owned(),
+            })
+            .observe(elapsed.as_secs_f64());
+    }
+
+    /// Counts a request capture the inspector's queue had no room for.
+    pub fn http_capture_dropped(&self) {
+        self.http_captures_dropped.inc();
     }
 
     /// The Prometheus text exposition of every metric.
@@ -682,6 +737,13 @@ impl Drop for ConnectionGuard {
 pub fn unix_seconds(time: SystemTime) -> u64 {
     time.duration_since(SystemTime::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
+}
+
+/// Milliseconds since the Unix epoch, now.
+pub fn unix_millis_now() -> u64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 #[cfg(test)]

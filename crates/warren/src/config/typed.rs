@@ -1176,6 +1176,7 @@ mod tests {
             server.services.insert(
                 name.to_owned(),
                 ServerService {
+                    http: None,
                     name: name.to_owned(),
                     kind: ServiceKind::Tcp,
                     bind: SocketAddr::from(([127, 0, 0, 1], port)),
@@ -1235,6 +1236,7 @@ mod tests {
             server.services.insert(
                 name.to_owned(),
                 ServerService {
+                    http: None,
                     name: name.to_owned(),
                     kind,
                     bind: SocketAddr::from(([127, 0, 0, 1], port)),

@@ -12,6 +12,7 @@
 //! * [`route`]: the route key of a request (host, normalized path) and the route table.
 //! * [`middleware`]: the [`middleware::Middleware`] trait and the built-ins.
 
+pub mod capture;
 pub mod forwarded;
 pub mod middleware;
 pub mod page;

@@ -1,0 +1,678 @@
+//! Request capture for the inspector: the recent requests of every http service, with
+//! their headers, timings, what the middleware decided, and (when a service asks for it)
+//! the first bytes of the bodies.
+//!
+//! The forwarding path never waits for the inspector: a finished request's record goes into
+//! a bounded queue with `try_send`, and when the queue is full the record is dropped and
+//! counted (`warren_http_captures_dropped`). One task drains the queue into a ring per
+//! service ([`RING_PER_SERVICE`] records; the oldest leaves first). The admin API reads
+//! the rings.
+//!
+//! Secrets stay out of what the API shows: `Authorization`, `Proxy-Authorization`,
+//! `Cookie` and `Set-Cookie` values are redacted when a record is read. The record keeps
+//! the original request headers only so that a replay can send the same request again.
+
+use std::collections::{HashMap, VecDeque};
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http::HeaderMap;
+use http_body::{Body as _, Frame, SizeHint};
+use serde::Serialize;
+use tokio::sync::mpsc;
+
+use super::{Body, BoxError};
+use crate::metrics::Metrics;
+
+/// Records kept per service.
+pub const RING_PER_SERVICE: usize = 256;
+
+/// Finished requests waiting for the drain task; more are dropped.
+pub const QUEUE: usize = 1024;
+
+/// Most body bytes a service may ask to keep (`capture_body_bytes`).
+pub const MAX_BODY_BYTES: usize = 64 * 1024;
+
+/// Header values the API never shows.
+const REDACTED: [&str; 4] = [
+    "authorization",
+    "proxy-authorization",
+    "cookie",
+    "set-cookie",
+];
+
+/// One request as the inspector sees it.
+#[derive(Debug, Clone, Serialize)]
+pub struct CapturedRequest {
+    /// Request number (unique in this process).
+    pub id: u64,
+    /// When it arrived, Unix milliseconds.
+    pub at_ms: u64,
+    /// The service it was routed to.
+    pub service: String,
+    /// Method.
+    pub method: String,
+    /// The routed host.
+    pub host: String,
+    /// Path and query as the visitor sent them.
+    pub uri: String,
+    /// HTTP version (`HTTP/1.1`, `HTTP/2.0`).
+    pub version: String,
+    /// The visitor's address (see `trusted_proxies`).
+    pub client_ip: String,
+    /// Came in over TLS.
+    pub tls: bool,
+    /// Response status.
+    pub status: u16,
+    /// Time to the response head, microseconds.
+    pub head_us: u64,
+    /// Time to the end of the response body, microseconds.
+    pub total_us: u64,
+    /// Response body bytes sent.
+    pub response_bytes: u64,
+    /// Request headers (secrets redacted when read through [`Captures`]).
+    pub request_headers: Vec<(String, String)>,
+    /// Response headers (secrets redacted).
+    pub response_headers: Vec<(String, String)>,
+    /// The first bytes of the request body, when the service captures bodies.
+    pub request_body: Option<String>,
+    /// The request body was captured whole (a replay can send it again).
+    pub request_body_complete: bool,
+    /// The first bytes of the response body, when the service captures bodies.
+    pub response_body: Option<String>,
+    /// What each middleware decided that mattered, in order.
+    pub decisions: Vec<(String, String)>,
+    /// Which request this one replayed.
+    pub replay_of: Option<u64>,
+    #[serde(skip)]
+    raw_request_headers: HeaderMap,
+    #[serde(skip)]
+    raw_request_body: Bytes,
+}
+
+/// The summary the request list shows.
+#[derive(Debug, Clone, Serialize)]
+pub struct RequestSummary {
+    /// Request number.
+    pub id: u64,
+    /// Arrival, Unix ms.
+    pub at_ms: u64,
+    /// Service.
+    pub service: String,
+    /// Method.
+    pub method: String,
+    /// Host.
+    pub host: String,
+    /// Path and query.
+    pub uri: String,
+    /// Status.
+    pub status: u16,
+    /// Time to the end of the response, µs.
+    pub total_us: u64,
+    /// Response bytes.
+    pub response_bytes: u64,
+    /// Visitor address.
+    pub client_ip: String,
+}
+
+/// What a replay needs of a captured request.
+#[derive(Debug)]
+pub struct ReplayRequest {
+    /// Method.
+    pub method: http::Method,
+    /// Path and query.
+    pub uri: String,
+    /// The original headers (unredacted).
+    pub headers: HeaderMap,
+    /// The whole body.
+    pub body: Bytes,
+    /// Came in over TLS.
+    pub tls: bool,
+}
+
+/// The rings of every service, and the queue that feeds them.
+pub struct Captures {
+    queue: mpsc::Sender<CapturedRequest>,
+    rings: Mutex<HashMap<String, VecDeque<Arc<CapturedRequest>>>>,
+    metrics: Arc<Metrics>,
+}
+
+impl std::fmt::Debug for Captures {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Captures").finish_non_exhaustive()
+    }
+}
+
+impl Captures {
+    /// The store and its queue's receiving end, for [`Captures::drain`].
+    pub fn new(metrics: Arc<Metrics>) -> (Arc<Captures>, mpsc::Receiver<CapturedRequest>) {
+        let (queue, receiver) = mpsc::channel(QUEUE);
+        (
+            Arc::new(Captures {
+                queue,
+                rings: Mutex::new(HashMap::new()),
+                metrics,
+            }),
+            receiver,
+        )
+    }
+
+    /// Moves finished records into the rings until the queue closes.
+    pub async fn drain(self: Arc<Self>, mut receiver: mpsc::Receiver<CapturedRequest>) {
+        while let Some(record) = receiver.recv().await {
+            let mut rings = self.rings.lock().unwrap_or_else(PoisonError::into_inner);
+            let ring = rings.entry(record.service.clone()).or_default();
+            if ring.len() >= RING_PER_SERVICE {
+                ring.pop_front();
+            }
+            ring.push_back(Arc::new(record));
+        }
+    }
+
+    /// Offers a finished record; drops it (and counts) when the queue is full.
+    pub fn offer(&self, record: CapturedRequest) {
+        if self.queue.try_send(record).is_err() {
+            self.metrics.http_capture_dropped();
+        }
+    }
+
+    /// Forgets the rings of services no longer configured.
+    pub fn retain_services(&self, keep: &dyn Fn(&str) -> bool) {
+        self.rings
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .retain(|service, _| keep(service));
+    }
+
+    /// The newest records first, optionally of one service.
+    pub fn list(&self, service: Option<&str>) -> Vec<RequestSummary> {
+        let rings = self.rings.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut all: Vec<RequestSummary> = rings
+            .iter()
+            .filter(|(name, _)| service.is_none_or(|s| s == name.as_str()))
+            .flat_map(|(_, ring)| ring.iter())
+            .map(|r| RequestSummary {
+                id: r.id,
+                at_ms: r.at_ms,
+                service: r.service.clone(),
+                method: r.method.clone(),
+                host: r.host.clone(),
+                uri: r.uri.clone(),
+                status: r.status,
+                total_us: r.total_us,
+                response_bytes: r.response_bytes,
+                client_ip: r.client_ip.clone(),
+            })
+            .collect();
+        all.sort_by(|a, b| b.id.cmp(&a.id));
+        all
+    }
+
+    /// One record, secrets redacted.
+    pub fn get(&self, id: u64) -> Option<CapturedRequest> {
+        let found = self.find(id)?;
+        let mut record = (*found).clone();
+        redact(&mut record.request_headers);
+        redact(&mut record.response_headers);
+        Some(record)
+    }
+
+    /// What a replay of `id` sends. `Err` says why it cannot be replayed.
+    ///
+    /// # Errors
+    /// An unknown id, or a body that was not captured whole.
+    pub fn replay_request(&self, id: u64) -> Result<ReplayRequest, String> {
+        let found = self
+            .find(id)
+            .ok_or_else(|| format!("no captured request {id} (it may have left the ring)"))?;
+        let has_body = found
+            .raw_request_headers
+            .get(http::header::CONTENT_LENGTH)
+            .is_some_and(|v| v.as_bytes() != b"0")
+            || found
+                .raw_request_headers
+                .contains_key(http::header::TRANSFER_ENCODING);
+        if has_body && !found.request_body_complete {
+            return Err(format!(
+                "request {id} had a body that was not captured whole; set capture_body_bytes on the service (up to {MAX_BODY_BYTES}) to replay such requests"
+            ));
+        }
+        Ok(ReplayRequest {
+            method: found.method.parse().map_err(|_| "bad method".to_owned())?,
+            uri: found.uri.clone(),
+            headers: found.raw_request_headers.clone(),
+            body: found.raw_request_body.clone(),
+            tls: found.tls,
+        })
+    }
+
+    fn find(&self, id: u64) -> Option<Arc<CapturedRequest>> {
+        let rings = self.rings.lock().unwrap_or_else(PoisonError::into_inner);
+        rings
+            .values()
+            .flat_map(|ring| ring.iter())
+            .find(|r| r.id == id)
+            .cloned()
+    }
+}
+
+fn redact(headers: &mut [(String, String)]) {
+    for (name, value) in headers {
+        if REDACTED.contains(&name.as_str()) {
+            "(redacted)".clone_into(value);
+        }
+    }
+}
+
+fn header_list(headers: &HeaderMap) -> Vec<(String, String)> {
+    headers
+        .iter()
+        .map(|(name, value)| {
+            (
+                name.as_str().to_owned(),
+                String::from_utf8_lossy(value.as_bytes()).into_owned(),
+            )
+        })
+        .collect()
+}
+
+/// A request being captured: filled in as the request goes through, sent when its
+/// response body ends (or is dropped).
+pub struct Capture {
+    record: CapturedRequest,
+    started: tokio::time::Instant,
+    body_limit: usize,
+    request_body: Option<Arc<Mutex<BodyCopy>>>,
+    captures: Arc<Captures>,
+}
+
+/// The first bytes of a body, and whether it ended within them.
+#[derive(Default)]
+struct BodyCopy {
+    bytes: Vec<u8>,
+    complete: bool,
+}
+
+impl Capture {
+    /// Starts capturing a request that arrived at `started` (`body_limit` 0: no bodies).
+    #[allow(clippy::too_many_arguments)]
+    pub fn start(
+        captures: Arc<Captures>,
+        id: u64,
+        request: &http::Request<Body>,
+        service: &str,
+        host: &str,
+        client_ip: std::net::IpAddr,
+        tls: bool,
+        started: tokio::time::Instant,
+        body_limit: usize,
+    ) -> Capture {
+        let uri = request
+            .uri()
+            .path_and_query()
+            .map_or_else(|| "/".to_owned(), ToString::to_string);
+        Capture {
+            record: CapturedRequest {
+                id,
+                at_ms: crate::metrics::unix_millis_now(),
+                service: service.to_owned(),
+                method: request.method().to_string(),
+                host: host.to_owned(),
+                uri,
+                version: format!("{:?}", request.version()),
+                client_ip: client_ip.to_string(),
+                tls,
+                status: 0,
+                head_us: 0,
+                total_us: 0,
+                response_bytes: 0,
+                request_headers: header_list(request.headers()),
+                response_headers: Vec::new(),
+                request_body: None,
+                request_body_complete: false,
+                response_body: None,
+                decisions: Vec::new(),
+                replay_of: None,
+                raw_request_headers: request.headers().clone(),
+                raw_request_body: Bytes::new(),
+            },
+            started,
+            body_limit: body_limit.min(MAX_BODY_BYTES),
+            request_body: None,
+            captures,
+        }
+    }
+
+    /// Marks the request as a replay of `id`.
+    pub fn replay_of(&mut self, id: u64) {
+        self.record.replay_of = Some(id);
+    }
+
+    /// Wraps the request body so its first bytes are kept (no-op without body capture).
+    pub fn tee_request(&mut self, body: Body) -> Body {
+        if self.body_limit == 0 {
+            return body;
+        }
+        let copy = Arc::new(Mutex::new(BodyCopy::default()));
+        self.request_body = Some(Arc::clone(&copy));
+        use http_body_util::BodyExt;
+        Tee {
+            inner: body,
+            copy,
+            limit: self.body_limit,
+        }
+        .boxed_unsync()
+    }
+
+    /// Finishes the record with the response head and wraps the response body: the record
+    /// is offered when that body ends or is dropped.
+    pub fn finish(
+        mut self,
+        response: http::Response<Body>,
+        decisions: &[(String, String)],
+    ) -> http::Response<Body> {
+        self.record.status = response.status().as_u16();
+        self.record.head_us = micros(self.started.elapsed());
+        self.record.response_headers = header_list(response.headers());
+        decisions.clone_into(&mut self.record.decisions);
+        let (parts, body) = response.into_parts();
+        use http_body_util::BodyExt;
+        let body = Watched {
+            inner: body,
+            capture: Some(self),
+            copy: Vec::new(),
+        }
+        .boxed_unsync();
+        http::Response::from_parts(parts, body)
+    }
+
+    fn offer(mut self, response_copy: Vec<u8>) {
+        self.record.total_us = micros(self.started.elapsed());
+        if let Some(copy) = &self.request_body {
+            let copy = copy.lock().unwrap_or_else(PoisonError::into_inner);
+            self.record.request_body = Some(String::from_utf8_lossy(&copy.bytes).into_owned());
+            self.record.request_body_complete = copy.complete;
+            self.record.raw_request_body = Bytes::copy_from_slice(&copy.bytes);
+        } else if !self
+            .record
+            .raw_request_headers
+            .contains_key(http::header::CONTENT_LENGTH)
+            && !self
+                .record
+                .raw_request_headers
+                .contains_key(http::header::TRANSFER_ENCODING)
+        {
+            // No body at all: a replay sends none.
+            self.record.request_body_complete = true;
+        }
+        if self.body_limit > 0 {
+            self.record.response_body = Some(String::from_utf8_lossy(&response_copy).into_owned());
+        }
+        self.captures.offer(self.record);
+    }
+}
+
+fn micros(duration: std::time::Duration) -> u64 {
+    u64::try_from(duration.as_micros()).unwrap_or(u64::MAX)
+}
+
+/// A request body that keeps a copy of its first bytes.
+struct Tee {
+    inner: Body,
+    copy: Arc<Mutex<BodyCopy>>,
+    limit: usize,
+}
+
+impl http_body::Body for Tee {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let polled = Pin::new(&mut self.inner).poll_frame(cx);
+        let mut copy = self.copy.lock().unwrap_or_else(PoisonError::into_inner);
+        match &polled {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let Some(data) = frame.data_ref() {
+                    let room = self.limit.saturating_sub(copy.bytes.len());
+                    if data.len() > room {
+                        // Too long to keep whole: a replay is impossible.
+                        copy.complete = false;
+                        copy.bytes.extend_from_slice(&data[..room]);
+                        drop(copy);
+                        self.limit = 0;
+                        return polled;
+                    }
+                    copy.bytes.extend_from_slice(data);
+                }
+            }
+            Poll::Ready(None) if self.limit > 0 => copy.complete = true,
+            _ => {}
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// A response body that offers its request's record when it ends or is dropped.
+struct Watched {
+    inner: Body,
+    capture: Option<Capture>,
+    copy: Vec<u8>,
+}
+
+impl http_body::Body for Watched {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let polled = Pin::new(&mut self.inner).poll_frame(cx);
+        match &polled {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let Some(data) = frame.data_ref() {
+                    let len = data.len() as u64;
+                    let limit = self.capture.as_ref().map_or(0, |c| c.body_limit);
+                    let room = limit.saturating_sub(self.copy.len());
+                    let keep = data.len().min(room);
+                    let kept = data.slice(..keep);
+                    self.copy.extend_from_slice(&kept);
+                    if let Some(capture) = self.capture.as_mut() {
+                        capture.record.response_bytes += len;
+                    }
+                }
+            }
+            Poll::Ready(None) | Poll::Ready(Some(Err(_))) => {
+                if let Some(capture) = self.capture.take() {
+                    capture.offer(std::mem::take(&mut self.copy));
+                }
+            }
+            Poll::Pending => {}
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+impl Drop for Watched {
+    fn drop(&mut self) {
+        if let Some(capture) = self.capture.take() {
+            capture.offer(std::mem::take(&mut self.copy));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Side;
+    use http_body_util::BodyExt;
+
+    fn captures() -> (Arc<Captures>, mpsc::Receiver<CapturedRequest>) {
+        Captures::new(Arc::new(Metrics::new(Side::Server)))
+    }
+
+    fn request(body: &'static [u8]) -> http::Request<Body> {
+        http::Request::builder()
+            .method("POST")
+            .uri("/api?x=1")
+            .header("authorization", "Bearer secret")
+            .header("content-length", body.len().to_string())
+            .body(crate::http::full(body))
+            .unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_finished_request_lands_in_its_ring_with_secrets_redacted() {
+        let (store, receiver) = captures();
+        let drain = tokio::spawn(Arc::clone(&store).drain(receiver));
+        let mut request = request(b"hello");
+        let mut capture = Capture::start(
+            Arc::clone(&store),
+            7,
+            &request,
+            "app",
+            "app.test",
+            "192.0.2.1".parse().unwrap(),
+            false,
+            tokio::time::Instant::now(),
+            1024,
+        );
+        let body = std::mem::replace(request.body_mut(), crate::http::empty());
+        let sent = capture
+            .tee_request(body)
+            .collect()
+            .await
+            .unwrap()
+            .to_bytes();
+        assert_eq!(sent, "hello");
+        let response = http::Response::builder()
+            .status(201)
+            .header("set-cookie", "id=1")
+            .body(crate::http::full("world"))
+            .unwrap();
+        let response = capture.finish(response, &[("ip_allow".into(), "allowed".into())]);
+        let got = response.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(got, "world");
+        // The drain task runs on this runtime; give it a turn.
+        for _ in 0..100 {
+            if store.get(7).is_some() {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+        let record = store.get(7).expect("captured");
+        assert_eq!((record.status, record.response_bytes), (201, 5));
+        assert_eq!(record.request_body.as_deref(), Some("hello"));
+        assert!(record.request_body_complete);
+        assert_eq!(record.response_body.as_deref(), Some("world"));
+        assert!(
+            record
+                .request_headers
+                .iter()
+                .any(|(n, v)| n == "authorization" && v == "(redacted)")
+        );
+        assert!(
+            record
+                .response_headers
+                .iter()
+                .any(|(n, v)| n == "set-cookie" && v == "(redacted)")
+        );
+        let replay = store.replay_request(7).unwrap();
+        assert_eq!(replay.body, "hello");
+        assert_eq!(replay.headers["authorization"], "Bearer secret");
+        assert_eq!(store.list(None)[0].id, 7);
+        assert!(store.list(Some("other")).is_empty());
+        drop(store);
+        drain.abort();
+    }
+
+    #[tokio::test]
+    async fn bodies_longer_than_the_limit_are_cut_and_not_replayable() {
+        let (store, receiver) = captures();
+        let drain = tokio::spawn(Arc::clone(&store).drain(receiver));
+        let mut request = request(b"0123456789");
+        let mut capture = Capture::start(
+            Arc::clone(&store),
+            1,
+            &request,
+            "app",
+            "app.test",
+            "192.0.2.1".parse().unwrap(),
+            false,
+            tokio::time::Instant::now(),
+            4,
+        );
+        let body = std::mem::replace(request.body_mut(), crate::http::empty());
+        let sent = capture
+            .tee_request(body)
+            .collect()
+            .await
+            .unwrap()
+            .to_bytes();
+        assert_eq!(sent, "0123456789", "the backend gets the whole body");
+        drop(capture.finish(http::Response::new(crate::http::empty()), &[]));
+        for _ in 0..100 {
+            if store.get(1).is_some() {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+        let record = store.get(1).unwrap();
+        assert_eq!(record.request_body.as_deref(), Some("0123"));
+        assert!(!record.request_body_complete);
+        assert!(
+            store
+                .replay_request(1)
+                .unwrap_err()
+                .contains("capture_body_bytes")
+        );
+        drain.abort();
+    }
+
+    #[tokio::test]
+    async fn a_full_queue_drops_captures_instead_of_waiting() {
+        let (store, _receiver) = captures();
+        for id in 0..(QUEUE as u64 + 10) {
+            let request = request(b"");
+            let capture = Capture::start(
+                Arc::clone(&store),
+                id,
+                &request,
+                "app",
+                "h",
+                "192.0.2.1".parse().unwrap(),
+                false,
+                tokio::time::Instant::now(),
+                0,
+            );
+            drop(capture.finish(http::Response::new(crate::http::empty()), &[]));
+        }
+        assert!(
+            store
+                .metrics
+                .encode()
+                .contains("warren_http_captures_dropped_total 10")
+        );
+    }
+}
