@@ -27,6 +27,7 @@ mod error;
 pub mod file;
 pub mod ha;
 mod load;
+pub mod middleware;
 pub mod proxy;
 pub mod quic;
 mod suggest;

@@ -11,8 +11,12 @@
 //!
 //! * [`route`]: the route key of a request (host, normalized path) and the route table.
 //! * [`middleware`]: the [`middleware::Middleware`] trait and the built-ins.
+//! * [`forwarded`]: the visitor's address behind trusted proxies (`X-Forwarded-For`).
+//! * [`page`]: the small error pages visitors see.
 
+pub mod forwarded;
 pub mod middleware;
+pub mod page;
 pub mod route;
 
 use bytes::Bytes;
