@@ -372,6 +372,24 @@ pub(crate) fn parse_chain(
     specs
 }
 
+/// Parses a list of addresses and CIDR ranges at `key` (`cidrs` here; the server's
+/// `[server.http] trusted_proxies` too). Each bad entry is reported at `key[i]` with a hint;
+/// `None` if any was bad.
+pub(crate) fn parse_cidrs(report: &mut Report, key: &str, list: &[String]) -> Option<Vec<Cidr>> {
+    let mut ranges = Vec::with_capacity(list.len());
+    for (i, text) in list.iter().enumerate() {
+        match text.parse::<Cidr>() {
+            Ok(range) => ranges.push(range),
+            Err(error) => {
+                let hint = error.hint();
+                report
+                    .fail(ConfigError::new(join_index(key, i), error.to_string()).with_hint(hint));
+            }
+        }
+    }
+    (ranges.len() == list.len()).then_some(ranges)
+}
+
 /// Like `parse_chain`, for builders without a config file: the specs of `file`, or every
 /// problem found.
 ///
@@ -490,17 +508,7 @@ impl Cx<'_> {
             );
             return None;
         }
-        let mut ranges = Vec::with_capacity(list.len());
-        for (i, text) in list.iter().enumerate() {
-            match text.parse::<Cidr>() {
-                Ok(range) => ranges.push(range),
-                Err(error) => {
-                    let hint = error.hint();
-                    self.fail(join_index(&self.key("cidrs"), i), error.to_string(), hint);
-                }
-            }
-        }
-        (ranges.len() == list.len()).then_some(ranges)
+        parse_cidrs(self.report, &self.key("cidrs"), list)
     }
 
     fn realm(&mut self, file: &FileMiddleware) -> String {
@@ -1262,6 +1270,15 @@ mod tests {
             ]
         );
         assert!(parse_chain_checked(KEY, &file("[[middleware]]\ntype = \"nope\"\n")).is_err());
+    }
+
+    /// Hashes are full of `$`; `${NAME}` expansion (run on every string of the file)
+    /// leaves them alone.
+    #[test]
+    fn hashes_survive_env_expansion() {
+        for hash in [argon2_hash("a"), bcrypt_hash("b")] {
+            assert_eq!(super::super::env::expand(&hash, &|_| None).ok(), Some(hash));
+        }
     }
 
     #[test]

@@ -382,6 +382,19 @@ mod tests {
         assert_eq!(chain.panics()[1], ("boom".into(), 1));
     }
 
+    /// The server drives the chain inside hyper's service futures, which must be `Send`.
+    #[test]
+    fn the_chain_and_its_future_are_send() {
+        fn is_send<T: Send>(_: &T) {}
+        fn is_sync<T: Sync>() {}
+        is_sync::<Chain>();
+        let chain = Chain::empty();
+        let mut request = get("/");
+        let mut cx = context();
+        let future = chain.request(&mut request, &mut cx);
+        is_send(&future);
+    }
+
     #[tokio::test]
     async fn empty_chain_passes_everything() {
         let chain = Chain::empty();
