@@ -65,6 +65,7 @@ async fn backend(name: &'static str) -> SocketAddr {
 struct HttpServer {
     http: SocketAddr,
     addr: SocketAddr,
+    admin: Option<SocketAddr>,
     stop: CancellationToken,
 }
 
@@ -87,9 +88,15 @@ async fn start_http_server(services: &str) -> HttpServer {
         .unwrap();
     let addr = bound.local_addr();
     let http = bound.http_addrs().0.expect("the HTTP port");
+    let admin = bound.admin_addr();
     let stop = bound.shutdown_token();
     tokio::spawn(bound.run());
-    HttpServer { http, addr, stop }
+    HttpServer {
+        http,
+        addr,
+        admin,
+        stop,
+    }
 }
 
 async fn start_http_client(server: SocketAddr, services: &[(&str, SocketAddr)]) -> TestClient {
@@ -526,6 +533,7 @@ async fn start_tls_server(services: &str) -> (HttpServer, SocketAddr) {
         HttpServer {
             http: http.unwrap(),
             addr,
+            admin: None,
             stop,
         },
         tls.unwrap(),
@@ -590,4 +598,128 @@ async fn tls_is_terminated_by_sni_passed_through_untouched_and_unknown_names_get
     );
     server.stop.cancel();
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_inspector_lists_requests_hides_secrets_and_replays_them() {
+    let app = backend("app").await;
+    let admin_port = free_port();
+    let services = format!(
+        "[server.services.app]\ntype = \"http\"\nhosts = [\"app.test\"]\ncapture_body_bytes = 1024\n[admin]\nbind = \"127.0.0.1:{admin_port}\"\n"
+    );
+    let server = start_http_server(&services).await;
+    let admin = server.admin.expect("admin API");
+    let _client = start_http_client(server.addr, &[("app", app)]).await;
+    let client = hyper_client();
+    let body = b"{\"hello\": 1}".to_vec();
+    let request = http::Request::builder()
+        .method("POST")
+        .uri(format!("http://{}/upload", server.http))
+        .header("host", "app.test")
+        .header("authorization", "Bearer very-secret")
+        .body(Full::new(Bytes::from(body.clone())))
+        .unwrap();
+    let response = client.request(request).await.unwrap();
+    assert_eq!(response.status(), 200);
+    let _ = response.into_body().collect().await.unwrap();
+    let listed = loop {
+        let (status, text) = http(admin, "GET", "/api/v1/requests?service=app", None).await;
+        assert_eq!(status, 200, "{text}");
+        let list: serde_json::Value = serde_json::from_str(&text).unwrap();
+        if !list.as_array().unwrap().is_empty() {
+            break list;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let id = listed[0]["id"].as_u64().unwrap();
+    assert_eq!(listed[0]["uri"], "/upload");
+    let (status, text) = http(admin, "GET", &format!("/api/v1/requests/{id}"), None).await;
+    assert_eq!(status, 200, "{text}");
+    assert!(!text.contains("very-secret"), "a secret leaked: {text}");
+    let record: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(record["request_body"], "{\"hello\": 1}");
+    assert_eq!(record["status"], 200);
+    assert_eq!(
+        record["response_body"],
+        blake3::hash(&body).to_hex().as_str()
+    );
+    // Replay: the same request again, captured as a replay of the first.
+    let (status, text) = http(
+        admin,
+        "POST",
+        &format!("/api/v1/requests/{id}/replay"),
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "{text}");
+    let replayed: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(replayed["status"], 200);
+    let new_id = replayed["id"].as_u64().unwrap();
+    let record = loop {
+        let (status, text) = http(admin, "GET", &format!("/api/v1/requests/{new_id}"), None).await;
+        if status == 200 {
+            break serde_json::from_str::<serde_json::Value>(&text).unwrap();
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(record["replay_of"], id);
+    assert_eq!(
+        record["response_body"],
+        blake3::hash(&body).to_hex().as_str()
+    );
+    let (status, _) = http(admin, "GET", "/api/v1/requests/99999999", None).await;
+    assert_eq!(status, 404);
+    let (status, _) = http(admin, "GET", "/api/v1/requests/abc", None).await;
+    assert_eq!(status, 400);
+    let (_, metrics) = http(admin, "GET", "/metrics", None).await;
+    assert!(
+        metrics.contains("warren_http_requests_total{service=\"app\",class=\"2xx\"} 2"),
+        "{metrics}"
+    );
+    server.stop.cancel();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_middleware_chain_guards_the_service() {
+    let app = backend("app").await;
+    // bcrypt of "pw" at cost 4 (made with the bcrypt crate).
+    let hash = bcrypt::hash("pw", 4).unwrap();
+    let services = format!(
+        "[server.services.app]\ntype = \"http\"\nhosts = [\"app.test\"]\n[[server.services.app.middleware]]\ntype = \"ip_deny\"\ncidrs = [\"192.0.2.0/24\"]\n[[server.services.app.middleware]]\ntype = \"basic_auth\"\nrealm = \"staff\"\nusers = {{ alice = \"{hash}\" }}\n[[server.services.app.middleware]]\ntype = \"rate_limit\"\nrate = \"2/s\"\nburst = 2\n[[server.services.app.middleware]]\ntype = \"max_body\"\nlimit = 1000\n"
+    );
+    let server = start_http_server(&services).await;
+    let _client = start_http_client(server.addr, &[("app", app)]).await;
+    let get = |auth: Option<&'static str>| {
+        let http_addr = server.http;
+        async move {
+            let auth = auth
+                .map(|a| format!("Authorization: Basic {a}\r\n"))
+                .unwrap_or_default();
+            raw(
+                http_addr,
+                &format!("GET / HTTP/1.1\r\nHost: app.test\r\n{auth}Connection: close\r\n\r\n"),
+            )
+            .await
+        }
+    };
+    let answer = get(None).await;
+    assert!(answer.starts_with("HTTP/1.1 401"), "{answer}");
+    assert!(
+        answer.to_lowercase().contains("www-authenticate: basic"),
+        "{answer}"
+    );
+    // alice:pw
+    let answer = get(Some("YWxpY2U6cHc=")).await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    // The backend never sees the password.
+    assert!(!answer.contains("YWxpY2U6cHc="));
+    let answer = get(Some("YWxpY2U6cHc=")).await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    let answer = get(Some("YWxpY2U6cHc=")).await;
+    assert!(
+        answer.starts_with("HTTP/1.1 429"),
+        "the third request within the burst: {answer}"
+    );
+    assert!(answer.to_lowercase().contains("retry-after"), "{answer}");
+    server.stop.cancel();
 }

@@ -40,6 +40,7 @@ use warren_proto::SuiteSpeed;
 use warren_proto::handshake::Negotiation;
 
 use crate::crypto::secret::Secret;
+use crate::http::capture::Captures;
 use crate::metrics::{ConnectionInfo, Telemetry, unix_seconds};
 use crate::reload::{Reload, ReloadError};
 
@@ -278,6 +279,18 @@ pub trait AdminSource: Send + Sync + 'static {
     fn reloader(&self) -> Option<Arc<dyn Reload>> {
         None
     }
+    /// Recent HTTP requests (the inspector); `None` on a side without HTTP services.
+    fn captures(&self) -> Option<&Arc<Captures>> {
+        None
+    }
+    /// Sends captured request `id` again; answers the new request's id and status.
+    fn replay(
+        &self,
+        id: u64,
+    ) -> crate::http::middleware::BoxFuture<'_, Result<(u64, u16), String>> {
+        let _ = id;
+        Box::pin(async { Err("this side serves no HTTP services".to_owned()) })
+    }
 }
 
 struct Ctx {
@@ -302,6 +315,9 @@ pub fn router(source: Arc<dyn AdminSource>, token: Option<Secret>) -> Router {
         .route("/api/v1/services", get(services))
         .route("/api/v1/connections", get(connections))
         .route("/api/v1/reload", post(reload))
+        .route("/api/v1/requests", get(requests))
+        .route("/api/v1/requests/{id}", get(request))
+        .route("/api/v1/requests/{id}/replay", post(replay))
         .route("/metrics", get(metrics))
         .layer(middleware::from_fn_with_state(Arc::clone(&ctx), authorize))
         .with_state(ctx)
@@ -417,6 +433,93 @@ async fn reload(State(ctx): State<Arc<Ctx>>) -> Response {
             };
             (status, axum::Json(body)).into_response()
         }
+    }
+}
+
+fn no_http(side: &str) -> Response {
+    (
+        StatusCode::NOT_FOUND,
+        axum::Json(ApiError {
+            error: format!("the {side} has no request inspector: HTTP services run on the server"),
+        }),
+    )
+        .into_response()
+}
+
+/// `?service=NAME` of a query, if any.
+fn service_filter(query: Option<&str>) -> Option<String> {
+    query?
+        .split('&')
+        .filter_map(|pair| pair.split_once('='))
+        .find(|(key, _)| *key == "service")
+        .map(|(_, value)| value.to_owned())
+}
+
+async fn requests(State(ctx): State<Arc<Ctx>>, RawQuery(query): RawQuery) -> Response {
+    let Some(captures) = ctx.source.captures() else {
+        return no_http(ctx.source.side());
+    };
+    let page = match Page::parse(query.as_deref()) {
+        Ok(page) => page,
+        Err(error) => return bad_request(error),
+    };
+    let mut all = captures.list(service_filter(query.as_deref()).as_deref());
+    let total = all.len();
+    let range = page.range(total);
+    let items: Vec<_> = all.drain(range).collect();
+    paged(Paged { items, total })
+}
+
+fn request_id(text: &str) -> Result<u64, Response> {
+    text.parse().map_err(|_| {
+        bad_request(format!(
+            "`{text}` is not a request id: use the `id` of an entry of /api/v1/requests"
+        ))
+    })
+}
+
+async fn request(
+    State(ctx): State<Arc<Ctx>>,
+    axum::extract::Path(id): axum::extract::Path<String>,
+) -> Response {
+    let Some(captures) = ctx.source.captures() else {
+        return no_http(ctx.source.side());
+    };
+    let id = match request_id(&id) {
+        Ok(id) => id,
+        Err(response) => return response,
+    };
+    match captures.get(id) {
+        Some(record) => axum::Json(record).into_response(),
+        None => (
+            StatusCode::NOT_FOUND,
+            axum::Json(ApiError {
+                error: format!("no captured request {id}: it may have left the ring (the newest {} per service are kept)", crate::http::capture::RING_PER_SERVICE),
+            }),
+        )
+            .into_response(),
+    }
+}
+
+async fn replay(
+    State(ctx): State<Arc<Ctx>>,
+    axum::extract::Path(id): axum::extract::Path<String>,
+) -> Response {
+    if ctx.source.captures().is_none() {
+        return no_http(ctx.source.side());
+    }
+    let id = match request_id(&id) {
+        Ok(id) => id,
+        Err(response) => return response,
+    };
+    match ctx.source.replay(id).await {
+        Ok((new_id, status)) => axum::Json(serde_json::json!({
+            "replayed": id,
+            "id": new_id,
+            "status": status,
+        }))
+        .into_response(),
+        Err(error) => (StatusCode::CONFLICT, axum::Json(ApiError { error })).into_response(),
     }
 }
 

@@ -119,6 +119,10 @@ pub struct FileServerService {
     pub backend: Option<String>,
     /// HTTP only: the middleware chain (`[[server.services.NAME.middleware]]`), in order.
     pub middleware: Option<Vec<super::middleware::FileMiddleware>>,
+    /// HTTP only: keep recent requests for the inspector. Default `true`.
+    pub capture: Option<bool>,
+    /// HTTP only: keep this many first bytes of each body too (0 to 65536). Default 0.
+    pub capture_body_bytes: Option<i64>,
 }
 
 impl FileServerService {
@@ -134,6 +138,8 @@ impl FileServerService {
             strip_prefix: self.strip_prefix.take(),
             backend: self.backend.take(),
             middleware: self.middleware.take(),
+            capture: self.capture.take(),
+            capture_body_bytes: self.capture_body_bytes.take(),
         }
     }
 }

@@ -64,13 +64,19 @@ pub struct FileHttpService {
     pub backend: Option<String>,
     /// The middleware chain, in order.
     pub middleware: Option<Vec<FileMiddleware>>,
+    /// Keep recent requests for the inspector. Default `true`.
+    pub capture: Option<bool>,
+    /// Keep this many first bytes of each body too (0 to 65536). Default 0.
+    pub capture_body_bytes: Option<i64>,
 }
 
 impl FileHttpService {
     /// The keys that are set, for "only http services take `hosts`".
     pub fn set_keys(&self) -> Vec<&'static str> {
         let mut keys = Vec::new();
-        let pairs: [(&'static str, bool); 9] = [
+        let pairs: [(&'static str, bool); 11] = [
+            ("capture", self.capture.is_some()),
+            ("capture_body_bytes", self.capture_body_bytes.is_some()),
             ("hosts", self.hosts.is_some()),
             ("paths", self.paths.is_some()),
             ("tls", self.tls.is_some()),
@@ -145,6 +151,10 @@ pub struct HttpRoute {
     pub backend: Backend,
     /// The middleware chain, in order.
     pub middleware: Vec<MiddlewareSpec>,
+    /// Keep recent requests for the inspector.
+    pub capture: bool,
+    /// First body bytes kept per request (0: none).
+    pub capture_body_bytes: usize,
 }
 
 /// Converts `[server.http]`.
@@ -164,19 +174,10 @@ pub(crate) fn convert_listen(report: &mut Report, file: Option<FileHttp>) -> Opt
             ),
         );
     }
-    for (i, text) in file.trusted_proxies.iter().flatten().enumerate() {
-        match text.parse::<crate::http::forwarded::Cidr>() {
-            Ok(cidr) => listen.trusted_proxies.push(cidr),
-            Err(error) => report.fail(
-                ConfigError::new(
-                    format!("server.http.trusted_proxies[{i}]"),
-                    error.to_string(),
-                )
-                .with_hint(
-                    "write an address or a CIDR: \"10.0.0.0/8\", \"192.0.2.7\", \"2001:db8::/32\"",
-                ),
-            ),
-        }
+    if let Some(list) = &file.trusted_proxies {
+        listen.trusted_proxies =
+            super::middleware::parse_cidrs(report, "server.http.trusted_proxies", list)
+                .unwrap_or_default();
     }
     Some(listen)
 }
@@ -286,7 +287,28 @@ pub(crate) fn convert_route(report: &mut Report, key: &str, file: FileHttpServic
         &format!("{key}.middleware"),
         file.middleware.as_deref().unwrap_or_default(),
     );
+    let capture_body_bytes = match file.capture_body_bytes {
+        None => 0,
+        Some(n) => match usize::try_from(n) {
+            Ok(n) if n <= crate::http::capture::MAX_BODY_BYTES => n,
+            _ => {
+                report.fail(
+                    ConfigError::new(
+                        format!("{key}.capture_body_bytes"),
+                        format!("{n} is out of range"),
+                    )
+                    .with_hint(format!(
+                        "write a number from 0 to {}",
+                        crate::http::capture::MAX_BODY_BYTES
+                    )),
+                );
+                0
+            }
+        },
+    };
     HttpRoute {
+        capture: file.capture.unwrap_or(true),
+        capture_body_bytes,
         hosts,
         paths,
         tls,

@@ -19,12 +19,12 @@ use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use http::HeaderMap;
-use http_body::{Body as _, Frame, SizeHint};
+use http_body::{Frame, SizeHint};
 use serde::Serialize;
 use tokio::sync::mpsc;
 
 use super::{Body, BoxError};
-use crate::metrics::Metrics;
+use crate::metrics::Telemetry;
 
 /// Records kept per service.
 pub const RING_PER_SERVICE: usize = 256;
@@ -136,7 +136,7 @@ pub struct ReplayRequest {
 pub struct Captures {
     queue: mpsc::Sender<CapturedRequest>,
     rings: Mutex<HashMap<String, VecDeque<Arc<CapturedRequest>>>>,
-    metrics: Arc<Metrics>,
+    telemetry: Arc<Telemetry>,
 }
 
 impl std::fmt::Debug for Captures {
@@ -147,13 +147,13 @@ impl std::fmt::Debug for Captures {
 
 impl Captures {
     /// The store and its queue's receiving end, for [`Captures::drain`].
-    pub fn new(metrics: Arc<Metrics>) -> (Arc<Captures>, mpsc::Receiver<CapturedRequest>) {
+    pub fn new(telemetry: Arc<Telemetry>) -> (Arc<Captures>, mpsc::Receiver<CapturedRequest>) {
         let (queue, receiver) = mpsc::channel(QUEUE);
         (
             Arc::new(Captures {
                 queue,
                 rings: Mutex::new(HashMap::new()),
-                metrics,
+                telemetry,
             }),
             receiver,
         )
@@ -174,7 +174,7 @@ impl Captures {
     /// Offers a finished record; drops it (and counts) when the queue is full.
     pub fn offer(&self, record: CapturedRequest) {
         if self.queue.try_send(record).is_err() {
-            self.metrics.http_capture_dropped();
+            self.telemetry.metrics.http_capture_dropped();
         }
     }
 
@@ -448,6 +448,11 @@ impl http_body::Body for Tee {
                         return polled;
                     }
                     copy.bytes.extend_from_slice(data);
+                    // A body with a known length ends with its last data frame: the
+                    // consumer may never poll for the end.
+                    if self.inner.is_end_stream() {
+                        copy.complete = true;
+                    }
                 }
             }
             Poll::Ready(None) if self.limit > 0 => copy.complete = true,
@@ -529,7 +534,7 @@ mod tests {
     use http_body_util::BodyExt;
 
     fn captures() -> (Arc<Captures>, mpsc::Receiver<CapturedRequest>) {
-        Captures::new(Arc::new(Metrics::new(Side::Server)))
+        Captures::new(Telemetry::new(Side::Server))
     }
 
     fn request(body: &'static [u8]) -> http::Request<Body> {

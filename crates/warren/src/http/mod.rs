@@ -11,6 +11,9 @@
 //!
 //! * [`route`]: the route key of a request (host, normalized path) and the route table.
 //! * [`middleware`]: the [`middleware::Middleware`] trait and the built-ins.
+//! * [`forwarded`]: the visitor's address behind trusted proxies (`X-Forwarded-For`).
+//! * [`page`]: the small error pages visitors see.
+//! * [`capture`]: recent requests for the inspector.
 
 pub mod capture;
 pub mod forwarded;

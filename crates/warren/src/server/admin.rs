@@ -17,6 +17,17 @@ pub(super) struct ServerAdmin {
 }
 
 impl AdminSource for ServerAdmin {
+    fn captures(&self) -> Option<&Arc<crate::http::capture::Captures>> {
+        Some(&self.shared.captures)
+    }
+
+    fn replay(
+        &self,
+        id: u64,
+    ) -> crate::http::middleware::BoxFuture<'_, Result<(u64, u16), String>> {
+        Box::pin(super::http::replay(&self.shared, id))
+    }
+
     fn telemetry(&self) -> &Arc<Telemetry> {
         &self.shared.telemetry
     }

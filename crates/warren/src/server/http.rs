@@ -38,6 +38,7 @@ use super::serving::{Lease, ServiceSlot};
 use super::{Binding, STREAM_OPEN_TIMEOUT, Shared, open_stream, short_id};
 use crate::config::http::{Backend, HttpListen, HttpRoute, HttpTls};
 use crate::config::{ServerConfig, ServiceKind};
+use crate::http::capture::Capture;
 use crate::http::middleware::{Chain, RequestContext};
 use crate::http::page::error_page;
 use crate::http::route::{self, HostPattern, RouteSpec, RouteTable};
@@ -63,6 +64,9 @@ const POOL_IDLE_PER_HOST: usize = 64;
 
 /// How long an idle backend connection is kept.
 const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Most response bytes a replay reads before letting the rest go.
+const REPLAY_READ_LIMIT: usize = 16 * 1024 * 1024;
 
 /// How long a closing server lets requests in flight finish.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
@@ -338,7 +342,11 @@ where
         let shared = Arc::clone(&service_shared);
         async move {
             let front = shared.http_front();
-            Ok::<_, std::convert::Infallible>(handle(&front, request, peer, tls).await)
+            let request = request.map(|body| body.map_err(BoxError::from).boxed_unsync());
+            let id = NEXT_REQUEST.fetch_add(1, Ordering::Relaxed);
+            Ok::<_, std::convert::Infallible>(
+                handle(&shared, &front, request, (peer, tls), id, None).await,
+            )
         }
     });
     let connection = builder.serve_connection_with_upgrades(io, service);
@@ -356,12 +364,15 @@ where
     }
 }
 
-/// Answers one request: route, middleware, backend.
+/// Answers one request: route, middleware, backend. `id` numbers it (the inspector's id);
+/// `replay_of` marks a replay from the admin API.
 async fn handle(
+    shared: &Shared,
     front: &Front,
-    request: Request<Incoming>,
-    peer: SocketAddr,
-    tls: bool,
+    request: Request<Body>,
+    (peer, tls): (SocketAddr, bool),
+    id: u64,
+    replay_of: Option<u64>,
 ) -> Response<Body> {
     let started = tokio::time::Instant::now();
     let key = match route::route_key(&request) {
@@ -390,41 +401,107 @@ async fn handle(
             &format!("No service answers for {}.", key.host),
         );
     };
-    if tls && !matches!(service.route.tls, HttpTls::Terminate { .. }) {
-        return error_page(
+    let name = &service.slot.name;
+    let client_ip =
+        crate::http::forwarded::client_ip(peer.ip(), request.headers(), &front.trusted_proxies);
+    let mut capture = service.route.capture.then(|| {
+        Capture::start(
+            Arc::clone(&shared.captures),
+            id,
+            &request,
+            name,
+            &key.host,
+            client_ip,
+            tls,
+            started,
+            service.route.capture_body_bytes,
+        )
+    });
+    let mut request = request;
+    if let Some(capture) = capture.as_mut() {
+        if let Some(original) = replay_of {
+            capture.replay_of(original);
+        }
+        let body = std::mem::replace(request.body_mut(), crate::http::empty());
+        *request.body_mut() = capture.tee_request(body);
+    }
+    let mut cx = RequestContext::new(
+        id,
+        Arc::from(name.as_str()),
+        key.host.clone(),
+        key.path.clone(),
+        peer,
+        client_ip,
+        tls,
+    );
+    cx.started = started;
+    let response = if tls && !matches!(service.route.tls, HttpTls::Terminate { .. }) {
+        error_page(
             StatusCode::MISDIRECTED_REQUEST,
             "Wrong connection for this host",
             &format!(
                 "{} is not served over TLS here. Connect with http:// instead.",
                 key.host
             ),
-        );
-    }
-    let client_ip =
-        crate::http::forwarded::client_ip(peer.ip(), request.headers(), &front.trusted_proxies);
-    let mut cx = RequestContext {
-        id: NEXT_REQUEST.fetch_add(1, Ordering::Relaxed),
-        service: Arc::from(service.slot.name.as_str()),
-        host: key.host.clone(),
-        path: key.path.clone(),
-        peer,
-        client_ip,
-        tls,
-        started,
-        timeout: None,
-        decisions: Vec::new(),
-    };
-    let mut request = request.map(|body| body.map_err(BoxError::from).boxed_unsync());
-    let ran = match service.chain.request(&mut request, &mut cx).await {
-        Ok(ran) => ran,
-        Err((ran, mut response)) => {
-            service.chain.response(ran, &mut response, &cx);
-            return response;
+        )
+    } else {
+        match service.chain.request(&mut request, &mut cx).await {
+            Ok(ran) => {
+                let mut response = forward(&service, request, &key, &prefix, &cx).await;
+                service.chain.response(ran, &mut response, &cx);
+                response
+            }
+            Err((ran, mut response)) => {
+                service.chain.response(ran, &mut response, &cx);
+                response
+            }
         }
     };
-    let mut response = forward(&service, request, &key, &prefix, &cx).await;
-    service.chain.response(ran, &mut response, &cx);
-    response
+    shared
+        .telemetry
+        .metrics
+        .http_request(name, response.status().as_u16(), started.elapsed());
+    match capture {
+        Some(capture) => capture.finish(response, &cx.decisions),
+        None => response,
+    }
+}
+
+/// Replays captured request `id` through the front in force, as if its visitor sent it
+/// again (same headers, same body, same TLS flag); the replay is captured too. Returns the
+/// new request's id and status.
+pub(super) async fn replay(shared: &Arc<Shared>, id: u64) -> Result<(u64, u16), String> {
+    let original = shared.captures.replay_request(id)?;
+    let mut request = Request::builder()
+        .method(original.method)
+        .uri(original.uri.as_str())
+        .version(http::Version::HTTP_11)
+        .body(crate::http::full(original.body))
+        .map_err(|e| format!("request {id} cannot be rebuilt: {e}"))?;
+    *request.headers_mut() = original.headers;
+    let new_id = NEXT_REQUEST.fetch_add(1, Ordering::Relaxed);
+    let front = shared.http_front();
+    let peer = SocketAddr::from(([127, 0, 0, 1], 0));
+    let response = handle(
+        shared,
+        &front,
+        request,
+        (peer, original.tls),
+        new_id,
+        Some(id),
+    )
+    .await;
+    let status = response.status().as_u16();
+    // Read the answer (bounded) so the replay's capture completes, then let it go.
+    let mut body = response.into_body();
+    let mut read = 0usize;
+    while read < REPLAY_READ_LIMIT {
+        match tokio::time::timeout(DEFAULT_BACKEND_TIMEOUT, body.frame()).await {
+            Ok(Some(Ok(frame))) => read += frame.data_ref().map_or(0, bytes::Bytes::len),
+            _ => break,
+        }
+    }
+    Ok((new_id, status))
 }
 
 /// Sends the request to the service's backend and returns its response (or a Warren page
@@ -489,6 +566,16 @@ async fn forward(
     let response = match tokio::time::timeout(timeout, service.backend.request(request)).await {
         Ok(Ok(response)) => response,
         Ok(Err(error)) => {
+            if body_too_large(&error) {
+                return error_page(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    "Request body too large",
+                    &format!(
+                        "{} accepts smaller bodies than this one (see its max_body).",
+                        key.host
+                    ),
+                );
+            }
             service.slot.meter.error();
             let cause = error_chain(&error);
             warn!(event = "http_backend_failed", service = %service.slot.name, host = %key.host, error = %cause, "the backend did not answer");
@@ -554,6 +641,18 @@ fn authority_host(host: &str) -> String {
     } else {
         host.to_owned()
     }
+}
+
+/// Whether a backend exchange failed because `max_body` cut the request body.
+fn body_too_large(error: &(dyn std::error::Error + 'static)) -> bool {
+    let mut source = Some(error);
+    while let Some(cause) = source {
+        if cause.is::<http_body_util::LengthLimitError>() {
+            return true;
+        }
+        source = cause.source();
+    }
+    false
 }
 
 fn error_chain(error: &dyn std::error::Error) -> String {

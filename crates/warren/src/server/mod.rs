@@ -309,6 +309,7 @@ impl Server {
             None => None,
         };
         let telemetry = Telemetry::new(Side::Server);
+        let (captures, capture_queue) = crate::http::capture::Captures::new(Arc::clone(&telemetry));
         let cancel = CancellationToken::new();
         let mut services = HashMap::new();
         for service in self.config.services.values() {
@@ -329,6 +330,7 @@ impl Server {
             telemetry,
             quic: RwLock::new(None),
             http: RwLock::new(Arc::new(http::Front::empty())),
+            captures,
         });
         {
             let services = shared
@@ -344,6 +346,7 @@ impl Server {
             listener,
             admin_listener,
             http_ports,
+            capture_queue,
             reloader,
             reloads,
             source: None,
@@ -382,6 +385,7 @@ pub struct BoundServer {
     listener: Listener,
     admin_listener: Option<TcpListener>,
     http_ports: Option<http::HttpPorts>,
+    capture_queue: tokio::sync::mpsc::Receiver<crate::http::capture::CapturedRequest>,
     reloader: Reloader<ServerConfig>,
     reloads: Requests<ServerConfig>,
     /// The config file, when the server reloads from one.
@@ -458,6 +462,7 @@ impl BoundServer {
             listener,
             admin_listener,
             http_ports,
+            capture_queue,
             reloader,
             reloads,
             source,
@@ -502,6 +507,18 @@ impl BoundServer {
         );
         for binding in bindings {
             spawn_service(&shared, binding);
+        }
+        {
+            // The drain ends when the last sender (the store, held by `shared`) goes, or
+            // with the server.
+            let drain = Arc::clone(&shared.captures).drain(capture_queue);
+            let stop = shared.cancel.clone();
+            shared.tasks.spawn(async move {
+                tokio::select! {
+                    () = drain => {}
+                    () = stop.cancelled() => {}
+                }
+            });
         }
         if let Some(ports) = http_ports {
             http::log_ports(&ports);
@@ -607,6 +624,8 @@ struct Shared {
     quic: RwLock<Option<Arc<quic::QuicListener>>>,
     /// What routes requests on the HTTP ports; a reload swaps it whole.
     http: RwLock<Arc<http::Front>>,
+    /// Recent HTTP requests, for the inspector.
+    captures: Arc<crate::http::capture::Captures>,
 }
 
 impl Shared {

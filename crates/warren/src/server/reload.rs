@@ -183,6 +183,9 @@ pub(super) async fn apply(shared: &Arc<Shared>, new: ServerConfig) -> ReloadResu
         // the front it started with).
         let front = super::http::Front::build(&new, &services);
         *shared.http.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(front);
+        shared
+            .captures
+            .retain_services(&|name| new.services.contains_key(name));
     }
     summary.note_table("forward service", &old.forwards, &new.forwards);
     describe_settings(old, &new, &mut summary);
