@@ -470,11 +470,9 @@ async fn requests(State(ctx): State<Arc<Ctx>>, RawQuery(query): RawQuery) -> Res
     paged(Paged { items, total })
 }
 
-fn request_id(text: &str) -> Result<u64, Response> {
+fn request_id(text: &str) -> Result<u64, String> {
     text.parse().map_err(|_| {
-        bad_request(format!(
-            "`{text}` is not a request id: use the `id` of an entry of /api/v1/requests"
-        ))
+        format!("`{text}` is not a request id: use the `id` of an entry of /api/v1/requests")
     })
 }
 
@@ -487,7 +485,7 @@ async fn request(
     };
     let id = match request_id(&id) {
         Ok(id) => id,
-        Err(response) => return response,
+        Err(error) => return bad_request(error),
     };
     match captures.get(id) {
         Some(record) => axum::Json(record).into_response(),
@@ -510,7 +508,7 @@ async fn replay(
     }
     let id = match request_id(&id) {
         Ok(id) => id,
-        Err(response) => return response,
+        Err(error) => return bad_request(error),
     };
     match ctx.source.replay(id).await {
         Ok((new_id, status)) => axum::Json(serde_json::json!({

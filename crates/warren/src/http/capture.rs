@@ -206,7 +206,7 @@ impl Captures {
                 client_ip: r.client_ip.clone(),
             })
             .collect();
-        all.sort_by(|a, b| b.id.cmp(&a.id));
+        all.sort_by_key(|r| std::cmp::Reverse(r.id));
         all
     }
 
@@ -675,6 +675,7 @@ mod tests {
         }
         assert!(
             store
+                .telemetry
                 .metrics
                 .encode()
                 .contains("warren_http_captures_dropped_total 10")
