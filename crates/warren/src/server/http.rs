@@ -944,3 +944,60 @@ pub(super) fn log_ports(ports: &HttpPorts) {
         }
     }
 }
+
+/// How often the certificate files of `tls = "terminate"` services are checked for
+/// changes.
+const CERTIFICATE_POLL: Duration = Duration::from_secs(2);
+
+/// Rebuilds the front when a certificate or key file of a `tls = "terminate"` service
+/// changes on disk (renewed by certbot, replaced by a deploy), until the server stops. A
+/// handshake in progress keeps the certificate it started with.
+pub(super) async fn watch_certificates(shared: Arc<Shared>) {
+    let mut seen = certificate_stamps(&shared.live().config);
+    let mut tick = tokio::time::interval(CERTIFICATE_POLL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            () = shared.cancel.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        let live = shared.live();
+        let now = certificate_stamps(&live.config);
+        if now == seen {
+            continue;
+        }
+        seen = now;
+        let front = {
+            let services = shared
+                .services
+                .read()
+                .unwrap_or_else(PoisonError::into_inner);
+            Front::build(&live.config, &services)
+        };
+        *shared.http.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(front);
+        info!(
+            event = "http_certificates_reloaded",
+            "a certificate file changed; the HTTPS port serves the new files"
+        );
+    }
+}
+
+/// The modification times (and lengths) of every terminate service's files.
+fn certificate_stamps(
+    config: &ServerConfig,
+) -> Vec<(std::path::PathBuf, Option<(std::time::SystemTime, u64)>)> {
+    let mut stamps = Vec::new();
+    for service in config.services.values() {
+        if let Some(route) = &service.http
+            && let HttpTls::Terminate { cert, key } = &route.tls
+        {
+            for path in [cert, key] {
+                let stamp = std::fs::metadata(path)
+                    .ok()
+                    .and_then(|m| Some((m.modified().ok()?, m.len())));
+                stamps.push((path.clone(), stamp));
+            }
+        }
+    }
+    stamps
+}

@@ -522,6 +522,9 @@ impl BoundServer {
         }
         if let Some(ports) = http_ports {
             http::log_ports(&ports);
+            shared
+                .tasks
+                .spawn(http::watch_certificates(Arc::clone(&shared)));
             for (listener, tls) in [(ports.plain, false), (ports.tls, true)] {
                 if let Some(listener) = listener {
                     shared
