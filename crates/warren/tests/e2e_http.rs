@@ -411,4 +411,31 @@ async fn a_reload_changes_routes_and_certificates_without_failing_a_download_in_
         &url,
     ]);
     assert_ne!(code, 0, "the old certificate is still served");
+
+    // Certificate files renewed in place (no reload): served within a few seconds.
+    let third = TestDir::new("http-renew-ca");
+    let (renewed_ca, renewed_cert, renewed_key) = dev_certificate(&third, "app.test").await;
+    std::fs::copy(&renewed_key, &new_key).unwrap();
+    std::fs::copy(&renewed_cert, &new_cert).unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let (code, _, err) = curl(&[
+            "--cacert",
+            renewed_ca.to_str().unwrap(),
+            "--resolve",
+            &resolve,
+            "-o",
+            "/dev/null",
+            &url,
+        ]);
+        if code == 0 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "renewed certificate files were not picked up: {err}\n{}",
+            server.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
