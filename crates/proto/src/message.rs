@@ -55,6 +55,11 @@ pub const PROOF_LEN: usize = 32;
 
 /// Longest `HOST:PORT` a forward claim may name as its target.
 pub const MAX_TARGET_LEN: usize = 300;
+/// Most host names in a [`ClaimKind::DeclaredHttp`] claim or URLs in a
+/// [`Verdict::AcceptedHttp`].
+pub const MAX_HTTP_NAMES: usize = 16;
+/// Longest host name (or URL) in them.
+pub const MAX_HTTP_NAME_LEN: usize = 300;
 
 /// Longest refusal reason in a [`Verdict::Denied`].
 pub const MAX_REASON_LEN: usize = 1024;
@@ -103,6 +108,16 @@ pub enum ClaimKind {
         /// Where the client wants visitors to send datagrams at the server.
         remote_bind: SocketAddr,
     },
+    /// An HTTP service the server's config does not list (ngrok style): the server routes
+    /// requests for `subdomain` under its `subdomain_host`, and for `hosts` its
+    /// `allow_hosts` permit, on its HTTP ports; the proof is checked against its
+    /// `default_token`. Appended last so the earlier variants keep their encodings.
+    DeclaredHttp {
+        /// One DNS label: the service is `SUBDOMAIN.<subdomain_host>`.
+        subdomain: Option<String>,
+        /// Full host names.
+        hosts: Vec<String>,
+    },
 }
 
 /// What a v2 hello asks of the server.
@@ -142,7 +157,9 @@ impl ClaimKind {
     pub fn protocol(&self) -> Option<Protocol> {
         match self {
             ClaimKind::Reverse => None,
-            ClaimKind::Forward { .. } | ClaimKind::Declared { .. } => Some(Protocol::Tcp),
+            ClaimKind::Forward { .. }
+            | ClaimKind::Declared { .. }
+            | ClaimKind::DeclaredHttp { .. } => Some(Protocol::Tcp),
             ClaimKind::ForwardUdp { .. } | ClaimKind::DeclaredUdp { .. } => Some(Protocol::Udp),
         }
     }
@@ -164,6 +181,12 @@ pub enum Verdict {
     Denied {
         /// For the client's log.
         reason: String,
+    },
+    /// A declared HTTP service is routed: visitors reach it at these URLs. Only ever sent
+    /// for a [`ClaimKind::DeclaredHttp`] claim, which older clients never make.
+    AcceptedHttp {
+        /// `http://NAME[:PORT]/` (and `https://…` when the server terminates TLS for it).
+        urls: Vec<String>,
     },
 }
 
@@ -372,6 +395,13 @@ fn decode<'a, T: Deserialize<'a>>(bytes: &'a [u8]) -> Result<T, DecodeError> {
 
 fn check_claim(claim: &ServiceClaim) -> Result<(), DecodeError> {
     check_len("service name", claim.name.len(), MAX_SERVICE_NAME_LEN)?;
+    if let ClaimKind::DeclaredHttp { subdomain, hosts } = &claim.kind {
+        check_len("subdomain", subdomain.as_ref().map_or(0, String::len), 63)?;
+        check_len("hosts", hosts.len(), MAX_HTTP_NAMES)?;
+        for host in hosts {
+            check_len("host", host.len(), MAX_HTTP_NAME_LEN)?;
+        }
+    }
     if let ClaimKind::Forward {
         target: Some(target),
     }
@@ -389,6 +419,12 @@ fn check_verdicts(verdicts: &[Verdict]) -> Result<(), DecodeError> {
     for verdict in verdicts {
         if let Verdict::Denied { reason } = verdict {
             check_len("reason", reason.len(), MAX_REASON_LEN)?;
+        }
+        if let Verdict::AcceptedHttp { urls } = verdict {
+            check_len("urls", urls.len(), MAX_HTTP_NAMES)?;
+            for url in urls {
+                check_len("url", url.len(), MAX_HTTP_NAME_LEN)?;
+            }
         }
     }
     Ok(())
@@ -662,6 +698,13 @@ mod tests {
         assert_eq!(index(ClaimKind::Declared { remote_bind: addr }), 2);
         assert_eq!(index(ClaimKind::ForwardUdp { target: None }), 3);
         assert_eq!(index(ClaimKind::DeclaredUdp { remote_bind: addr }), 4);
+        assert_eq!(
+            index(ClaimKind::DeclaredHttp {
+                subdomain: None,
+                hosts: Vec::new()
+            }),
+            5
+        );
         assert_eq!(
             ClaimKind::DeclaredUdp { remote_bind: addr }.protocol(),
             Some(Protocol::Udp)

@@ -690,6 +690,11 @@ async fn handshake(
                         format!("service {name}"),
                         format!("accepted by the server, which bound it on {address}"),
                     ),
+                    Verdict::AcceptedHttp { urls } => report.push(
+                        Status::Ok,
+                        format!("service {name}"),
+                        format!("accepted by the server, which would route {}", urls.join(" ")),
+                    ),
                     Verdict::Denied { reason } => report.push_fix(
                         Status::Fail,
                         format!("service {name}"),

@@ -118,6 +118,28 @@ enum Command {
         #[command(flatten)]
         overrides: cli::ClientOverrides,
     },
+    /// Publish a local web service at a host name on a server's HTTP port (ngrok style), no
+    /// config file. The server needs [server.http] with subdomain_host or allow_hosts.
+    #[command(
+        after_help = "Example:\n  WARREN_PSK=... WARREN_TOKEN=... warren http 3000 --to tunnel.example.com:7000 --subdomain app\n  (prints the public URL, e.g. http://app.tunnel.example.com/)"
+    )]
+    Http {
+        /// The local web service: PORT (on 127.0.0.1) or HOST:PORT.
+        local: String,
+        /// The server, HOST:PORT.
+        #[arg(long = "to", short = 'r', value_name = "HOST:PORT")]
+        to: String,
+        /// Ask for NAME.<the server's subdomain_host>.
+        #[arg(long, value_name = "NAME")]
+        subdomain: Option<String>,
+        /// Ask for this host name (the server's allow_hosts must allow it); repeat for several.
+        #[arg(long = "host", value_name = "NAME")]
+        hosts: Vec<String>,
+        #[command(flatten)]
+        secrets: cli::SecretArgs,
+        #[command(flatten)]
+        overrides: cli::ClientOverrides,
+    },
     /// Reach a target through a server (ssh -L style), no config file. The server's config
     /// must name the target as a forward service.
     #[command(
@@ -444,6 +466,41 @@ async fn run(command: Command) -> Outcome {
                 Err(message) => usage_error(&message),
             }
         }
+        Command::Http {
+            local,
+            to,
+            subdomain,
+            hosts,
+            secrets,
+            overrides,
+        } => {
+            let built = (|| -> Result<_, String> {
+                let target = cli::local_target(&local)?;
+                let server = cli::server_addr(&to)?;
+                let (psk, token) = secrets.resolve()?;
+                let claim = cli::http_claim(subdomain, hosts)?;
+                let mut config = cli::expose_config(
+                    server,
+                    warren::config::ServiceKind::Http,
+                    target.clone(),
+                    SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 0),
+                    psk,
+                    token,
+                    None,
+                    secrets.insecure,
+                );
+                if let Some(service) = config.services.get_mut(cli::EXPOSE_SERVICE) {
+                    service.remote_bind = None;
+                    service.http_claim = Some(claim);
+                }
+                cli::apply_overrides(&mut config, &overrides)?;
+                Ok((config, target))
+            })();
+            match built {
+                Ok((config, target)) => run_client(config, Some(target), None).await,
+                Err(message) => usage_error(&message),
+            }
+        }
         Command::Forward {
             local,
             remote,
@@ -714,12 +771,25 @@ async fn run_client(
         let cancel = cancel.clone();
         tokio::spawn(async move {
             let mut shown = None;
+            let mut shown_urls: Vec<String> = Vec::new();
             loop {
                 let bound = status
                     .borrow_and_update()
                     .bound
                     .get(cli::EXPOSE_SERVICE)
                     .copied();
+                let urls = status
+                    .borrow()
+                    .urls
+                    .get(cli::EXPOSE_SERVICE)
+                    .cloned()
+                    .unwrap_or_default();
+                if !urls.is_empty() && shown_urls != urls {
+                    println!("Forwarding {} -> http://{local}", urls.join(" "));
+                    use std::io::Write;
+                    let _ = std::io::stdout().flush();
+                    shown_urls = urls;
+                }
                 if let Some(addr) = bound.filter(|addr| Some(*addr) != shown) {
                     let host = if addr.ip().is_unspecified() {
                         warren::HostPort {

@@ -723,3 +723,74 @@ async fn a_middleware_chain_guards_the_service() {
     assert!(answer.to_lowercase().contains("retry-after"), "{answer}");
     server.stop.cancel();
 }
+
+/// A client from a TOML `[client]` table (for what the builder does not offer).
+async fn start_toml_client(toml: &str) -> TestClient {
+    let config = warren::ClientConfig::from_toml_str(toml, "client.toml").expect("valid client");
+    let client = Client::from_config(config).expect("valid client");
+    let status = client.status();
+    let stop = CancellationToken::new();
+    let task = tokio::spawn(client.run(stop.clone()));
+    TestClient { status, stop, task }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_declare_http_services_by_subdomain_until_they_leave() {
+    let app = backend("declared").await;
+    let server = start_http_server(
+        "subdomain_host = \"tunnel.test\"\nallow_hosts = [\"*.apps.test\"]\n[server.services.configured]\ntype = \"http\"\nhosts = [\"taken.apps.test\"]\n",
+    )
+    .await;
+    let client_toml = |name: &str, names: &str| {
+        format!(
+            "[client]\nserver = \"{}\"\npsk = \"{PSK}\"\ndefault_token = \"{TOKEN}\"\nreconnect_initial_delay = \"100ms\"\n[client.services.{name}]\ntype = \"http\"\ntarget = \"{app}\"\n{names}\n",
+            server.addr
+        )
+    };
+    let mut first = start_toml_client(&client_toml("mine", "subdomain = \"app\"\nhosts = [\"www.apps.test\"]")).await;
+    if tokio::time::timeout(Duration::from_secs(10), first.status.wait_for(|s| s.urls.contains_key("mine"))).await.is_err() || first.task.is_finished() {
+        panic!("the declaring client did not connect: {:?}", (&mut first.task).await);
+    }
+    let urls = first.status.borrow().urls.get("mine").cloned().unwrap_or_default();
+    let port = server.http.port();
+    assert_eq!(
+        urls,
+        vec![
+            format!("http://app.tunnel.test:{port}/"),
+            format!("http://www.apps.test:{port}/")
+        ]
+    );
+    let client = hyper_client();
+    for host in ["app.tunnel.test", "www.apps.test"] {
+        let (status, body) = request(&client, server.http, "GET", host, "/", vec![]).await;
+        assert_eq!(status, 200, "{host}");
+        assert!(String::from_utf8_lossy(&body).starts_with("backend=declared"));
+    }
+    // Another client may not take a name that is declared, configured, or not allowed.
+    for (names, why) in [
+        ("subdomain = \"app\"", "already declared"),
+        ("hosts = [\"taken.apps.test\"]", "configured"),
+        ("hosts = [\"evil.example.com\"]", "not among"),
+    ] {
+        let mut other = start_toml_client(&client_toml("theirs", names)).await;
+        let error = tokio::time::timeout(Duration::from_secs(10), &mut other.task)
+            .await
+            .expect("the refused client stops")
+            .unwrap()
+            .expect_err("refused");
+        assert!(error.to_string().contains(why), "{names}: {error}");
+    }
+    // The declaring client leaves: its names are not routed any more.
+    first.stop.cancel();
+    let _ = first.task.await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let answer = raw(server.http, "GET / HTTP/1.1\r\nHost: app.tunnel.test\r\nConnection: close\r\n\r\n").await;
+        if answer.starts_with("HTTP/1.1 404") {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "still routed: {answer}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    server.stop.cancel();
+}

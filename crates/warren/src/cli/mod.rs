@@ -192,6 +192,39 @@ pub fn protocol(udp: bool) -> ServiceKind {
     }
 }
 
+/// What `warren http` asks for: `--subdomain` and/or `--host` names.
+///
+/// # Errors
+/// Neither given, or a name that is not one.
+pub fn http_claim(
+    subdomain: Option<String>,
+    hosts: Vec<String>,
+) -> Result<warren::config::http::HttpClaim, String> {
+    if subdomain.is_none() && hosts.is_empty() {
+        return Err("say which name to publish: --subdomain NAME (under the server's subdomain_host) or --host NAME".to_owned());
+    }
+    let subdomain = subdomain.map(|s| s.trim().to_ascii_lowercase());
+    if let Some(label) = &subdomain
+        && !warren::config::http::is_dns_label(label)
+    {
+        return Err(format!(
+            "--subdomain {label:?} is not one DNS label: letters, digits and inner hyphens, e.g. --subdomain app"
+        ));
+    }
+    let mut names = Vec::new();
+    for host in hosts {
+        match warren::http::route::HostPattern::parse(&host) {
+            Ok(warren::http::route::HostPattern::Exact(name)) => names.push(name),
+            Ok(_) => return Err(format!("--host {host:?}: give exact names, not wildcards")),
+            Err(error) => return Err(format!("--host {host:?}: {error}")),
+        }
+    }
+    Ok(warren::config::http::HttpClaim {
+        subdomain,
+        hosts: names,
+    })
+}
+
 /// The client config of `warren expose`.
 #[allow(clippy::too_many_arguments)]
 pub fn expose_config(
@@ -218,6 +251,7 @@ pub fn expose_config(
             proxy_protocol,
             weight: 1,
             health_check: None,
+            http_claim: None,
         },
     );
     config

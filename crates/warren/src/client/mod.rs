@@ -107,6 +107,8 @@ pub struct ClientStatus {
     pub cipher: Option<CipherSuite>,
     /// Client-declared services: the address the server bound for each, as it reported it.
     pub bound: BTreeMap<String, SocketAddr>,
+    /// Client-declared HTTP services: the URLs the server routes to each.
+    pub urls: BTreeMap<String, Vec<String>>,
     /// The servers a session is up with now, as configured.
     pub servers: Vec<String>,
     /// Forward services: the local address each listens on (bound once, at start).
@@ -326,6 +328,7 @@ impl ClientBuilder {
                     proxy_protocol: self.proxy_protocols.get(&name).copied(),
                     weight: self.weights.get(&name).copied().unwrap_or(1),
                     health_check: self.health_checks.get(&name).cloned(),
+                    http_claim: None,
                     name,
                     kind,
                     target,
@@ -676,6 +679,10 @@ impl Shared {
                 .iter()
                 .flat_map(|session| session.bound.clone())
                 .collect();
+            s.urls = sessions
+                .iter()
+                .flat_map(|session| session.urls.clone())
+                .collect();
             s.servers = sessions
                 .iter()
                 .map(|session| session.server.to_string())
@@ -709,6 +716,8 @@ pub(crate) struct ClientSession {
     forwards: HashSet<String>,
     /// Client-declared services and the addresses the server bound for them.
     bound: BTreeMap<String, SocketAddr>,
+    /// Client-declared HTTP services and the URLs the server routes to them.
+    urls: BTreeMap<String, Vec<String>>,
     /// The handshake's round trip: forward services prefer the nearest server.
     rtt: Duration,
     /// Messages for the server (health reports); the control loop sends them.
@@ -899,6 +908,7 @@ async fn establish_session(
     let mut accepted = HashSet::new();
     let mut forwards = HashSet::new();
     let mut bound = BTreeMap::new();
+    let mut urls = BTreeMap::new();
     let mut refused = Vec::new();
     let mut denied = Vec::new();
     for (name, verdict) in names.iter().zip(&verdicts) {
@@ -913,6 +923,11 @@ async fn establish_session(
                     info!(event = "service_bound", %server, service = %name, %address, "the server bound this client-declared service");
                     bound.insert(name.to_string(), *address);
                 }
+            }
+            Verdict::AcceptedHttp { urls: routed } => {
+                accepted.insert(name.to_string());
+                info!(event = "service_routed", %server, service = %name, urls = %routed.join(" "), "the server routes this client-declared http service");
+                urls.insert(name.to_string(), routed.clone());
             }
             Verdict::Refused => refused.push(name.to_string()),
             Verdict::Denied { reason } => {
@@ -965,6 +980,7 @@ async fn establish_session(
         services: accepted,
         forwards,
         bound,
+        urls,
         rtt: handshake_time,
         control,
         control_rx: Mutex::new(Some(control_rx)),
@@ -1171,13 +1187,17 @@ pub fn claims_of(config: &ClientConfig) -> Vec<Claim<'_>> {
     let reverse = config.services.values().map(|service| Claim {
         name: &service.name,
         token: &service.token,
-        kind: match (service.remote_bind, service.kind) {
-            // A declared `http` service is refused by the config (for now).
-            (Some(remote_bind), ServiceKind::Tcp | ServiceKind::Http) => {
+        kind: match (service.remote_bind, service.kind, &service.http_claim) {
+            // The config refuses `remote_bind` on an http service.
+            (Some(remote_bind), ServiceKind::Tcp | ServiceKind::Http, _) => {
                 ClaimKind::Declared { remote_bind }
             }
-            (Some(remote_bind), ServiceKind::Udp(_)) => ClaimKind::DeclaredUdp { remote_bind },
-            (None, _) => ClaimKind::Reverse,
+            (Some(remote_bind), ServiceKind::Udp(_), _) => ClaimKind::DeclaredUdp { remote_bind },
+            (None, _, Some(claim)) => ClaimKind::DeclaredHttp {
+                subdomain: claim.subdomain.clone(),
+                hosts: claim.hosts.clone(),
+            },
+            (None, _, None) => ClaimKind::Reverse,
         },
         weight: service.weight,
         ready: true,

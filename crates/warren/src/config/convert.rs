@@ -583,6 +583,7 @@ fn client_services(
         let token = token(report, "client", &name, service.token, default_token);
         let weight = ha::weight(report, &key, service.weight);
         let health_check = ha::health_check(report, &key, service.health_check);
+        let http_claim = http_claim(report, &key, kind, service.subdomain, service.hosts);
         out.insert(
             name.clone(),
             ClientService {
@@ -594,10 +595,62 @@ fn client_services(
                 proxy_protocol,
                 weight,
                 health_check,
+                http_claim,
             },
         );
     }
     (out, forwards)
+}
+
+/// A client http service's `subdomain` / `hosts`: a declared http service.
+fn http_claim(
+    report: &mut Report,
+    key: &str,
+    kind: ServiceKind,
+    subdomain: Option<String>,
+    hosts: Option<Vec<String>>,
+) -> Option<super::http::HttpClaim> {
+    if subdomain.is_none() && hosts.is_none() {
+        return None;
+    }
+    if kind != ServiceKind::Http {
+        let leaf = if subdomain.is_some() { "subdomain" } else { "hosts" };
+        report.fail(
+            ConfigError::new(join_key(key, leaf), format!("`{leaf}` only applies to http services, and this one is {kind}"))
+                .with_hint("add type = \"http\", or remove it"),
+        );
+        return None;
+    }
+    let subdomain = subdomain.map(|s| s.trim().to_ascii_lowercase());
+    if let Some(label) = &subdomain
+        && !super::http::is_dns_label(label)
+    {
+        report.fail(
+            ConfigError::new(join_key(key, "subdomain"), format!("{label:?} is not one DNS label"))
+                .with_hint("letters, digits and inner hyphens, at most 63: e.g. subdomain = \"app\""),
+        );
+    }
+    let mut names = Vec::new();
+    for (i, text) in hosts.iter().flatten().enumerate() {
+        match crate::http::route::HostPattern::parse(text) {
+            Ok(crate::http::route::HostPattern::Exact(name)) => names.push(name),
+            Ok(_) => report.fail(
+                ConfigError::new(format!("{key}.hosts[{i}]"), "a client declares exact host names, not wildcards")
+                    .with_hint("list each name, e.g. hosts = [\"app.example.com\"]"),
+            ),
+            Err(error) => report.fail(ConfigError::new(format!("{key}.hosts[{i}]"), error)),
+        }
+    }
+    if names.len() > super::http::MAX_CLAIMED_HOSTS {
+        report.fail(
+            ConfigError::new(join_key(key, "hosts"), format!("{} names; a service may declare at most {}", names.len(), super::http::MAX_CLAIMED_HOSTS))
+                .with_hint("split them over several services"),
+        );
+    }
+    Some(super::http::HttpClaim {
+        subdomain,
+        hosts: names,
+    })
 }
 
 /// Parses a service's `proxy_protocol` (`"v1"`, `"v2"`).

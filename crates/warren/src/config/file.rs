@@ -219,6 +219,12 @@ pub struct FileClientService {
     /// Reverse services: check the target; while it fails, the server sends this client
     /// no visitors of the service. Default: no check.
     pub health_check: Option<super::ha::FileHealthCheck>,
+    /// HTTP only, a client-declared service: route `NAME.<the server's subdomain_host>`
+    /// to it.
+    pub subdomain: Option<String>,
+    /// HTTP only, a client-declared service: route these host names (the server's
+    /// `allow_hosts` must allow them) to it.
+    pub hosts: Option<Vec<String>>,
 }
 
 /// A duration as written: a string such as `"10s"`, or a bare number, which is kept only

@@ -40,6 +40,10 @@ pub struct FileHttp {
     pub tls_bind: Option<String>,
     /// CIDRs of proxies in front of Warren whose `X-Forwarded-For` is believed.
     pub trusted_proxies: Option<Vec<String>>,
+    /// Clients may declare `subdomain = "NAME"` services: `NAME.<subdomain_host>`.
+    pub subdomain_host: Option<String>,
+    /// Host names (exact or `*.suffix`) clients may declare with `hosts = [...]`.
+    pub allow_hosts: Option<Vec<String>>,
 }
 
 /// The http keys of a `[server.services.NAME]` table.
@@ -105,6 +109,33 @@ pub struct HttpListen {
     pub tls_bind: Option<SocketAddr>,
     /// Proxies whose `X-Forwarded-For` is believed.
     pub trusted_proxies: Vec<crate::http::forwarded::Cidr>,
+    /// The parent domain of client-declared `subdomain` services.
+    pub subdomain_host: Option<String>,
+    /// Names clients may declare with `hosts`.
+    pub allow_hosts: Vec<HostPattern>,
+}
+
+/// Most host names one client-declared http service may ask for.
+pub const MAX_CLAIMED_HOSTS: usize = 16;
+
+/// What a client-declared http service asks the server to route to it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HttpClaim {
+    /// `NAME.<subdomain_host>`.
+    pub subdomain: Option<String>,
+    /// Full host names.
+    pub hosts: Vec<String>,
+}
+
+/// Whether `label` is one DNS label (letters, digits, inner hyphens; at most 63).
+pub fn is_dns_label(label: &str) -> bool {
+    !label.is_empty()
+        && label.len() <= 63
+        && label
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-')
+        && !label.starts_with('-')
+        && !label.ends_with('-')
 }
 
 /// How an http service treats TLS.
@@ -173,6 +204,23 @@ pub(crate) fn convert_listen(report: &mut Report, file: Option<FileHttp>) -> Opt
                 "add bind = \"0.0.0.0:80\" (plain HTTP) and/or tls_bind = \"0.0.0.0:443\"",
             ),
         );
+    }
+    if let Some(text) = &file.subdomain_host {
+        let host = text.trim().trim_end_matches('.').to_ascii_lowercase();
+        if host.split('.').count() < 2 || !host.split('.').all(is_dns_label) {
+            report.fail(
+                ConfigError::new("server.http.subdomain_host", format!("{text:?} is not a domain name"))
+                    .with_hint("write the parent domain of client-declared services, e.g. \"tunnel.example.com\" (and point *.tunnel.example.com at this server)"),
+            );
+        } else {
+            listen.subdomain_host = Some(host);
+        }
+    }
+    for (i, text) in file.allow_hosts.iter().flatten().enumerate() {
+        match HostPattern::parse(text) {
+            Ok(pattern) => listen.allow_hosts.push(pattern),
+            Err(error) => report.fail(ConfigError::new(format!("server.http.allow_hosts[{i}]"), error)),
+        }
     }
     if let Some(list) = &file.trusted_proxies {
         listen.trusted_proxies =

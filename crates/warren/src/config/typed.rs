@@ -475,6 +475,8 @@ pub struct ClientService {
     pub weight: u16,
     /// The target's health check: while it fails, the service is withdrawn.
     pub health_check: Option<super::ha::HealthCheck>,
+    /// A client-declared http service: the names it asks the server to route to it.
+    pub http_claim: Option<super::http::HttpClaim>,
 }
 
 /// A forward service on the client: it listens on `bind` and carries each connection to the

@@ -61,6 +61,8 @@ pub(super) struct Judgement {
     pub forwards: HashMap<String, ServerForward>,
     /// Declared services: name and the socket bound for it.
     pub declared: Vec<(String, DeclaredSocket)>,
+    /// Declared http services: name and the host names granted.
+    pub declared_http: Vec<(String, Vec<String>)>,
     /// Claims refused for a wrong token or an unknown name (for the log).
     pub refused: Vec<String>,
 }
@@ -101,6 +103,7 @@ impl Judgement {
         let mut names = self.reverse.clone();
         names.extend(self.forwards.keys().cloned());
         names.extend(self.declared.iter().map(|(name, _)| name.clone()));
+        names.extend(self.declared_http.iter().map(|(name, _)| name.clone()));
         names
     }
 }
@@ -120,6 +123,7 @@ pub(super) async fn judge(
         reverse: Vec::new(),
         forwards: HashMap::new(),
         declared: Vec::new(),
+        declared_http: Vec::new(),
         refused: Vec::new(),
     };
     let live = shared.live();
@@ -194,6 +198,35 @@ pub(super) async fn judge(
                         "`{}` is a reverse service on the server (the server binds its port); give the client's service `target` instead of `bind`",
                         claim.name
                     ))
+                } else {
+                    Verdict::Refused
+                }
+            }
+            ClaimKind::DeclaredHttp { subdomain, hosts } => {
+                let token_ok = config
+                    .default_token
+                    .as_ref()
+                    .is_some_and(|token| proves(token, claim));
+                if token_ok {
+                    match super::http::judge_declared(
+                        shared,
+                        config,
+                        &claim.name,
+                        subdomain.as_deref(),
+                        hosts,
+                    ) {
+                        Ok(granted) => {
+                            let urls = super::http::urls(config, &granted);
+                            if !probe {
+                                judgement.declared_http.push((claim.name.clone(), granted));
+                            }
+                            Verdict::AcceptedHttp { urls }
+                        }
+                        Err(reason) => {
+                            warn!(event = "declared_denied", %peer, service = %claim.name, %reason, "refused a client-declared http service");
+                            denied(reason)
+                        }
+                    }
                 } else {
                     Verdict::Refused
                 }

@@ -35,6 +35,7 @@ use tracing::{debug, info, warn};
 use warren_proto::handshake::SessionId;
 
 use super::serving::{Lease, ServiceSlot};
+use super::session::ServerSession;
 use super::{Binding, STREAM_OPEN_TIMEOUT, Shared, open_stream, short_id};
 use crate::config::http::{Backend, HttpListen, HttpRoute, HttpTls};
 use crate::config::{ServerConfig, ServiceKind};
@@ -129,7 +130,11 @@ impl Front {
     /// The front for `config`, whose http services' slots are in `bindings`. Problems
     /// (a certificate that does not load, a chain that does not build) are logged and leave
     /// that service out, so one bad certificate does not take every site down.
-    pub(super) fn build(config: &ServerConfig, bindings: &HashMap<String, Binding>) -> Front {
+    fn build(
+        config: &ServerConfig,
+        bindings: &HashMap<String, Binding>,
+        declared: &HashMap<String, DeclaredHttp>,
+    ) -> Front {
         let mut front = Front::empty();
         let Some(listen) = &config.http else {
             return front;
@@ -137,20 +142,22 @@ impl Front {
         front.trusted_proxies = listen.trusted_proxies.clone();
         let mut specs = Vec::new();
         let mut certs = Vec::new();
-        for service in config.services.values() {
+        let configured = config.services.values().filter_map(|service| {
             let (ServiceKind::Http, Some(route)) = (service.kind, &service.http) else {
-                continue;
+                return None;
             };
-            let Some(binding) = bindings.get(&service.name) else {
-                continue;
-            };
-            let name: Arc<str> = Arc::from(service.name.as_str());
+            let binding = bindings.get(&service.name)?;
+            Some((Arc::clone(&binding.slot), (**route).clone()))
+        });
+        let declared = declared
+            .values()
+            .map(|d| (Arc::clone(&d.slot), declared_route(&d.hosts)));
+        for (slot, route) in configured.chain(declared).collect::<Vec<_>>() {
+            let name: Arc<str> = Arc::from(slot.name.as_str());
             match &route.tls {
                 HttpTls::Passthrough => {
                     for host in &route.hosts {
-                        front
-                            .passthrough
-                            .push((host.clone(), Arc::clone(&binding.slot)));
+                        front.passthrough.push((host.clone(), Arc::clone(&slot)));
                     }
                     continue;
                 }
@@ -161,7 +168,7 @@ impl Front {
                         }
                     }
                     Err(error) => {
-                        warn!(event = "http_certificate", service = %service.name, %error, "cannot load the service's certificate; its TLS port is off until it loads");
+                        warn!(event = "http_certificate", service = %name, %error, "cannot load the service's certificate; its TLS port is off until it loads");
                     }
                 },
                 HttpTls::Off => {}
@@ -169,7 +176,7 @@ impl Front {
             let chain = match crate::http::middleware::build_chain(&route.middleware) {
                 Ok(chain) => chain,
                 Err(error) => {
-                    warn!(event = "http_middleware", service = %service.name, %error, "cannot build the service's middleware; the service is off");
+                    warn!(event = "http_middleware", service = %name, %error, "cannot build the service's middleware; the service is off");
                     continue;
                 }
             };
@@ -178,12 +185,12 @@ impl Front {
                 hosts: route.hosts.clone(),
                 paths: route.paths.clone(),
             });
-            let backend = backend_client(&binding.slot, route.backend);
+            let backend = backend_client(&slot, route.backend);
             front.services.insert(
                 name,
                 Arc::new(HttpService {
-                    slot: Arc::clone(&binding.slot),
-                    route: (**route).clone(),
+                    slot,
+                    route,
                     chain,
                     backend,
                 }),
@@ -967,14 +974,7 @@ pub(super) async fn watch_certificates(shared: Arc<Shared>) {
             continue;
         }
         seen = now;
-        let front = {
-            let services = shared
-                .services
-                .read()
-                .unwrap_or_else(PoisonError::into_inner);
-            Front::build(&live.config, &services)
-        };
-        *shared.http.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(front);
+        rebuild_front(&shared);
         info!(
             event = "http_certificates_reloaded",
             "a certificate file changed; the HTTPS port serves the new files"
@@ -1000,4 +1000,199 @@ fn certificate_stamps(
         }
     }
     stamps
+}
+
+/// A client-declared http service: its slot (the sessions serving it) and its names.
+pub(super) struct DeclaredHttp {
+    slot: Arc<ServiceSlot>,
+    hosts: Vec<String>,
+}
+
+/// Most client-declared http services at once.
+const MAX_DECLARED: usize = 1024;
+
+/// The route of a declared service: its names, every path, no TLS, no middleware.
+fn declared_route(hosts: &[String]) -> HttpRoute {
+    HttpRoute {
+        hosts: hosts.iter().map(|h| HostPattern::Exact(h.clone())).collect(),
+        paths: vec!["/".to_owned()],
+        tls: HttpTls::Off,
+        host_rewrite: None,
+        strip_prefix: false,
+        backend: Backend::Http1,
+        middleware: Vec::new(),
+        capture: true,
+        capture_body_bytes: 0,
+    }
+}
+
+/// Judges a declared http claim: the names it gets, or why not. Several sessions may
+/// declare the same service (same name, same names): they share it, balanced.
+pub(super) fn judge_declared(
+    shared: &Shared,
+    config: &ServerConfig,
+    name: &str,
+    subdomain: Option<&str>,
+    hosts: &[String],
+) -> Result<Vec<String>, String> {
+    let Some(listen) = &config.http else {
+        return Err("this server has no [server.http] ports for http services".to_owned());
+    };
+    if config.services.contains_key(name) || config.forwards.contains_key(name) {
+        return Err(format!(
+            "`{name}` is a service in the server's config; give the declared service another name"
+        ));
+    }
+    let mut wanted = Vec::new();
+    if let Some(label) = subdomain {
+        let Some(parent) = &listen.subdomain_host else {
+            return Err("this server takes no `subdomain` services (its [server.http] sets no subdomain_host)".to_owned());
+        };
+        if !crate::config::http::is_dns_label(label) {
+            return Err(format!("{label:?} is not one DNS label"));
+        }
+        wanted.push(format!("{}.{parent}", label.to_ascii_lowercase()));
+    }
+    for host in hosts {
+        let host = host.to_ascii_lowercase();
+        let allowed = listen.allow_hosts.iter().any(|p| p.matches(&host))
+            || listen.subdomain_host.as_ref().is_some_and(|parent| {
+                host.strip_suffix(parent.as_str())
+                    .and_then(|label| label.strip_suffix('.'))
+                    .is_some_and(crate::config::http::is_dns_label)
+            });
+        if !allowed {
+            return Err(format!(
+                "{host} is not among the names this server lets clients declare (its allow_hosts / subdomain_host)"
+            ));
+        }
+        wanted.push(host);
+    }
+    if wanted.is_empty() || wanted.len() > crate::config::http::MAX_CLAIMED_HOSTS {
+        return Err(format!(
+            "a declared http service names 1 to {} hosts",
+            crate::config::http::MAX_CLAIMED_HOSTS
+        ));
+    }
+    wanted.sort();
+    wanted.dedup();
+    for host in &wanted {
+        if let Some(other) = config.services.values().find(|s| {
+            s.http
+                .as_ref()
+                .is_some_and(|r| r.hosts.iter().any(|p| p.matches(host)))
+        }) {
+            return Err(format!(
+                "{host} is routed to `{}` by the server's config",
+                other.name
+            ));
+        }
+    }
+    let declared = shared
+        .declared_http
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner);
+    for (other, entry) in declared.iter() {
+        if other == name {
+            if entry.hosts != wanted {
+                return Err(format!(
+                    "`{name}` is already declared by another client for {}; declare the same names to share it",
+                    entry.hosts.join(", ")
+                ));
+            }
+        } else if let Some(host) = wanted.iter().find(|h| entry.hosts.contains(h)) {
+            return Err(format!("{host} is already declared by another client's service `{other}`"));
+        }
+    }
+    if declared.len() >= MAX_DECLARED && !declared.contains_key(name) {
+        return Err(format!("this server holds {MAX_DECLARED} declared http services already"));
+    }
+    Ok(wanted)
+}
+
+/// The URLs visitors use for `hosts` on this server's plain HTTP port.
+pub(super) fn urls(config: &ServerConfig, hosts: &[String]) -> Vec<String> {
+    let port = config.http.as_ref().and_then(|l| l.bind).map(|a| a.port());
+    hosts
+        .iter()
+        .map(|host| match port {
+            Some(80) | None => format!("http://{host}/"),
+            Some(port) => format!("http://{host}:{port}/"),
+        })
+        .collect()
+}
+
+/// Routes the declared http services a new session was granted, until it ends; the last
+/// session of a service takes its routes with it.
+pub(super) fn serve_declared(
+    shared: &Arc<Shared>,
+    session: &Arc<ServerSession>,
+    granted: Vec<(String, Vec<String>)>,
+) {
+    if granted.is_empty() {
+        return;
+    }
+    {
+        let mut declared = shared
+            .declared_http
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        for (name, hosts) in &granted {
+            let entry = declared.entry(name.clone()).or_insert_with(|| DeclaredHttp {
+                slot: Arc::new(ServiceSlot::new(
+                    name.clone(),
+                    ServiceKind::Http,
+                    crate::crypto::secret::Secret::default(),
+                    shared.telemetry.metrics.service(name),
+                    shared.cancel.child_token(),
+                    warren_proto::balance::Strategy::default(),
+                )),
+                hosts: hosts.clone(),
+            });
+            entry.slot.join(session, 1, true);
+            info!(event = "http_declared", service = %name, hosts = %hosts.join(" "), "routing a client-declared http service");
+        }
+    }
+    rebuild_front(shared);
+    let shared = Arc::clone(shared);
+    let session = Arc::clone(session);
+    let tasks = shared.tasks.clone();
+    tasks.spawn(async move {
+        session.cancel.cancelled().await;
+        {
+            let mut declared = shared
+                .declared_http
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            for (name, _) in &granted {
+                let empty = declared.get(name).is_some_and(|entry| {
+                    entry.slot.leave(&session.id());
+                    entry.slot.readiness() == (0, 0)
+                });
+                if empty && let Some(entry) = declared.remove(name) {
+                    entry.slot.stop.cancel();
+                    info!(event = "http_undeclared", service = %name, "a client-declared http service ended with its last session");
+                }
+            }
+        }
+        rebuild_front(&shared);
+    });
+}
+
+/// Rebuilds the front from the config in force, the configured services' slots and the
+/// declared services, and swaps it in.
+pub(super) fn rebuild_front(shared: &Shared) {
+    let live = shared.live();
+    let front = {
+        let services = shared
+            .services
+            .read()
+            .unwrap_or_else(PoisonError::into_inner);
+        let declared = shared
+            .declared_http
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        Front::build(&live.config, &services, &declared)
+    };
+    *shared.http.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(front);
 }

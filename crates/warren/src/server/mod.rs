@@ -330,16 +330,10 @@ impl Server {
             telemetry,
             quic: RwLock::new(None),
             http: RwLock::new(Arc::new(http::Front::empty())),
+            declared_http: Mutex::new(HashMap::new()),
             captures,
         });
-        {
-            let services = shared
-                .services
-                .read()
-                .unwrap_or_else(PoisonError::into_inner);
-            let front = http::Front::build(&shared.live().config, &services);
-            *shared.http.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(front);
-        }
+        http::rebuild_front(&shared);
         let (reloader, reloads) = Reloader::new("server");
         Ok(BoundServer {
             shared,
@@ -627,6 +621,8 @@ struct Shared {
     quic: RwLock<Option<Arc<quic::QuicListener>>>,
     /// What routes requests on the HTTP ports; a reload swaps it whole.
     http: RwLock<Arc<http::Front>>,
+    /// Client-declared http services, by name.
+    declared_http: Mutex<HashMap<String, http::DeclaredHttp>>,
     /// Recent HTTP requests, for the inspector.
     captures: Arc<crate::http::capture::Captures>,
 }
@@ -1083,6 +1079,9 @@ async fn serve_hello(
         session
             .services
             .extend(judgement.declared.iter().map(|(name, _)| name.clone()));
+        session
+            .services
+            .extend(judgement.declared_http.iter().map(|(name, _)| name.clone()));
         session.forwards = judgement.forwards.clone();
         let accepted: HashSet<String> = judgement.accepted().into_iter().collect();
         session.unserved = hello
@@ -1102,6 +1101,7 @@ async fn serve_hello(
         session.close(reload::RECONNECT_REASON);
     }
     forward::serve_declared(shared, &session, judgement.declared);
+    http::serve_declared(shared, &session, judgement.declared_http);
     if let Err(e) = hello::reply(channel, version, judgement.verdicts).await {
         unregister(shared, &session);
         return Err(Rejected::Protocol(e.to_string()));

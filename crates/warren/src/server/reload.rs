@@ -181,8 +181,8 @@ pub(super) async fn apply(shared: &Arc<Shared>, new: ServerConfig) -> ReloadResu
         }
         // Routes, certificates and chains follow the services (a request in flight keeps
         // the front it started with).
-        let front = super::http::Front::build(&new, &services);
-        *shared.http.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(front);
+        drop(services);
+        super::http::rebuild_front(shared);
         shared
             .captures
             .retain_services(&|name| new.services.contains_key(name));
