@@ -555,6 +555,12 @@ def render(doc: dict, heading: str = "##") -> str:
                   "| target | measured | met? |", "|---|---|---|"]
         for what, measured, met in tg:
             lines.append(f"| {what} | {measured} | {'—' if met is None else ('met' if met else '**not met**')} |")
+        p50, p99 = med(doc, "direct", "c1_p50_us"), med(doc, "direct", "c1_p99_us")
+        if noisy and p50 and p99:
+            lines += ["", f"This run was noisy: nginx alone (`direct`) had a c=1 p99 of {p99:.0f} µs "
+                      f"against a p50 of {p50:.0f} µs, so the p99 figures here are the other "
+                      "processes' scheduling on the two shared cores, not the tunnels'. Judge the p99 "
+                      "target (and, less so, the others) only on a run from a quiet machine."]
     errs = [(r["run"], c, e) for r in doc["runs"] for c, v in r["configs"].items() for e in v.get("errors", [])]
     if errs:
         lines += ["", "Errors:", ""] + [f"- run {r}, {c}: {e}" for r, c, e in errs]
