@@ -8,9 +8,40 @@
 #   bench/run.sh --runs 1 --only warren-aes128,rathole-tcp   # quick look, no files but the JSON
 #   bench/run.sh --netns --runs 1     # as root: across a 1500-byte veth between two network
 #                                     # namespaces (writes RESULTS.md's section for it)
+#   bench/run.sh --http [--runs N]    # HTTP services (issue 15): nginx direct, frp vhost,
+#                                     # Warren HTTP (~10 minutes for 3 runs); writes
+#                                     # bench/results/http-DATE.json and RESULTS.md's section
+#   bench/run.sh --http --smoke       # ~15 s: direct + Warren HTTP, writes nothing; exits
+#                                     # non-zero if Warren's HTTP path returns no 200s
 #   bench/run.sh --help               # every option of bench/bench.py run
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+# The HTTP benchmark (bench/http_bench.py) has its own options; it installs nginx, wrk and
+# h2load itself (Debian packages, only if missing).
+for arg in "$@"; do
+    if [[ "$arg" == --http ]]; then
+        args=(); smoke=0; write=1
+        for a in "$@"; do
+            case "$a" in
+                --http) ;;
+                --smoke) smoke=1; args+=("$a") ;;
+                --only|--only=*) write=0; args+=("$a") ;;
+                --no-write) write=0 ;;
+                -h|--help) exec python3 bench/http_bench.py run --help ;;
+                *) args+=("$a") ;;
+            esac
+        done
+        if [[ -n "${WARREN_BIN:-}" ]]; then
+            args+=(--warren "$WARREN_BIN")
+        else
+            cargo build --release --quiet -p warren
+        fi
+        ((smoke)) || bench/install-peers.sh frp
+        ((smoke || !write)) || args+=(--write-results)
+        exec python3 bench/http_bench.py run "${args[@]}"
+    fi
+done
 
 smoke=0; netns=0; only=""; write=1; passthrough=()
 while (($#)); do
