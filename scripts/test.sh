@@ -3,7 +3,7 @@
 # tests against the release binary. CI runs it through .ci/run.
 #
 # On a fresh Debian machine it first installs what is missing (iperf3, dnsmasq-base,
-# dnsutils, microsocks, tinyproxy and haproxy via apt-get; the rustfmt and clippy
+# dnsutils, microsocks, tinyproxy, haproxy, curl, wrk and nginx via apt-get; the rustfmt and clippy
 # components via rustup); on a machine that has everything it installs nothing. Usage: scripts/test.sh
 set -euo pipefail
 
@@ -35,16 +35,30 @@ command -v iptables >/dev/null 2>&1 || missing_packages+=(iptables)
 command -v ip >/dev/null 2>&1 || missing_packages+=(iproute2)
 command -v prlimit >/dev/null 2>&1 || missing_packages+=(util-linux)
 command -v tshark >/dev/null 2>&1 || missing_packages+=(tshark)
+command -v curl >/dev/null 2>&1 || missing_packages+=(curl)
+command -v wrk >/dev/null 2>&1 || missing_packages+=(wrk)
+{ command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ]; } || missing_packages+=(nginx)
 if [ "${#missing_packages[@]}" -gt 0 ]; then
     echo "installing: ${missing_packages[*]}"
     # tshark asks whether non-root users may capture; answer no without a prompt.
     echo 'wireshark-common wireshark-common/install-setuid boolean false' |
         as_root debconf-set-selections 2>/dev/null || true
+    # nginx's package would start a system nginx on port 80 of every address: a temporary
+    # policy-rc.d keeps every package's service from starting (the tests start their own).
+    made_policy=0
+    if [ ! -e /usr/sbin/policy-rc.d ]; then
+        printf '#!/bin/sh\nexit 101\n' | as_root tee /usr/sbin/policy-rc.d >/dev/null
+        as_root chmod 755 /usr/sbin/policy-rc.d
+        made_policy=1
+    fi
     as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq
     as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
         "${missing_packages[@]}"
+    if [ "$made_policy" = 1 ]; then
+        as_root rm -f /usr/sbin/policy-rc.d
+    fi
 else
-    echo "have: iperf3 dnsmasq dig sockperf microsocks tinyproxy haproxy iptables ip prlimit tshark"
+    echo "have: iperf3 dnsmasq dig sockperf microsocks tinyproxy haproxy iptables ip prlimit tshark curl wrk nginx"
 fi
 for component in rustfmt clippy; do
     if ! cargo "${component/rustfmt/fmt}" --version >/dev/null 2>&1; then
@@ -77,10 +91,11 @@ cargo test --locked
 
 banner "5/9 release build and end-to-end tests (real binary with iperf3, dnsmasq, dig, microsocks, tinyproxy, haproxy; two servers and two clients behind haproxy)"
 cargo build --release --locked
-WARREN_E2E_REQUIRE_TOOLS=1 cargo test --release --locked -p warren --test e2e --test e2e_dns --test e2e_ops --test e2e_proxy --test e2e_ha
+WARREN_E2E_REQUIRE_TOOLS=1 cargo test --release --locked -p warren --test e2e --test e2e_dns --test e2e_ops --test e2e_proxy --test e2e_ha --test e2e_http
 
 banner "5b/9 benchmark smoke (bench/run.sh --smoke: the harness still measures a working tunnel)"
 bash bench/run.sh --smoke
+bash bench/run.sh --http --smoke
 
 banner "6/9 hostile peers and resource exhaustion (release; prints the measurements)"
 cargo test --release --locked -p warren --test hostile -- --nocapture --test-threads=1

@@ -33,10 +33,10 @@ fn tools_present(test: &str) -> bool {
     }
     if std::env::var("WARREN_E2E_REQUIRE_TOOLS").as_deref() == Ok("1") {
         panic!(
-            "{missing:?} not on PATH but WARREN_E2E_REQUIRE_TOOLS=1: apt-get install nginx-light curl"
+            "{missing:?} not on PATH but WARREN_E2E_REQUIRE_TOOLS=1: apt-get install nginx curl"
         );
     }
-    eprintln!("SKIPPED {test}: {missing:?} not on PATH (apt-get install nginx-light curl)");
+    eprintln!("SKIPPED {test}: {missing:?} not on PATH (apt-get install nginx curl)");
     false
 }
 
