@@ -134,6 +134,7 @@ impl Front {
         config: &ServerConfig,
         bindings: &HashMap<String, Binding>,
         declared: &HashMap<String, DeclaredHttp>,
+        previous: Option<&Front>,
     ) -> Front {
         let mut front = Front::empty();
         let Some(listen) = &config.http else {
@@ -173,18 +174,29 @@ impl Front {
                 },
                 HttpTls::Off => {}
             }
-            let chain = match crate::http::middleware::build_chain(&route.middleware) {
-                Ok(chain) => chain,
-                Err(error) => {
-                    warn!(event = "http_middleware", service = %name, %error, "cannot build the service's middleware; the service is off");
-                    continue;
-                }
-            };
             specs.push(RouteSpec {
                 service: Arc::clone(&name),
                 hosts: route.hosts.clone(),
                 paths: route.paths.clone(),
             });
+            // Unchanged (same slot, same settings): keep the service as it runs, with its
+            // warm backend pool and its middleware's state (rate-limit buckets, cached
+            // logins), so a declared service coming or going elsewhere costs it nothing.
+            if let Some(same) = previous
+                .and_then(|p| p.services.get(&name))
+                .filter(|s| Arc::ptr_eq(&s.slot, &slot) && s.route == route)
+            {
+                front.services.insert(name, Arc::clone(same));
+                continue;
+            }
+            let chain = match crate::http::middleware::build_chain(&route.middleware) {
+                Ok(chain) => chain,
+                Err(error) => {
+                    specs.pop();
+                    warn!(event = "http_middleware", service = %name, %error, "cannot build the service's middleware; the service is off");
+                    continue;
+                }
+            };
             let backend = backend_client(&slot, route.backend);
             front.services.insert(
                 name,
@@ -1192,7 +1204,7 @@ pub(super) fn rebuild_front(shared: &Shared) {
             .declared_http
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        Front::build(&live.config, &services, &declared)
+        Front::build(&live.config, &services, &declared, Some(&shared.http_front()))
     };
     *shared.http.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(front);
 }
