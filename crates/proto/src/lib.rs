@@ -13,6 +13,7 @@
 //! * [`message`]: control messages and their size-capped codec.
 //! * [`liveness`]: heartbeat and reconnect backoff state machines.
 //! * [`proxy_header`]: PROXY protocol v1/v2 headers towards a service's target.
+//! * [`sni`]: the server name of a TLS ClientHello, peeked for TLS passthrough.
 //!
 //! The wire format is described in `docs/protocol.md`.
 
@@ -23,6 +24,7 @@ pub mod handshake;
 pub mod liveness;
 pub mod message;
 pub mod proxy_header;
+pub mod sni;
 pub mod speed_ext;
 
 pub use cipher::{CipherChoice, CipherPolicy, CipherSuite, SuiteSpeed};
