@@ -131,6 +131,16 @@ pub enum SniError {
         /// The handshake type byte.
         handshake_type: u8,
     },
+    /// The ClientHello's own version is not TLS (major 3).
+    #[error(
+        "the client's ClientHello has version {major}.{minor}, not TLS 1.x; the client must speak TLS 1.0 to 1.3"
+    )]
+    HelloVersion {
+        /// The major version byte.
+        major: u8,
+        /// The minor version byte.
+        minor: u8,
+    },
     /// The ClientHello would need more than [`MAX_CLIENT_HELLO`] bytes of records.
     #[error(
         "the client's ClientHello needs at least {needed} bytes of records, above the {max}-byte limit"
@@ -372,11 +382,9 @@ fn bound(needed: usize) -> Result<(), SniError> {
 /// Walks a complete ClientHello body to its `server_name` extension.
 fn server_name(body: &[u8]) -> Result<Peek, SniError> {
     let mut hello = Reader::new(body);
-    let [major, _minor] = hello.array("legacy version")?;
+    let [major, minor] = hello.array("legacy version")?;
     if major != 3 {
-        return Err(SniError::BadLength {
-            field: "legacy version",
-        });
+        return Err(SniError::HelloVersion { major, minor });
     }
     hello.take(RANDOM_LEN, "random")?;
     let session_id = hello.vec8("session id")?;
@@ -843,13 +851,7 @@ mod tests {
         let compression_at = suites_at + 2 + 4;
         let extensions_at = compression_at + 2;
         let cases: Vec<(usize, u8, SniError)> = vec![
-            (
-                0,
-                0x04,
-                SniError::BadLength {
-                    field: "legacy version",
-                },
-            ),
+            (0, 0x04, SniError::HelloVersion { major: 4, minor: 3 }),
             (
                 session_id_at,
                 33,

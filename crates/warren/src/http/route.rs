@@ -672,6 +672,10 @@ fn canonical_prefix(prefix: &str) -> &str {
 /// and `/api/x`, never `/apiary`; `/` matches everything. A trailing slash on the prefix
 /// is ignored. Both are expected normalized ([`normalize_path`], [`parse_prefix`]).
 pub fn path_matches(prefix: &str, path: &str) -> bool {
+    // A prefix that is not a path (`""`, `api`) matches nothing, rather than everything.
+    if !prefix.starts_with('/') {
+        return false;
+    }
     let prefix = prefix.trim_end_matches('/');
     match path.strip_prefix(prefix) {
         Some(rest) => rest.is_empty() || rest.starts_with('/'),
@@ -682,8 +686,10 @@ pub fn path_matches(prefix: &str, path: &str) -> bool {
 /// `path` without `prefix`, always starting with `/`: `/api/x` minus `/api` is `/x`, and
 /// `/api` minus `/api` is `/`. A path the prefix does not match is returned unchanged.
 pub fn strip_prefix(prefix: &str, path: &str) -> String {
-    let prefix = prefix.trim_end_matches('/');
-    match path.strip_prefix(prefix) {
+    if !path_matches(prefix, path) {
+        return path.to_owned();
+    }
+    match path.strip_prefix(prefix.trim_end_matches('/')) {
         Some("") => "/".to_owned(),
         Some(rest) if rest.starts_with('/') => rest.to_owned(),
         _ => path.to_owned(),
@@ -1202,6 +1208,10 @@ mod tests {
             ("/api/v1", "/api/v1/users", true),
             ("/api/v1", "/api/v10", false),
             ("/api/v1", "/api", false),
+            ("", "/", false),
+            ("", "/x", false),
+            ("api", "/api", false),
+            ("api", "api", false),
         ];
         for (prefix, path, expected) in cases {
             assert_eq!(path_matches(prefix, path), expected, "{prefix} {path}");
@@ -1214,6 +1224,8 @@ mod tests {
             ("/", "/x", "/x"),
             ("/", "/", "/"),
             ("/api", "/apiary", "/apiary"),
+            ("", "/x", "/x"),
+            ("x", "x/y", "x/y"),
         ];
         for (prefix, path, expected) in strips {
             assert_eq!(strip_prefix(prefix, path), expected, "{prefix} {path}");
@@ -1357,6 +1369,15 @@ mod tests {
         services.sort_unstable();
         assert_eq!(services, ["api", "api-v2", "web"]);
         assert!(table.services_for_host("unknown.test").is_empty());
+
+        // A prefix parse_prefix would refuse is kept, and never matches.
+        let odd = RouteTable::build(vec![spec("odd", &["odd.test"], &["", "api", "/a/../.."])])
+            .expect("no conflict");
+        assert_eq!(odd.len(), 3);
+        for path in ["/", "/api", "/a"] {
+            assert_eq!(odd.lookup("odd.test", path), None, "{path}");
+        }
+        assert!(odd.serves_host("odd.test"));
 
         let empty = RouteTable::build(Vec::new()).expect("empty");
         assert!(empty.is_empty());
