@@ -294,9 +294,8 @@ fn client_hello(bytes: &[u8]) -> Result<Option<Cow<'_, [u8]>>, SniError> {
             .get(offset..)
             .and_then(<[u8]>::first_chunk::<RECORD_HEADER_LEN>)
         else {
-            // At least this record's header and one byte of it are still to come.
-            let remaining = message_len.map_or(1, |len| len.saturating_sub(message.len()));
-            bound(offset + RECORD_HEADER_LEN + remaining.max(1))?;
+            // This record's header, then at least what the message still lacks.
+            bound(offset + RECORD_HEADER_LEN + lacking(&message, message_len))?;
             return Ok(None);
         };
         let [content_type, major, minor, len_high, len_low] = *header;
@@ -321,6 +320,8 @@ fn client_hello(bytes: &[u8]) -> Result<Option<Cow<'_, [u8]>>, SniError> {
         let start = offset + RECORD_HEADER_LEN;
         let end = start + record_len;
         let available = bytes.get(start..end.min(bytes.len())).unwrap_or_default();
+        // Message bytes from earlier records.
+        let before = message.len();
         if message.is_empty() {
             message = Cow::Borrowed(available);
         } else {
@@ -340,7 +341,11 @@ fn client_hello(bytes: &[u8]) -> Result<Option<Cow<'_, [u8]>>, SniError> {
         if let Some(len) = message_len
             && message.len() >= len
         {
+            // Bounded where the message ends even when all of it has arrived, so the
+            // answer does not depend on how much the caller happened to buffer.
+            bound(start + (len - before))?;
             return Ok(Some(match message {
+                // `all` holds at least `len` >= HANDSHAKE_HEADER_LEN bytes (checked above).
                 Cow::Borrowed(all) => Cow::Borrowed(&all[HANDSHAKE_HEADER_LEN..len]),
                 Cow::Owned(mut all) => {
                     all.truncate(len);
@@ -350,22 +355,30 @@ fn client_hello(bytes: &[u8]) -> Result<Option<Cow<'_, [u8]>>, SniError> {
             }));
         }
 
-        // The message continues past what has arrived: bound the bytes it still needs
-        // (the rest of this record, then another record for what this one cannot hold).
+        // The message continues past what has arrived. Bound where it can end at the
+        // earliest: inside this record if the record is long enough, else after another
+        // record header. (The rest of a record past the message is never needed.)
+        let lacking = lacking(&message, message_len);
         let record_missing = record_len - available.len();
-        let after_record =
-            message_len.map_or(0, |len| len.saturating_sub(message.len() + record_missing));
-        let next_record = if after_record > 0 {
-            RECORD_HEADER_LEN + after_record
+        let earliest_end = if lacking <= record_missing {
+            start + available.len() + lacking
         } else {
-            0
+            end + RECORD_HEADER_LEN + (lacking - record_missing)
         };
-        bound(end + next_record)?;
+        bound(earliest_end)?;
         if available.len() < record_len {
             return Ok(None);
         }
         offset = end;
     }
+}
+
+/// How many message bytes are still to come: up to the end of the handshake header
+/// while its length is unknown, else up to the end of the message.
+fn lacking(message: &[u8], message_len: Option<usize>) -> usize {
+    message_len
+        .unwrap_or(HANDSHAKE_HEADER_LEN)
+        .saturating_sub(message.len())
 }
 
 /// Refuses a ClientHello that needs more than [`MAX_CLIENT_HELLO`] bytes.
@@ -965,6 +978,32 @@ mod tests {
     }
 
     #[test]
+    fn a_record_longer_than_the_hello_is_not_waited_for() {
+        // Found by the fuzzer: the second record declares 2^14 bytes, more than the limit
+        // allows after the first, but the message ends early in it. Every prefix must
+        // agree with the whole: the limit applies where the message ends.
+        let message = handshake(&hello_body(Some(&[sni_extension(&[(
+            NAME_TYPE_HOST_NAME,
+            b"app.example.com",
+        )])])));
+        let (first, rest) = message.split_at(100);
+        let mut bytes = records(first, MAX_RECORD_LEN);
+        bytes.extend_from_slice(&[CONTENT_TYPE_HANDSHAKE, 0x03, 0x01, 0x40, 0x00]);
+        bytes.extend_from_slice(rest);
+        assert_eq!(peek_sni(&bytes), Ok(Peek::Sni("app.example.com".into())));
+        for len in 0..bytes.len() {
+            assert_eq!(peek_sni(&bytes[..len]), Ok(Peek::NeedMore), "at {len}");
+        }
+        // A message ending past the limit is refused even when all of it has arrived.
+        let body = hello_body(Some(&[(0x15, vec![0; MAX_RECORD_LEN])]));
+        let message = handshake(&body);
+        let (first, rest) = message.split_at(MAX_RECORD_LEN);
+        let mut bytes = records(first, MAX_RECORD_LEN);
+        bytes.extend_from_slice(&records(rest, MAX_RECORD_LEN));
+        assert!(matches!(peek_sni(&bytes), Err(SniError::TooLarge { .. })));
+    }
+
+    #[test]
     fn the_alert_is_a_fatal_unrecognized_name() {
         let [
             content_type,
@@ -1014,7 +1053,17 @@ mod tests {
 
     /// The invariants the fuzz target checks too.
     fn check(bytes: &[u8]) {
-        match peek_sni(bytes) {
+        let whole = peek_sni(bytes);
+        if let Some(cut) = bytes.len().checked_sub(1) {
+            let prefix = peek_sni(&bytes[..cut]);
+            assert!(
+                prefix == Ok(Peek::NeedMore)
+                    || prefix == whole
+                    || (prefix.is_err() && whole.is_err()),
+                "prefix {prefix:?} vs whole {whole:?}"
+            );
+        }
+        match whole {
             Ok(Peek::NeedMore) => assert!(bytes.len() < MAX_CLIENT_HELLO),
             Ok(Peek::Sni(name)) => {
                 assert_eq!(normalize_host_name(name.as_bytes()).as_deref(), Ok(&*name));

@@ -1634,6 +1634,153 @@ mod tests {
         }
     }
 
+    /// What hyper's HTTP/1 and HTTP/2 servers hand over, which the rules above assume:
+    /// an absolute-form target's authority and HTTP/2's `:authority` arrive in
+    /// `uri().authority()`, next to the Host header.
+    mod through_hyper {
+        use bytes::Bytes;
+        use http_body_util::{BodyExt, Empty};
+        use hyper::body::Incoming;
+        use hyper_util::rt::{TokioExecutor, TokioIo};
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+        use super::*;
+
+        async fn answer(request: Request<Incoming>) -> Result<http::Response<String>, String> {
+            let key = route_key(&request);
+            // An error status, so even a CONNECT's answer carries the body.
+            let status = key
+                .as_ref()
+                .map_or_else(RouteKeyError::status, |_| StatusCode::OK);
+            let mut response = http::Response::new(format!("{key:?}"));
+            *response.status_mut() = status;
+            Ok(response)
+        }
+
+        /// The route key an HTTP/1 server computes for these raw request bytes.
+        async fn http1(raw: &str) -> String {
+            let (mut client, server) = tokio::io::duplex(4096);
+            let serve = tokio::spawn(
+                hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(server), hyper::service::service_fn(answer)),
+            );
+            client.write_all(raw.as_bytes()).await.expect("write");
+            let mut response = Vec::new();
+            client.read_to_end(&mut response).await.expect("read");
+            serve.await.expect("join").expect("serve");
+            let response = String::from_utf8(response).expect("text");
+            let (_, body) = response.split_once("\r\n\r\n").expect("a response");
+            body.to_owned()
+        }
+
+        /// The route key an HTTP/2 server computes for a request sent by hyper's client.
+        async fn http2(uri: &str, hosts: &[&str]) -> String {
+            let (client, server) = tokio::io::duplex(64 * 1024);
+            let serve = tokio::spawn(
+                hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                    .serve_connection(TokioIo::new(server), hyper::service::service_fn(answer)),
+            );
+            let (mut sender, connection) =
+                hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(client))
+                    .await
+                    .expect("handshake");
+            let drive = tokio::spawn(connection);
+            let mut request = Request::builder().uri(uri);
+            for host in hosts {
+                request = request.header(HOST, *host);
+            }
+            let request = request.body(Empty::<Bytes>::new()).expect("request");
+            let response = sender.send_request(request).await.expect("response");
+            let body = response
+                .into_body()
+                .collect()
+                .await
+                .expect("body")
+                .to_bytes();
+            drop(sender);
+            drive.await.expect("join").expect("client");
+            serve.await.expect("join").expect("serve");
+            String::from_utf8(body.to_vec()).expect("text")
+        }
+
+        fn ok(host: &str, port: Option<u16>, path: &str) -> String {
+            format!("{:?}", Ok::<_, RouteKeyError>(key(host, port, path, None)))
+        }
+
+        fn refused(error: RouteKeyError) -> String {
+            format!("{:?}", Err::<RouteKey, _>(error))
+        }
+
+        #[tokio::test]
+        async fn hyper_http1() {
+            let close = "Connection: close\r\n\r\n";
+            assert_eq!(
+                http1(&format!(
+                    "GET /a/../b HTTP/1.1\r\nHost: App.example.com:8080\r\n{close}"
+                ))
+                .await,
+                ok("app.example.com", Some(8080), "/b")
+            );
+            assert_eq!(
+                http1(&format!(
+                    "GET http://admin.example.com/ HTTP/1.1\r\nHost: app.example.com\r\n{close}"
+                ))
+                .await,
+                refused(RouteKeyError::HostMismatch {
+                    target: "admin.example.com".into(),
+                    header: "app.example.com".into()
+                })
+            );
+            assert_eq!(
+                http1(&format!(
+                    "GET http://app.example.com/x HTTP/1.1\r\nHost: app.example.com\r\n{close}"
+                ))
+                .await,
+                ok("app.example.com", None, "/x")
+            );
+            assert_eq!(
+                http1(&format!(
+                    "GET / HTTP/1.1\r\nHost: a.example.com\r\nHost: b.example.com\r\n{close}"
+                ))
+                .await,
+                refused(RouteKeyError::MultipleHosts { count: 2 })
+            );
+            assert_eq!(
+                http1(&format!(
+                    "OPTIONS * HTTP/1.1\r\nHost: a.example.com\r\n{close}"
+                ))
+                .await,
+                refused(RouteKeyError::Path(PathError::Asterisk))
+            );
+            assert_eq!(
+                http1(&format!(
+                    "CONNECT a.example.com:443 HTTP/1.1\r\nHost: a.example.com:443\r\n{close}"
+                ))
+                .await,
+                refused(RouteKeyError::AuthorityForm)
+            );
+        }
+
+        #[tokio::test]
+        async fn hyper_http2() {
+            assert_eq!(
+                http2("http://App.example.com:8080/a/./b", &[]).await,
+                ok("app.example.com", Some(8080), "/a/b")
+            );
+            assert_eq!(
+                http2("http://admin.example.com/", &["app.example.com"]).await,
+                refused(RouteKeyError::HostMismatch {
+                    target: "admin.example.com".into(),
+                    header: "app.example.com".into()
+                })
+            );
+            assert_eq!(
+                http2("https://app.example.com/", &["app.example.com:443"]).await,
+                ok("app.example.com", None, "/")
+            );
+        }
+    }
+
     proptest! {
         #[test]
         fn normalized_paths_are_stable(raw in "/[/.a%2eEfF45;\\\\?]{0,24}") {
