@@ -12,8 +12,8 @@ use std::sync::LazyLock;
 use http::{HeaderName, HeaderValue, Request, Uri, Version, header::HOST};
 use libfuzzer_sys::fuzz_target;
 use warren::http::route::{
-    self, HostPattern, RouteKey, RouteSpec, RouteTable, normalize_path, path_matches,
-    route_key, strip_prefix,
+    self, HostPattern, RouteKey, RouteSpec, RouteTable, normalize_path, path_matches, route_key,
+    strip_prefix,
 };
 
 const PREFIXES: [&str; 5] = ["/", "/api", "/api/v1", "/a", "/%C3%A9"];
@@ -46,7 +46,11 @@ fn parse(mode: u8, wire: &[u8]) -> Option<Request<()>> {
         .version(version)
         .method(parsed.method?)
         .uri(Uri::try_from(parsed.path?).ok()?);
-    for header in parsed.headers.iter().take_while(|header| !header.name.is_empty()) {
+    for header in parsed
+        .headers
+        .iter()
+        .take_while(|header| !header.name.is_empty())
+    {
         builder = builder.header(
             HeaderName::from_bytes(header.name.as_bytes()).ok()?,
             HeaderValue::from_bytes(header.value).ok()?,
@@ -116,7 +120,10 @@ fn check_path(raw: &str) {
             } else {
                 format!("{prefix}{stripped}")
             };
-            assert!(back == path || back == format!("{path}/"), "{prefix} {path}");
+            assert!(
+                back == path || back == format!("{path}/"),
+                "{prefix} {path}"
+            );
         } else {
             assert_eq!(stripped, path);
         }
@@ -125,7 +132,9 @@ fn check_path(raw: &str) {
 
 fn check_normalized(path: &str) {
     assert!(path.starts_with('/'), "{path:?}");
-    for bad in ["/../", "/./", "//", "%2F", "%2f", "%5C", "%5c", "\\", "?", "#"] {
+    for bad in [
+        "/../", "/./", "//", "%2F", "%2f", "%5C", "%5c", "\\", "?", "#",
+    ] {
         assert!(!path.contains(bad), "{path:?} contains {bad}");
     }
     assert!(!path.ends_with("/..") && !path.ends_with("/."), "{path:?}");
@@ -138,7 +147,10 @@ fn table() -> RouteTable {
     let spec = |service: &str, host: &str, paths: &[&str]| RouteSpec {
         service: service.into(),
         hosts: vec![HostPattern::parse(host).expect("pattern")],
-        paths: paths.iter().map(|path| route::parse_prefix(path).expect("prefix")).collect(),
+        paths: paths
+            .iter()
+            .map(|path| route::parse_prefix(path).expect("prefix"))
+            .collect(),
     };
     RouteTable::build(vec![
         spec("a", "a.example.com", &["/"]),
