@@ -13,6 +13,7 @@
 //! * [`message`]: control messages and their size-capped codec.
 //! * [`liveness`]: heartbeat and reconnect backoff state machines.
 //! * [`proxy_header`]: PROXY protocol v1/v2 headers towards a service's target.
+//! * [`sni`]: the server name of a TLS ClientHello, peeked for TLS passthrough.
 //!
 //! The wire format is described in `docs/protocol.md`.
 

@@ -614,10 +614,17 @@ fn http_claim(
         return None;
     }
     if kind != ServiceKind::Http {
-        let leaf = if subdomain.is_some() { "subdomain" } else { "hosts" };
+        let leaf = if subdomain.is_some() {
+            "subdomain"
+        } else {
+            "hosts"
+        };
         report.fail(
-            ConfigError::new(join_key(key, leaf), format!("`{leaf}` only applies to http services, and this one is {kind}"))
-                .with_hint("add type = \"http\", or remove it"),
+            ConfigError::new(
+                join_key(key, leaf),
+                format!("`{leaf}` only applies to http services, and this one is {kind}"),
+            )
+            .with_hint("add type = \"http\", or remove it"),
         );
         return None;
     }
@@ -626,8 +633,11 @@ fn http_claim(
         && !super::http::is_dns_label(label)
     {
         report.fail(
-            ConfigError::new(join_key(key, "subdomain"), format!("{label:?} is not one DNS label"))
-                .with_hint("letters, digits and inner hyphens, at most 63: e.g. subdomain = \"app\""),
+            ConfigError::new(
+                join_key(key, "subdomain"),
+                format!("{label:?} is not one DNS label"),
+            )
+            .with_hint("letters, digits and inner hyphens, at most 63: e.g. subdomain = \"app\""),
         );
     }
     let mut names = Vec::new();
@@ -635,16 +645,26 @@ fn http_claim(
         match crate::http::route::HostPattern::parse(text) {
             Ok(crate::http::route::HostPattern::Exact(name)) => names.push(name),
             Ok(_) => report.fail(
-                ConfigError::new(format!("{key}.hosts[{i}]"), "a client declares exact host names, not wildcards")
-                    .with_hint("list each name, e.g. hosts = [\"app.example.com\"]"),
+                ConfigError::new(
+                    format!("{key}.hosts[{i}]"),
+                    "a client declares exact host names, not wildcards",
+                )
+                .with_hint("list each name, e.g. hosts = [\"app.example.com\"]"),
             ),
             Err(error) => report.fail(ConfigError::new(format!("{key}.hosts[{i}]"), error)),
         }
     }
     if names.len() > super::http::MAX_CLAIMED_HOSTS {
         report.fail(
-            ConfigError::new(join_key(key, "hosts"), format!("{} names; a service may declare at most {}", names.len(), super::http::MAX_CLAIMED_HOSTS))
-                .with_hint("split them over several services"),
+            ConfigError::new(
+                join_key(key, "hosts"),
+                format!(
+                    "{} names; a service may declare at most {}",
+                    names.len(),
+                    super::http::MAX_CLAIMED_HOSTS
+                ),
+            )
+            .with_hint("split them over several services"),
         );
     }
     Some(super::http::HttpClaim {

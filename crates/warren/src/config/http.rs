@@ -219,7 +219,10 @@ pub(crate) fn convert_listen(report: &mut Report, file: Option<FileHttp>) -> Opt
     for (i, text) in file.allow_hosts.iter().flatten().enumerate() {
         match HostPattern::parse(text) {
             Ok(pattern) => listen.allow_hosts.push(pattern),
-            Err(error) => report.fail(ConfigError::new(format!("server.http.allow_hosts[{i}]"), error)),
+            Err(error) => report.fail(ConfigError::new(
+                format!("server.http.allow_hosts[{i}]"),
+                error,
+            )),
         }
     }
     if let Some(list) = &file.trusted_proxies {
@@ -260,17 +263,12 @@ pub(crate) fn convert_route(report: &mut Report, key: &str, file: FileHttpServic
             );
             continue;
         }
-        match crate::http::route::normalize_path(text) {
-            Ok(path) => paths.push(path.trim_end_matches('/').to_owned()),
+        match crate::http::route::parse_prefix(text) {
+            Ok(path) => paths.push(path),
             Err(error) => report.fail(ConfigError::new(
                 format!("{key}.paths[{i}]"),
                 format!("{text:?}: {error}"),
             )),
-        }
-    }
-    for path in &mut paths {
-        if path.is_empty() {
-            "/".clone_into(path);
         }
     }
     if paths.is_empty() {
@@ -365,4 +363,65 @@ pub(crate) fn convert_route(report: &mut Report, key: &str, file: FileHttpServic
         backend,
         middleware,
     }
+}
+
+/// Two http services claiming the same host and path prefix (the route table's conflicts),
+/// as config errors on the second service's `hosts`.
+pub(crate) fn check_routes(config: &super::ServerConfig) -> Vec<ConfigError> {
+    use crate::http::route::{RouteSpec, RouteTable};
+    let specs: Vec<RouteSpec> = config
+        .services
+        .values()
+        .filter_map(|service| {
+            let route = service.http.as_ref()?;
+            // Passthrough services are matched on the SNI, not routed by request.
+            if route.tls == HttpTls::Passthrough {
+                return None;
+            }
+            Some(RouteSpec {
+                service: std::sync::Arc::from(service.name.as_str()),
+                hosts: route.hosts.clone(),
+                paths: route.paths.clone(),
+            })
+        })
+        .collect();
+    let mut errors: Vec<ConfigError> = match RouteTable::build(specs) {
+        Ok(_) => Vec::new(),
+        Err(conflicts) => conflicts
+            .iter()
+            .map(|conflict| {
+                ConfigError::new(
+                    format!("server.services.{}.hosts", conflict.second),
+                    conflict.to_string(),
+                )
+            })
+            .collect(),
+    };
+    // Two passthrough services for one name: the SNI could pick either.
+    let mut seen: Vec<(&HostPattern, &str)> = Vec::new();
+    for service in config.services.values() {
+        let Some(route) = service
+            .http
+            .as_ref()
+            .filter(|r| r.tls == HttpTls::Passthrough)
+        else {
+            continue;
+        };
+        for host in &route.hosts {
+            if let Some((_, other)) = seen.iter().find(|(h, _)| *h == host) {
+                errors.push(
+                    ConfigError::new(
+                        format!("server.services.{}.hosts", service.name),
+                        format!(
+                            "{host} is passed through by both `{other}` and `{}`",
+                            service.name
+                        ),
+                    )
+                    .with_hint("keep the name in one of them"),
+                );
+            }
+            seen.push((host, &service.name));
+        }
+    }
+    errors
 }

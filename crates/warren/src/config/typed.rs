@@ -623,6 +623,7 @@ impl ServerConfig {
             }
             binds.push((service.bind, Some(service.kind), bind_key));
         }
+        errors.extend(super::http::check_routes(self));
         for (name, forward) in &self.forwards {
             let key = service_key(side, name);
             check_service(&mut errors, side, name, &forward.name, &forward.token, self);

@@ -1026,7 +1026,10 @@ const MAX_DECLARED: usize = 1024;
 /// The route of a declared service: its names, every path, no TLS, no middleware.
 fn declared_route(hosts: &[String]) -> HttpRoute {
     HttpRoute {
-        hosts: hosts.iter().map(|h| HostPattern::Exact(h.clone())).collect(),
+        hosts: hosts
+            .iter()
+            .map(|h| HostPattern::Exact(h.clone()))
+            .collect(),
         paths: vec!["/".to_owned()],
         tls: HttpTls::Off,
         host_rewrite: None,
@@ -1113,11 +1116,15 @@ pub(super) fn judge_declared(
                 ));
             }
         } else if let Some(host) = wanted.iter().find(|h| entry.hosts.contains(h)) {
-            return Err(format!("{host} is already declared by another client's service `{other}`"));
+            return Err(format!(
+                "{host} is already declared by another client's service `{other}`"
+            ));
         }
     }
     if declared.len() >= MAX_DECLARED && !declared.contains_key(name) {
-        return Err(format!("this server holds {MAX_DECLARED} declared http services already"));
+        return Err(format!(
+            "this server holds {MAX_DECLARED} declared http services already"
+        ));
     }
     Ok(wanted)
 }
@@ -1150,17 +1157,19 @@ pub(super) fn serve_declared(
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
         for (name, hosts) in &granted {
-            let entry = declared.entry(name.clone()).or_insert_with(|| DeclaredHttp {
-                slot: Arc::new(ServiceSlot::new(
-                    name.clone(),
-                    ServiceKind::Http,
-                    crate::crypto::secret::Secret::default(),
-                    shared.telemetry.metrics.service(name),
-                    shared.cancel.child_token(),
-                    warren_proto::balance::Strategy::default(),
-                )),
-                hosts: hosts.clone(),
-            });
+            let entry = declared
+                .entry(name.clone())
+                .or_insert_with(|| DeclaredHttp {
+                    slot: Arc::new(ServiceSlot::new(
+                        name.clone(),
+                        ServiceKind::Http,
+                        crate::crypto::secret::Secret::default(),
+                        shared.telemetry.metrics.service(name),
+                        shared.cancel.child_token(),
+                        warren_proto::balance::Strategy::default(),
+                    )),
+                    hosts: hosts.clone(),
+                });
             entry.slot.join(session, 1, true);
             info!(event = "http_declared", service = %name, hosts = %hosts.join(" "), "routing a client-declared http service");
         }
@@ -1204,7 +1213,12 @@ pub(super) fn rebuild_front(shared: &Shared) {
             .declared_http
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        Front::build(&live.config, &services, &declared, Some(&shared.http_front()))
+        Front::build(
+            &live.config,
+            &services,
+            &declared,
+            Some(&shared.http_front()),
+        )
     };
     *shared.http.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(front);
 }
