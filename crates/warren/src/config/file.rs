@@ -342,7 +342,18 @@ mod tests {
                 "proxy_protocol",
                 "udp_idle_timeout",
                 "udp_max_sessions",
-                "load_balance"
+                "load_balance",
+                "hosts",
+                "paths",
+                "tls",
+                "cert",
+                "key",
+                "host_rewrite",
+                "strip_prefix",
+                "backend",
+                "middleware",
+                "capture",
+                "capture_body_bytes"
             ]
         );
         assert_eq!(
@@ -357,7 +368,9 @@ mod tests {
                 "udp_idle_timeout",
                 "udp_max_sessions",
                 "weight",
-                "health_check"
+                "health_check",
+                "subdomain",
+                "hosts"
             ]
         );
     }

@@ -927,7 +927,9 @@ token = "${WARREN_TEST_TOKEN}"
                 ("server.services.b.bind".to_owned(), Some(8)),
                 ("server.services.\"bad name!\"".to_owned(), Some(10)),
                 ("server.services.notoken.token".to_owned(), Some(13)),
-                ("server.services.http.type".to_owned(), Some(16)),
+                // An http service has no `bind`, and needs [server.http].
+                ("server.services.http".to_owned(), Some(15)),
+                ("server.services.http.bind".to_owned(), Some(17)),
                 ("server.services.named.bind".to_owned(), Some(20)),
             ]
         );
@@ -941,7 +943,7 @@ token = "${WARREN_TEST_TOKEN}"
             "{text}"
         );
         assert!(
-            text.contains("service type \"http\" is not supported yet"),
+            text.contains("an http service needs the server's shared HTTP port"),
             "{text}"
         );
         assert!(text.contains("the host must be an IP address"), "{text}");
