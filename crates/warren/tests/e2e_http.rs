@@ -439,3 +439,78 @@ async fn a_reload_changes_routes_and_certificates_without_failing_a_download_in_
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn warren_http_publishes_a_local_server_at_a_subdomain_and_prints_the_url() {
+    if !tools_present("warren_http_publishes_a_local_server_at_a_subdomain_and_prints_the_url") {
+        return;
+    }
+    let dir = TestDir::new("http-oneliner");
+    let (_, cert, key) = dev_certificate(&dir, "unused.test").await;
+    let small = www_file(&dir, "index.bin", 4096);
+    let (nginx_plain, nginx_tls) = (free_port(), free_port());
+    let _nginx = start_nginx(&dir, nginx_plain, nginx_tls, &cert, &key);
+    let (server_port, http, https) = (free_port(), free_port(), free_port());
+    let server_toml = dir.write(
+        "server.toml",
+        &server_config(server_port, http, https, "").replace(
+            "[server.http]\n",
+            "[server.http]\nsubdomain_host = \"tunnel.test\"\n",
+        ),
+    );
+    let _server = Proc::warren(
+        &dir,
+        "server",
+        &["server", server_toml.to_str().unwrap()],
+        &[("WARREN_PSK", PSK)],
+    );
+    let mut oneliner = Proc::warren(
+        &dir,
+        "http",
+        &[
+            "http",
+            &nginx_plain.to_string(),
+            "--to",
+            &format!("127.0.0.1:{server_port}"),
+            "--subdomain",
+            "app",
+        ],
+        &[("WARREN_PSK", PSK), ("WARREN_TOKEN", TOKEN)],
+    );
+    let out = oneliner
+        .wait_stdout("Forwarding", Duration::from_secs(15))
+        .await;
+    let url = format!("http://app.tunnel.test:{http}/");
+    assert!(
+        out.contains(&format!(
+            "Forwarding {url} -> http://127.0.0.1:{nginx_plain}"
+        )),
+        "{out}"
+    );
+    let resolve = format!("app.tunnel.test:{http}:127.0.0.1");
+    let (code, body, err) = curl(&["--resolve", &resolve, &format!("{url}index.bin")]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(blake3::hash(&body), small);
+    // Gone with the one-liner.
+    oneliner.terminate();
+    let deadline = tokio::time::Instant::now() + READY_TIMEOUT;
+    loop {
+        let (_, out, _) = curl(&[
+            "--resolve",
+            &resolve,
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
+            &url,
+        ]);
+        if out == b"404" {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "still routed after the one-liner stopped"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

@@ -47,12 +47,14 @@ async fn backend(name: &'static str) -> SocketAddr {
                     .to_owned()
             };
             format!(
-                "backend={name} path={} host={} xff={} xfp={} xfh={}",
+                "backend={name} path={} host={} xff={} xfp={} xfh={} auth={} pauth={}",
                 request.uri(),
                 get("host"),
                 get("x-forwarded-for"),
                 get("x-forwarded-proto"),
                 get("x-forwarded-host"),
+                get("authorization"),
+                get("proxy-authorization"),
             )
         }))
         .layer(axum::extract::DefaultBodyLimit::disable());
@@ -816,6 +818,165 @@ async fn clients_declare_http_services_by_subdomain_until_they_leave() {
             "still routed: {answer}"
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    server.stop.cancel();
+}
+
+/// The CVE-2026-40910 class through a running server: requests whose Host, absolute-form
+/// URI, `:authority`, `Authorization` and `Proxy-Authorization` disagree, and paths that try
+/// to walk around a route, each get the documented answer — never a route past the
+/// protected service.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn disagreeing_hosts_and_path_tricks_never_bypass_a_route() {
+    let (open, admin) = (backend("open").await, backend("admin").await);
+    let hash = bcrypt::hash("pw", 4).unwrap();
+    let services = format!(
+        "[server.services.open]\ntype = \"http\"\nhosts = [\"a.test\", \"b.test\"]\n[server.services.admin]\ntype = \"http\"\nhosts = [\"a.test\"]\npaths = [\"/admin\"]\n[[server.services.admin.middleware]]\ntype = \"basic_auth\"\nusers = {{ alice = \"{hash}\" }}\n[server.services.locked]\ntype = \"http\"\nhosts = [\"locked.test\"]\n[[server.services.locked.middleware]]\ntype = \"basic_auth\"\nusers = {{ alice = \"{hash}\" }}\n"
+    );
+    let server = start_http_server(&services).await;
+    let _client = start_http_client(
+        server.addr,
+        &[("open", open), ("admin", admin), ("locked", open)],
+    )
+    .await;
+    // alice:pw
+    const ALICE: &str = "YWxpY2U6cHc=";
+    let cases: &[(&str, &str, &str)] = &[
+        // (what, request head, expected status line prefix [+ body marker])
+        (
+            "absolute-form names another host than Host",
+            "GET http://locked.test/ HTTP/1.1\r\nHost: a.test\r\n",
+            "HTTP/1.1 400",
+        ),
+        (
+            "Host names another host than absolute-form",
+            "GET http://a.test/ HTTP/1.1\r\nHost: locked.test\r\n",
+            "HTTP/1.1 400",
+        ),
+        (
+            "absolute-form and Host agree",
+            "GET http://a.test/x HTTP/1.1\r\nHost: a.test\r\n",
+            "HTTP/1.1 200",
+        ),
+        (
+            "two Host headers",
+            "GET / HTTP/1.1\r\nHost: a.test\r\nHost: locked.test\r\n",
+            "HTTP/1.1 400",
+        ),
+        ("no Host", "GET / HTTP/1.1\r\n", "HTTP/1.1 400"),
+        (
+            "userinfo in the authority",
+            "GET http://alice@a.test/ HTTP/1.1\r\nHost: a.test\r\n",
+            "HTTP/1.1 400",
+        ),
+        (
+            "credentials only in Proxy-Authorization",
+            "GET / HTTP/1.1\r\nHost: locked.test\r\nProxy-Authorization: Basic YWxpY2U6cHc=\r\n",
+            "HTTP/1.1 401",
+        ),
+        (
+            "credentials in Authorization",
+            "GET / HTTP/1.1\r\nHost: locked.test\r\nAuthorization: Basic YWxpY2U6cHc=\r\n",
+            "HTTP/1.1 200",
+        ),
+        (
+            "a route that does not exist",
+            "GET / HTTP/1.1\r\nHost: nowhere.test\r\n",
+            "HTTP/1.1 404",
+        ),
+        (
+            "dot segments into the protected prefix",
+            "GET /public/../admin/x HTTP/1.1\r\nHost: a.test\r\n",
+            "HTTP/1.1 401",
+        ),
+        (
+            "encoded dot segments",
+            "GET /%2e%2e/admin HTTP/1.1\r\nHost: a.test\r\n",
+            "HTTP/1.1 40",
+        ),
+        (
+            "doubled slash before the prefix",
+            "GET //admin HTTP/1.1\r\nHost: a.test\r\n",
+            "HTTP/1.1 401",
+        ),
+        (
+            "an encoded slash",
+            "GET /admin%2fx HTTP/1.1\r\nHost: a.test\r\n",
+            "HTTP/1.1 400",
+        ),
+        (
+            "a prefix that only starts the same",
+            "GET /administrator HTTP/1.1\r\nHost: a.test\r\n",
+            "HTTP/1.1 200",
+        ),
+        (
+            "the protected prefix, authenticated",
+            "GET /admin/x HTTP/1.1\r\nHost: a.test\r\nAuthorization: Basic YWxpY2U6cHc=\r\n",
+            "HTTP/1.1 200",
+        ),
+        (
+            "the host in another case with a port and a dot",
+            "GET /admin HTTP/1.1\r\nHost: A.TEST.:80\r\n",
+            "HTTP/1.1 401",
+        ),
+    ];
+    for (what, head, expected) in cases {
+        let answer = raw(server.http, &format!("{head}Connection: close\r\n\r\n")).await;
+        assert!(
+            answer.starts_with(expected),
+            "{what}: expected {expected}, got:\n{answer}"
+        );
+        if expected.ends_with("200") {
+            // The backend never sees Proxy-Authorization, nor the password the
+            // basic_auth middleware checked.
+            assert!(
+                !answer.contains(ALICE),
+                "{what}: credentials reached the backend"
+            );
+        }
+    }
+    // Proxy-Authorization is the proxy's business: it never reaches a backend.
+    let answer = raw(server.http, &format!("GET / HTTP/1.1\r\nHost: a.test\r\nProxy-Authorization: Basic {ALICE}\r\nConnection: close\r\n\r\n")).await;
+    assert!(
+        answer.starts_with("HTTP/1.1 200") && answer.contains("pauth=-"),
+        "{answer}"
+    );
+    // The protected prefix reached the admin backend, the near miss the open one.
+    let answer = raw(server.http, &format!("GET /admin/x HTTP/1.1\r\nHost: a.test\r\nAuthorization: Basic {ALICE}\r\nConnection: close\r\n\r\n")).await;
+    assert!(answer.contains("backend=admin path=/admin/x"), "{answer}");
+    let answer = raw(
+        server.http,
+        "GET /administrator HTTP/1.1\r\nHost: a.test\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert!(
+        answer.contains("backend=open path=/administrator"),
+        "{answer}"
+    );
+
+    // HTTP/2: `:authority` decides; a Host header that disagrees is a 400.
+    let stream = TcpStream::connect(server.http).await.unwrap();
+    let (mut sender, connection) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(stream),
+    )
+    .await
+    .unwrap();
+    tokio::spawn(connection);
+    for (host_header, expected) in [
+        (None, 401),
+        (Some("a.test"), 400),
+        (Some("locked.test"), 401),
+    ] {
+        let mut request = http::Request::builder().uri("http://locked.test/");
+        if let Some(host) = host_header {
+            request = request.header("host", host);
+        }
+        let response = sender
+            .send_request(request.body(Full::new(Bytes::new())).unwrap())
+            .await
+            .unwrap();
+        assert_eq!(response.status(), expected, "h2 with Host {host_header:?}");
     }
     server.stop.cancel();
 }
