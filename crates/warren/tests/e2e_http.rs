@@ -514,3 +514,159 @@ async fn warren_http_publishes_a_local_server_at_a_subdomain_and_prints_the_url(
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+/// Every built-in middleware, with the release binary, nginx behind and curl in front.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_built_in_middleware_does_its_job_with_curl() {
+    if !tools_present("each_built_in_middleware_does_its_job_with_curl") {
+        return;
+    }
+    let dir = TestDir::new("http-middleware");
+    let (_, cert, key) = dev_certificate(&dir, "unused.test").await;
+    let small = www_file(&dir, "small.bin", 2048);
+    let (nginx_plain, nginx_tls) = (free_port(), free_port());
+    let _nginx = start_nginx(&dir, nginx_plain, nginx_tls, &cert, &key);
+    // A backend that accepts connections and never answers (for `timeout`).
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let silent_port = silent.local_addr().unwrap().port();
+    let hash = bcrypt::hash("pw", 4).unwrap();
+    let log = dir.path().join("access.log");
+    let service = |name: &str, chain: &str| {
+        format!("[server.services.{name}]\ntype = \"http\"\nhosts = [\"{name}.test\"]\n{chain}")
+    };
+    let mw = |body: &str| format!("[[server.services.SERVICE.middleware]]\n{body}\n");
+    let with =
+        |name: &str, chains: &[String]| service(name, &chains.concat().replace("SERVICE", name));
+    let services = [
+        with("allow", &[mw("type = \"ip_allow\"\ncidrs = [\"127.0.0.0/8\"]")]),
+        with("deny", &[mw("type = \"ip_deny\"\ncidrs = [\"127.0.0.0/8\"]")]),
+        with("basic", &[mw(&format!("type = \"basic_auth\"\nrealm = \"staff\"\nusers = {{ alice = \"{hash}\" }}"))]),
+        with("bearer", &[mw("type = \"bearer_auth\"\ntokens = [\"a-very-long-bearer-token-0123\"]")]),
+        with("limited", &[mw("type = \"rate_limit\"\nrate = \"1/m\"\nburst = 2")]),
+        with("headers", &[mw("type = \"headers\"\nresponse = { set = { \"X-Served-By\" = \"warren-test\" }, remove = [\"Server\"] }")]),
+        with("logged", &[mw(&format!("type = \"access_log\"\nformat = \"json\"\nfile = \"{}\"", log.display()))]),
+        with("secure", &[mw("type = \"redirect_https\"")]),
+        with("small", &[mw("type = \"max_body\"\nlimit = 1000")]),
+        with("slow", &[mw("type = \"timeout\"\nduration = \"1s\"")]),
+    ]
+    .concat();
+    let (server_port, http, https) = (free_port(), free_port(), free_port());
+    let server_toml = dir.write(
+        "server.toml",
+        &server_config(server_port, http, https, &services),
+    );
+    let names = [
+        "allow", "deny", "basic", "bearer", "limited", "headers", "logged", "secure", "small",
+    ];
+    let mut targets: Vec<(&str, u16)> = names.iter().map(|n| (*n, nginx_plain)).collect();
+    targets.push(("slow", silent_port));
+    let client_toml = dir.write("client.toml", &client_config(server_port, &targets));
+    let _server = Proc::warren(
+        &dir,
+        "server",
+        &["server", server_toml.to_str().unwrap()],
+        &[("WARREN_PSK", PSK)],
+    );
+    let _client = Proc::warren(
+        &dir,
+        "client",
+        &["client", client_toml.to_str().unwrap()],
+        &[("WARREN_PSK", PSK)],
+    );
+    let at = |name: &str| {
+        (
+            format!("{name}.test:{http}:127.0.0.1"),
+            format!("http://{name}.test:{http}/small.bin"),
+        )
+    };
+    let status = |name: &str, extra: &[&str]| {
+        let (resolve, url) = at(name);
+        let mut args = vec![
+            "--resolve",
+            resolve.as_str(),
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
+        ];
+        args.extend_from_slice(extra);
+        args.push(url.as_str());
+        let (_, out, _) = curl(&args);
+        String::from_utf8_lossy(&out).into_owned()
+    };
+    let (resolve, url) = at("allow");
+    wait_200(&["--resolve", &resolve], &url).await;
+
+    assert_eq!(status("allow", &[]), "200", "ip_allow lets loopback in");
+    assert_eq!(status("deny", &[]), "403", "ip_deny keeps loopback out");
+    assert_eq!(status("basic", &[]), "401");
+    assert_eq!(status("basic", &["-u", "alice:wrong"]), "401");
+    assert_eq!(status("basic", &["-u", "alice:pw"]), "200");
+    assert_eq!(status("bearer", &[]), "401");
+    assert_eq!(
+        status(
+            "bearer",
+            &["-H", "Authorization: Bearer a-very-long-bearer-token-0123"]
+        ),
+        "200"
+    );
+    assert_eq!(status("limited", &[]), "200");
+    assert_eq!(status("limited", &[]), "200");
+    let (resolve, url) = at("limited");
+    let (_, headers, _) = curl(&[
+        "--resolve",
+        &resolve,
+        "-s",
+        "-D",
+        "-",
+        "-o",
+        "/dev/null",
+        &url,
+    ]);
+    let headers = String::from_utf8_lossy(&headers).to_lowercase();
+    assert!(
+        headers.starts_with("http/1.1 429") && headers.contains("retry-after:"),
+        "{headers}"
+    );
+    let (resolve, url) = at("headers");
+    let (code, headers, _) = curl(&["--resolve", &resolve, "-D", "-", "-o", "/dev/null", &url]);
+    let headers = String::from_utf8_lossy(&headers).to_lowercase();
+    assert_eq!(code, 0);
+    assert!(
+        headers.contains("x-served-by: warren-test") && !headers.contains("server: nginx"),
+        "{headers}"
+    );
+    let (resolve, url) = at("logged");
+    let (code, body, _) = curl(&["--resolve", &resolve, &url]);
+    assert_eq!((code, blake3::hash(&body)), (0, small));
+    let deadline = tokio::time::Instant::now() + READY_TIMEOUT;
+    loop {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        if text.contains("/small.bin") && text.contains("200") {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no access log line: {text:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (resolve, url) = at("secure");
+    let (_, headers, _) = curl(&["--resolve", &resolve, "-D", "-", "-o", "/dev/null", &url]);
+    let headers = String::from_utf8_lossy(&headers).to_lowercase();
+    assert!(
+        headers.starts_with("http/1.1 308")
+            && headers.contains("location: https://secure.test/small.bin"),
+        "{headers}"
+    );
+    let big = dir.write("big-upload.bin", &"x".repeat(5000));
+    let big_arg = format!("@{}", big.display());
+    assert_eq!(status("small", &["--data-binary", &big_arg]), "413");
+    assert_eq!(
+        status("small", &["--data-binary", "tiny"]),
+        "405",
+        "nginx refuses a POST to a static file, after max_body let it through"
+    );
+    assert_eq!(status("slow", &[]), "504");
+    drop(silent);
+}
