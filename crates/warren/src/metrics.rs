@@ -165,6 +165,22 @@ pub struct Metrics {
     http_captures_dropped: Counter,
 }
 
+/// One http service's request counters (cheap to clone: shared handles).
+#[derive(Debug, Clone)]
+pub struct HttpMeter {
+    classes: [Counter; 5],
+    duration: Histogram,
+}
+
+impl HttpMeter {
+    /// Counts one request answered with `status` after `elapsed` (to the response head).
+    pub fn request(&self, status: u16, elapsed: Duration) {
+        let class = usize::from((status / 100).clamp(1, 5)) - 1;
+        self.classes[class].inc();
+        self.duration.observe(elapsed.as_secs_f64());
+    }
+}
+
 /// Labels of `warren_http_requests`: the service and the status class (`2xx` .. `5xx`).
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct StatusLabel {
@@ -318,26 +334,32 @@ impl Metrics {
         }
     }
 
-    /// Counts one HTTP request answered with `status` after `elapsed` (to the response head).
-    pub fn http_request(&self, service: &str, status: u16, elapsed: Duration) {
-        let class = match status {
-            100..=199 => "1xx",
-            200..=299 => "2xx",
-            300..=399 => "3xx",
-            400..=499 => "4xx",
-            _ => "5xx",
+    /// The HTTP counters of one service, looked up once (a request then counts without
+    /// building labels).
+    pub fn http_meter(&self, service: &str) -> HttpMeter {
+        let class = |class| {
+            self.http_requests
+                .get_or_create(&StatusLabel {
+                    service: service.to_owned(),
+                    class,
+                })
+                .clone()
         };
-        self.http_requests
-            .get_or_create(&StatusLabel {
-                service: service.to_owned(),
-                class,
-            })
-            .inc();
-        self.http_duration
-            .get_or_create(&ServiceLabel {
-                service: service.to_owned(),
-            })
-            .observe(elapsed.as_secs_f64());
+        HttpMeter {
+            classes: [
+                class("1xx"),
+                class("2xx"),
+                class("3xx"),
+                class("4xx"),
+                class("5xx"),
+            ],
+            duration: self
+                .http_duration
+                .get_or_create(&ServiceLabel {
+                    service: service.to_owned(),
+                })
+                .clone(),
+        }
     }
 
     /// Counts a request capture the inspector's queue had no room for.

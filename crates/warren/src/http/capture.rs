@@ -86,8 +86,12 @@ pub struct CapturedRequest {
     pub decisions: Vec<(String, String)>,
     /// Which request this one replayed.
     pub replay_of: Option<u64>,
+    /// The headers as they came (kept as maps: turned into the lists above, redacted,
+    /// only when the API reads a record, so capturing costs two map clones).
     #[serde(skip)]
     raw_request_headers: HeaderMap,
+    #[serde(skip)]
+    raw_response_headers: HeaderMap,
     #[serde(skip)]
     raw_request_body: Bytes,
 }
@@ -214,6 +218,8 @@ impl Captures {
     pub fn get(&self, id: u64) -> Option<CapturedRequest> {
         let found = self.find(id)?;
         let mut record = (*found).clone();
+        record.request_headers = header_list(&record.raw_request_headers);
+        record.response_headers = header_list(&record.raw_response_headers);
         redact(&mut record.request_headers);
         redact(&mut record.response_headers);
         Some(record)
@@ -328,7 +334,7 @@ impl Capture {
                 head_us: 0,
                 total_us: 0,
                 response_bytes: 0,
-                request_headers: header_list(request.headers()),
+                request_headers: Vec::new(),
                 response_headers: Vec::new(),
                 request_body: None,
                 request_body_complete: false,
@@ -336,6 +342,7 @@ impl Capture {
                 decisions: Vec::new(),
                 replay_of: None,
                 raw_request_headers: request.headers().clone(),
+                raw_response_headers: HeaderMap::new(),
                 raw_request_body: Bytes::new(),
             },
             started,
@@ -375,7 +382,7 @@ impl Capture {
     ) -> http::Response<Body> {
         self.record.status = response.status().as_u16();
         self.record.head_us = micros(self.started.elapsed());
-        self.record.response_headers = header_list(response.headers());
+        self.record.raw_response_headers = response.headers().clone();
         decisions.clone_into(&mut self.record.decisions);
         let (parts, body) = response.into_parts();
         use http_body_util::BodyExt;

@@ -109,7 +109,10 @@ pub(super) struct Front {
 
 /// One http service as the front sees it.
 struct HttpService {
+    /// The service's name, shared with every request's context.
+    name: Arc<str>,
     slot: Arc<ServiceSlot>,
+    meter: crate::metrics::HttpMeter,
     route: HttpRoute,
     chain: Chain,
     backend: Client<TunnelConnector, Body>,
@@ -135,6 +138,7 @@ impl Front {
         bindings: &HashMap<String, Binding>,
         declared: &HashMap<String, DeclaredHttp>,
         previous: Option<&Front>,
+        telemetry: &crate::metrics::Telemetry,
     ) -> Front {
         let mut front = Front::empty();
         let Some(listen) = &config.http else {
@@ -199,8 +203,10 @@ impl Front {
             };
             let backend = backend_client(&slot, route.backend);
             front.services.insert(
-                name,
+                Arc::clone(&name),
                 Arc::new(HttpService {
+                    name,
+                    meter: telemetry.metrics.http_meter(&slot.name),
                     slot,
                     route,
                     chain,
@@ -446,7 +452,7 @@ async fn handle(
     }
     let mut cx = RequestContext::new(
         id,
-        Arc::from(name.as_str()),
+        Arc::clone(&service.name),
         key.host.clone(),
         key.path.clone(),
         peer,
@@ -476,10 +482,9 @@ async fn handle(
             }
         }
     };
-    shared
-        .telemetry
-        .metrics
-        .http_request(name, response.status().as_u16(), started.elapsed());
+    service
+        .meter
+        .request(response.status().as_u16(), started.elapsed());
     match capture {
         Some(capture) => capture.finish(response, &cx.decisions),
         None => response,
@@ -1218,6 +1223,7 @@ pub(super) fn rebuild_front(shared: &Shared) {
             &services,
             &declared,
             Some(&shared.http_front()),
+            &shared.telemetry,
         )
     };
     *shared.http.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(front);
