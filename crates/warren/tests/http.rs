@@ -980,3 +980,72 @@ async fn disagreeing_hosts_and_path_tricks_never_bypass_a_route() {
     }
     server.stop.cancel();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_services_work_over_a_quic_session() {
+    let app = backend("app").await;
+    let (port, http) = (free_port(), free_port());
+    let cert = match quic_config().auth {
+        warren::config::quic::QuicAuth::Psk {
+            cert: Some(cert), ..
+        } => cert,
+        _ => unreachable!("quic_config is psk mode with a cert path"),
+    };
+    let toml = format!(
+        "[server]\nbind = \"127.0.0.1:{port}\"\ntransport = \"quic\"\npsk = \"{PSK}\"\ndefault_token = \"{TOKEN}\"\n[server.quic]\ncert = \"{}\"\nmax_packet = 6500\n[server.http]\nbind = \"127.0.0.1:{http}\"\n{TWO_SERVICES}",
+        cert.display()
+    );
+    let config = ServerConfig::from_toml_str(&toml, "server.toml").expect("valid config");
+    let bound = warren::Server::from_config(config)
+        .unwrap()
+        .bind()
+        .await
+        .unwrap();
+    let addr = bound.local_addr();
+    let stop = bound.shutdown_token();
+    tokio::spawn(bound.run());
+    let client = Client::builder(HostPort::from(addr))
+        .psk(PSK)
+        .default_token(TOKEN)
+        .transport(warren::config::Transport::Quic)
+        .quic(quic_config())
+        .tcp_service("app", HostPort::from(app))
+        .build()
+        .unwrap();
+    let mut status = client.status();
+    let client_stop = CancellationToken::new();
+    tokio::spawn(client.run(client_stop.clone()));
+    tokio::time::timeout(Duration::from_secs(10), status.wait_for(|s| s.connected))
+        .await
+        .expect("connects over QUIC")
+        .unwrap();
+    let http_addr = SocketAddr::from(([127, 0, 0, 1], http));
+    let client = hyper_client();
+    let upload = random_bytes(2 * 1024 * 1024 + 1);
+    let (status, body) = request(
+        &client,
+        http_addr,
+        "POST",
+        "app.test",
+        "/upload",
+        upload.clone(),
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert_eq!(body, blake3::hash(&upload).to_hex().to_string());
+    let len = 3 * 1024 * 1024;
+    let (status, body) = request(
+        &client,
+        http_addr,
+        "GET",
+        "app.test",
+        &format!("/big/{len}"),
+        vec![],
+    )
+    .await;
+    assert_eq!(status, 200);
+    let expected: Vec<u8> = (0..len).map(|i| (i * 31 % 251) as u8).collect();
+    assert_eq!(blake3::hash(&body), blake3::hash(&expected));
+    client_stop.cancel();
+    stop.cancel();
+}

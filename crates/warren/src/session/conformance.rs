@@ -385,6 +385,53 @@ async fn each_direction_half_closes_on_its_own() {
     }
 }
 
+/// [`super::io::StreamIo`] (a stream as `AsyncRead + AsyncWrite`, the HTTP backend pool's
+/// connections) keeps the stream's promises on every transport: bytes exact both ways in
+/// pieces of any size, shutdown is a half-close the peer reads as the end, the peer's end
+/// is EOF, and a reset is an error, never EOF.
+#[tokio::test]
+async fn stream_io_keeps_the_stream_semantics() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    for kind in KINDS {
+        let mut harness = Harness::new(kind).await;
+        let (a, mut b) = harness.reverse("io").await;
+        let mut io = super::io::StreamIo::new(a);
+        let payload = random(1_000_003);
+        let echo = tokio::spawn(async move {
+            let got = read_to_end(&mut b).await;
+            if let Ok(bytes) = &got {
+                for piece in bytes.chunks(70_001) {
+                    b.writer.send(piece).await.expect("echo");
+                }
+                b.writer.finish().await.expect("finish");
+            }
+            got
+        });
+        for piece in payload.chunks(99_991) {
+            io.write_all(piece).await.expect("write");
+        }
+        io.shutdown().await.expect("half-close");
+        let mut back = Vec::new();
+        within(io.read_to_end(&mut back))
+            .await
+            .expect("read to EOF");
+        let sent = within(echo)
+            .await
+            .unwrap()
+            .expect("the peer read to the end");
+        assert_eq!(blake3::hash(&sent), blake3::hash(&payload), "{kind:?}");
+        assert_eq!(blake3::hash(&back), blake3::hash(&payload), "{kind:?}");
+        // A reset is an error for the reader, never a clean end.
+        let (a, mut b) = harness.reverse("io").await;
+        let mut io = super::io::StreamIo::new(a);
+        b.writer.send(b"part").await.expect("send");
+        b.writer.reset("gone").await.expect("reset");
+        let mut back = Vec::new();
+        let result = within(io.read_to_end(&mut back)).await;
+        assert!(result.is_err(), "{kind:?}: a reset read as {result:?}");
+    }
+}
+
 #[tokio::test]
 async fn a_reset_reaches_the_peer_with_its_reason() {
     for kind in KINDS {
