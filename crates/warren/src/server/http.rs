@@ -63,6 +63,9 @@ const DEFAULT_BACKEND_TIMEOUT: Duration = Duration::from_secs(120);
 /// Idle backend connections kept per service and host.
 const POOL_IDLE_PER_HOST: usize = 64;
 
+/// The backend pool's key for HTTP/1 backends (never sent: `Host` is a header).
+const POOL_AUTHORITY: &str = "backend.warren.invalid";
+
 /// How long an idle backend connection is kept.
 const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -561,9 +564,17 @@ async fn forward(
         Some(query) => format!("{path}?{query}"),
         None => path,
     };
+    // The URI's authority is the backend pool's key. HTTP/1 sends `Host` as a header, so
+    // its pool has one key per service whatever the visitors' hosts: a wildcard service
+    // hit with random names must not grow a pool per name. HTTP/2 carries the host as
+    // `:authority`, taken from the URI: one (multiplexed) connection per host.
+    let authority = match service.route.backend {
+        Backend::Http1 => POOL_AUTHORITY,
+        Backend::H2c => host.as_str(),
+    };
     let Ok(uri) = Uri::builder()
         .scheme("http")
-        .authority(host.as_str())
+        .authority(authority)
         .path_and_query(path_and_query.as_str())
         .build()
     else {
