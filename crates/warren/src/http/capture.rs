@@ -385,17 +385,13 @@ impl Capture {
         self.record.raw_response_headers = response.headers().clone();
         decisions.clone_into(&mut self.record.decisions);
         let (parts, body) = response.into_parts();
-        use http_body_util::BodyExt;
-        let body = Watched {
-            inner: body,
-            capture: Some(self),
-            copy: Vec::new(),
-        }
-        .boxed_unsync();
+        let keep = self.body_limit;
+        let body = super::body::observe(body, keep, move |end| self.offer(end));
         http::Response::from_parts(parts, body)
     }
 
-    fn offer(mut self, response_copy: Vec<u8>) {
+    fn offer(mut self, end: super::body::BodyEnd) {
+        self.record.response_bytes = end.bytes;
         self.record.total_us = micros(self.started.elapsed());
         if let Some(copy) = &self.request_body {
             let copy = copy.lock().unwrap_or_else(PoisonError::into_inner);
@@ -415,7 +411,7 @@ impl Capture {
             self.record.request_body_complete = true;
         }
         if self.body_limit > 0 {
-            self.record.response_body = Some(String::from_utf8_lossy(&response_copy).into_owned());
+            self.record.response_body = Some(String::from_utf8_lossy(&end.prefix).into_owned());
         }
         self.captures.offer(self.record);
     }
@@ -474,63 +470,6 @@ impl http_body::Body for Tee {
 
     fn size_hint(&self) -> SizeHint {
         self.inner.size_hint()
-    }
-}
-
-/// A response body that offers its request's record when it ends or is dropped.
-struct Watched {
-    inner: Body,
-    capture: Option<Capture>,
-    copy: Vec<u8>,
-}
-
-impl http_body::Body for Watched {
-    type Data = Bytes;
-    type Error = BoxError;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        let polled = Pin::new(&mut self.inner).poll_frame(cx);
-        match &polled {
-            Poll::Ready(Some(Ok(frame))) => {
-                if let Some(data) = frame.data_ref() {
-                    let len = data.len() as u64;
-                    let limit = self.capture.as_ref().map_or(0, |c| c.body_limit);
-                    let room = limit.saturating_sub(self.copy.len());
-                    let keep = data.len().min(room);
-                    let kept = data.slice(..keep);
-                    self.copy.extend_from_slice(&kept);
-                    if let Some(capture) = self.capture.as_mut() {
-                        capture.record.response_bytes += len;
-                    }
-                }
-            }
-            Poll::Ready(None) | Poll::Ready(Some(Err(_))) => {
-                if let Some(capture) = self.capture.take() {
-                    capture.offer(std::mem::take(&mut self.copy));
-                }
-            }
-            Poll::Pending => {}
-        }
-        polled
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
-    }
-}
-
-impl Drop for Watched {
-    fn drop(&mut self) {
-        if let Some(capture) = self.capture.take() {
-            capture.offer(std::mem::take(&mut self.copy));
-        }
     }
 }
 

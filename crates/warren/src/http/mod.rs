@@ -14,7 +14,9 @@
 //! * [`forwarded`]: the visitor's address behind trusted proxies (`X-Forwarded-For`).
 //! * [`page`]: the small error pages visitors see.
 //! * [`capture`]: recent requests for the inspector.
+//! * [`body`]: a response body watched to its end (the access log and the capture).
 
+pub mod body;
 pub mod capture;
 pub mod forwarded;
 pub mod middleware;

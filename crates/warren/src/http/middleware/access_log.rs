@@ -30,21 +30,16 @@ use std::fs::{File, OpenOptions};
 use std::io::{BufWriter, Write as _};
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
-use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender, TrySendError};
-use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime};
 
-use bytes::Bytes;
 use http::header::{REFERER, USER_AGENT};
 use http::{Request, Response, Version};
-use http_body::{Frame, SizeHint};
-use http_body_util::BodyExt;
 
 use super::{BoxFuture, Flow, Middleware, RequestContext};
-use crate::http::{Body, BoxError, empty};
+use crate::http::{Body, empty};
 
 /// Lines waiting for the file writer before new ones are dropped.
 pub const QUEUE_LEN: usize = 4096;
@@ -147,16 +142,11 @@ impl Middleware for AccessLog {
             started: cx.started,
         };
         let body = std::mem::replace(response.body_mut(), empty());
-        *response.body_mut() = LoggedBody {
-            inner: body,
-            bytes: 0,
-            pending: Some(Pending {
-                entry,
-                format: self.format,
-                output: Arc::clone(&self.output),
-            }),
-        }
-        .boxed_unsync();
+        let (format, output) = (self.format, Arc::clone(&self.output));
+        *response.body_mut() = crate::http::body::observe(body, 0, move |end| {
+            let duration = entry.started.elapsed();
+            output.write(entry.render(format, end.bytes, end.completed, duration));
+        });
     }
 }
 
@@ -239,75 +229,6 @@ impl Entry {
                 )
             }
         }
-    }
-}
-
-/// A line waiting for its body to end.
-struct Pending {
-    entry: Entry,
-    format: Format,
-    output: Arc<Output>,
-}
-
-/// The response body, counted; the line is written when it ends, fails or is dropped.
-struct LoggedBody {
-    inner: Body,
-    bytes: u64,
-    pending: Option<Pending>,
-}
-
-impl LoggedBody {
-    fn finish(&mut self, completed: bool) {
-        if let Some(pending) = self.pending.take() {
-            let duration = pending.entry.started.elapsed();
-            let line = pending
-                .entry
-                .render(pending.format, self.bytes, completed, duration);
-            pending.output.write(line);
-        }
-    }
-}
-
-impl http_body::Body for LoggedBody {
-    type Data = Bytes;
-    type Error = BoxError;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        let this = self.get_mut();
-        let polled = Pin::new(&mut this.inner).poll_frame(cx);
-        match &polled {
-            Poll::Ready(Some(Ok(frame))) => {
-                if let Some(data) = frame.data_ref() {
-                    this.bytes += data.len() as u64;
-                }
-                if this.inner.is_end_stream() {
-                    this.finish(true);
-                }
-            }
-            Poll::Ready(None) => this.finish(true),
-            Poll::Ready(Some(Err(_))) => this.finish(false),
-            Poll::Pending => {}
-        }
-        polled
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
-    }
-}
-
-impl Drop for LoggedBody {
-    fn drop(&mut self) {
-        // Dropped unread: complete only if there was nothing (left) to send.
-        let completed = http_body::Body::is_end_stream(&self.inner);
-        self.finish(completed);
     }
 }
 
