@@ -8,6 +8,8 @@
 //! `WARREN_E2E_REQUIRE_TOOLS=1` (as `scripts/test.sh` sets), which makes a missing tool fail.
 
 mod e2e_support;
+#[path = "support/http_backends.rs"]
+mod http_backends;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -669,4 +671,97 @@ async fn each_built_in_middleware_does_its_job_with_curl() {
     );
     assert_eq!(status("slow", &[]), "504");
     drop(silent);
+}
+
+/// A WebSocket echo and an h2c (gRPC-like) backend with trailers, through the release
+/// binary.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn websocket_and_h2c_with_trailers_pass_through_the_binary() {
+    use futures_util::{SinkExt, StreamExt};
+    use http_body_util::{BodyExt, Full};
+    use tokio_tungstenite::tungstenite::Message;
+    let dir = TestDir::new("http-ws-h2c");
+    let echo = http_backends::websocket_echo().await;
+    let grpc = http_backends::h2c_backend().await;
+    let (server_port, http, https) = (free_port(), free_port(), free_port());
+    let services = "[server.services.ws]\ntype = \"http\"\nhosts = [\"ws.test\"]\n[server.services.grpc]\ntype = \"http\"\nhosts = [\"grpc.test\"]\nbackend = \"h2c\"\n";
+    let server_toml = dir.write(
+        "server.toml",
+        &server_config(server_port, http, https, services),
+    );
+    let client_toml = dir.write(
+        "client.toml",
+        &client_config(server_port, &[("ws", echo.port()), ("grpc", grpc.port())]),
+    );
+    let _server = Proc::warren(
+        &dir,
+        "server",
+        &["server", server_toml.to_str().unwrap()],
+        &[("WARREN_PSK", PSK)],
+    );
+    let _client = Proc::warren(
+        &dir,
+        "client",
+        &["client", client_toml.to_str().unwrap()],
+        &[("WARREN_PSK", PSK)],
+    );
+    let port = loopback(http);
+    // The port listens and the handshake passes (not 502) once the client's session is up.
+    let deadline = tokio::time::Instant::now() + READY_TIMEOUT;
+    let mut ws = loop {
+        let attempt = async {
+            let stream = tokio::net::TcpStream::connect(port)
+                .await
+                .map_err(|e| e.to_string())?;
+            tokio_tungstenite::client_async("ws://ws.test/chat", stream)
+                .await
+                .map_err(|e| e.to_string())
+        };
+        match attempt.await {
+            Ok((ws, response)) => {
+                assert_eq!(response.status(), 101);
+                break ws;
+            }
+            Err(error) => {
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "no WebSocket: {error}"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    };
+    for size in [1, 100_000] {
+        let payload = random_bytes(size);
+        ws.send(Message::binary(payload.clone())).await.unwrap();
+        let echoed = tokio::time::timeout(Duration::from_secs(10), ws.next())
+            .await
+            .expect("an echo")
+            .expect("a message")
+            .unwrap();
+        assert_eq!(blake3::hash(&echoed.into_data()), blake3::hash(&payload));
+    }
+    ws.close(None).await.unwrap();
+
+    let stream = tokio::net::TcpStream::connect(port).await.unwrap();
+    let (mut sender, connection) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(stream),
+    )
+    .await
+    .unwrap();
+    tokio::spawn(connection);
+    let request = http::Request::builder()
+        .uri("http://grpc.test/pkg.Service/Call")
+        .body(Full::new(bytes::Bytes::new()))
+        .unwrap();
+    let response = sender
+        .send_request(request)
+        .await
+        .expect("h2c through the binary");
+    assert_eq!(response.status(), 200);
+    let collected = response.into_body().collect().await.unwrap();
+    let trailers = collected.trailers().cloned().expect("trailers came back");
+    assert_eq!(trailers.get("grpc-status").unwrap(), "0");
+    assert_eq!(collected.to_bytes(), "HTTP/2.0 /pkg.Service/Call");
 }

@@ -2,6 +2,8 @@
 //! services from local backends (axum), and real requests (hyper's client, or raw bytes for
 //! the malformed ones). Bodies are checked by hash.
 
+#[path = "support/http_backends.rs"]
+mod http_backends;
 mod support;
 
 use std::net::SocketAddr;
@@ -11,6 +13,7 @@ use axum::Router;
 use axum::body::Bytes;
 use axum::extract::Request;
 use axum::routing::{any, get, post};
+use http_backends::{h2c_backend, websocket_echo};
 use http_body_util::{BodyExt, Full};
 use support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -272,32 +275,6 @@ async fn unknown_hosts_and_ambiguous_requests_get_warren_pages() {
     server.stop.cancel();
 }
 
-/// A WebSocket echo backend (a real WebSocket server).
-async fn websocket_echo() -> SocketAddr {
-    use futures_util::{SinkExt, StreamExt};
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        while let Ok((stream, _)) = listener.accept().await {
-            tokio::spawn(async move {
-                let Ok(mut ws) = tokio_tungstenite::accept_async(stream).await else {
-                    return;
-                };
-                while let Some(Ok(message)) = ws.next().await {
-                    if message.is_binary() || message.is_text() {
-                        if ws.send(message).await.is_err() {
-                            return;
-                        }
-                    } else if message.is_close() {
-                        return;
-                    }
-                }
-            });
-        }
-    });
-    addr
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn websocket_upgrades_pass_through() {
     use futures_util::{SinkExt, StreamExt};
@@ -322,39 +299,6 @@ async fn websocket_upgrades_pass_through() {
     }
     ws.close(None).await.unwrap();
     server.stop.cancel();
-}
-
-/// An h2c backend (gRPC-like): answers with a body and trailers.
-async fn h2c_backend() -> SocketAddr {
-    use http_body_util::StreamBody;
-    use hyper::body::Frame;
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        while let Ok((stream, _)) = listener.accept().await {
-            tokio::spawn(async move {
-                let service = hyper::service::service_fn(
-                    |request: http::Request<hyper::body::Incoming>| async move {
-                        let version = format!("{:?} {}", request.version(), request.uri().path());
-                        let mut trailers = http::HeaderMap::new();
-                        trailers.insert("grpc-status", http::HeaderValue::from_static("0"));
-                        let frames: Vec<Result<Frame<Bytes>, std::convert::Infallible>> = vec![
-                            Ok(Frame::data(Bytes::from(version))),
-                            Ok(Frame::trailers(trailers)),
-                        ];
-                        Ok::<_, std::convert::Infallible>(http::Response::new(StreamBody::new(
-                            futures_util::stream::iter(frames),
-                        )))
-                    },
-                );
-                let _ =
-                    hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
-                        .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
-                        .await;
-            });
-        }
-    });
-    addr
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
