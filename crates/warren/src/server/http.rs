@@ -1173,6 +1173,15 @@ pub(super) fn serve_declared(
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
         for (name, hosts) in &granted {
+            // Judged before this lock was taken: another session may have claimed one of
+            // the names under another service since. It keeps them.
+            let taken = declared
+                .iter()
+                .find(|(other, d)| *other != name && d.hosts.iter().any(|h| hosts.contains(h)));
+            if let Some((other, _)) = taken {
+                warn!(event = "declared_denied", service = %name, other = %other, "a name of this declared http service was claimed by another service a moment earlier; not routed");
+                continue;
+            }
             let entry = declared
                 .entry(name.clone())
                 .or_insert_with(|| DeclaredHttp {
