@@ -214,8 +214,8 @@ enum Command {
         #[arg(long, default_value_t = 200)]
         interval_ms: u64,
     },
-    /// Make certificates for QUIC mtls mode: a development CA, then server and client
-    /// certificates signed by it.
+    /// Make development certificates: a CA, then server certificates (QUIC mtls, HTTPS
+    /// services with tls = "terminate") and client certificates (QUIC mtls) signed by it.
     #[command(
         after_help = "Examples:\n  warren cert ca --out ca\n  warren cert server --ca ca --name tunnel.example.com --out server\n  warren cert client --ca ca --name laptop --out laptop"
     )]
