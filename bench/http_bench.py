@@ -701,6 +701,7 @@ def render(doc: dict, heading: str = "##") -> str:
         fcols = [("req/s 1 KiB", "1k_rps", ratio, cost), ("req/s 100 KiB", "100k_rps", ratio, cost),
                  ("c=32 p50 (1 KiB)", "1k_p50_us", added, lambda v: fmt(v, "{:+.0f} µs")),
                  ("c=1 p50", "c1_p50_us", added, lambda v: fmt(v, "{:+.1f} µs")),
+                 ("c=1 req/s", "c1_rps", ratio, cost),
                  ("tunnel CPU / 1k req (1 KiB)", "1k_tunnel_cpu_ms_per_1k", added,
                   lambda v: fmt(v, "{:+.1f} ms"))]
         lines += ["", f"{h}# What capture and middleware cost (within each run, median over runs)", "",
