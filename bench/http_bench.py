@@ -40,12 +40,17 @@ LOOPBACK = B.LOOPBACK
 HOST = "web.bench.test"
 SIZES = {"1k": 1024, "100k": 100 * 1024}
 
-# Fixed order, interleaving Warren and frp, the same in every run.
-ALL_CONFIGS = ["direct", "warren-http", "frp-vhost", "warren-http-tcp", "warren-tcp-service"]
+# Fixed order, interleaving Warren and frp, the same in every run. warren-http sits between
+# the two configs it is compared with (capture off, the middleware chain), so drift over a run
+# touches both comparisons alike.
+ALL_CONFIGS = ["direct", "warren-http-nocapture", "warren-http", "warren-http-chain", "frp-vhost",
+               "warren-http-tcp", "warren-tcp-service"]
 SMOKE_CONFIGS = ["direct", "warren-http"]
 LABELS = {
     "direct": "nginx direct (the limit)",
-    "warren-http": "Warren HTTP, default transport (noise, cipher picked per machine)",
+    "warren-http": "Warren HTTP, default transport (noise, cipher picked per machine); capture on, no middleware",
+    "warren-http-nocapture": "Warren HTTP, default transport, `capture = false`",
+    "warren-http-chain": "Warren HTTP, default transport, capture on, 5 middleware (ip_allow, rate_limit, headers, max_body, timeout)",
     "warren-http-tcp": "Warren HTTP, `transport = \"tcp\"` (plaintext)",
     "frp-vhost": "frp 0.71.0 HTTP vhost, default transport (TLS, tcpMux)",
     "warren-tcp-service": "Warren plain TCP service to nginx, default transport (no HTTP layer)",
@@ -55,6 +60,37 @@ WRK_THREADS, WRK_CONNS = 2, 32
 NGINX_WORKERS = 1
 
 SECTION = "## HTTP services (issue 15)"
+
+# warren-http-chain: five built-in middleware that let every benchmark request through. The
+# `headers` step sets a request header that nginx echoes back (`X-Seen`, see Nginx) and
+# removes nginx's `Server` response header, so a check before the load sees it ran.
+CHAIN_HEADER, CHAIN_VALUE = "X-Bench", "chain"
+CHAIN_MIDDLEWARE = f"""
+[[server.services.web.middleware]]
+type = "ip_allow"
+cidrs = ["127.0.0.0/8"]
+
+[[server.services.web.middleware]]
+type = "rate_limit"
+rate = "1000000/s"
+burst = 1000000
+
+[[server.services.web.middleware]]
+type = "headers"
+request = {{ set = {{ "{CHAIN_HEADER}" = "{CHAIN_VALUE}" }} }}
+response = {{ remove = ["Server"] }}
+
+[[server.services.web.middleware]]
+type = "max_body"
+limit = "10MiB"
+
+[[server.services.web.middleware]]
+type = "timeout"
+duration = "30s"
+"""
+CHAIN_KINDS = ["ip_allow", "rate_limit", "headers", "max_body", "timeout"]
+# Warren HTTP configs that get an admin port, to check capture is on (or off) before the load.
+ADMIN_CONFIGS = ("warren-http", "warren-http-nocapture", "warren-http-chain")
 
 log = B.log
 BenchError = B.BenchError
@@ -132,6 +168,9 @@ http {{
         listen {LOOPBACK}:{self.port};
         server_name _;
         root {www};
+        # Echoes the request header warren-http-chain's `headers` middleware sets; absent
+        # (no header sent) when the request has none, i.e. in every other config.
+        add_header X-Seen $http_x_bench;
     }}
 }}
 """
@@ -172,6 +211,7 @@ class Front:
         self.warren = warren
         self.server = self.client = None
         self.http_port = 0
+        self.admin_port = 0
 
     def start(self, nginx_port: int) -> int:
         if self.name == "direct":
@@ -199,6 +239,13 @@ class Front:
         else:
             s += (f'\n[server.http]\nbind = "{LOOPBACK}:{self.http_port}"\n'
                   f'\n[server.services.web]\ntype = "http"\nhosts = ["{HOST}"]\n')
+            if self.name == "warren-http-nocapture":
+                s += "capture = false\n"
+            if self.name == "warren-http-chain":
+                s += CHAIN_MIDDLEWARE
+            if self.name in ADMIN_CONFIGS:
+                self.admin_port = B.free_port()
+                s += f'\n[admin]\nbind = "{LOOPBACK}:{self.admin_port}"\n'
             c += f'\n[client.services.web]\ntype = "http"\ntarget = "{LOOPBACK}:{nginx_port}"\n'
         (self.dir / "server.toml").write_text(s)
         (self.dir / "client.toml").write_text(c)
@@ -289,6 +336,74 @@ def wait_serving(port: int, digests: dict[str, str], timeout: float = 20.0) -> f
     return ready
 
 
+def admin_json(port: int, path: str):
+    conn = http.client.HTTPConnection(LOOPBACK, port, timeout=2)
+    try:
+        conn.request("GET", path)
+        resp = conn.getresponse()
+        body = resp.read()
+        if resp.status != 200:
+            raise BenchError(f"admin GET {path}: status {resp.status}: {body[:200]!r}")
+        try:
+            return json.loads(body)
+        except ValueError as e:
+            raise BenchError(f"admin GET {path}: not JSON ({e}): {body[:200]!r}") from None
+    finally:
+        conn.close()
+
+
+def check_config(name: str, port: int, admin_port: int) -> str:
+    """Before the load, that a Warren HTTP config runs as named: the chain's `headers` step
+    set the request header (nginx echoes it as X-Seen) and removed `Server` from the
+    response, and not in the others; capture on keeps requests (the admin API lists them,
+    with what the chain's middleware decided), capture off keeps none. Returns what it saw;
+    raises BenchError when it is wrong."""
+    conn = http.client.HTTPConnection(LOOPBACK, port, timeout=2)
+    try:
+        conn.request("GET", "/1k.bin", headers={"Host": HOST})
+        resp = conn.getresponse()
+        resp.read()
+        status, seen, server = resp.status, resp.getheader("X-Seen"), resp.getheader("Server")
+    finally:
+        conn.close()
+    if status != 200:
+        raise BenchError(f"check: GET /1k.bin: status {status}")
+    if name == "warren-http-chain":
+        if seen != CHAIN_VALUE or server is not None:
+            raise BenchError(f"check: the headers middleware did not run: nginx saw "
+                             f"{CHAIN_HEADER}: {seen!r}, response Server: {server!r}")
+        saw = [f"nginx saw {CHAIN_HEADER}: {seen}", "no Server header in the response"]
+    else:
+        if seen is not None or server is None:
+            raise BenchError(f"check: X-Seen {seen!r}, Server {server!r}: expected none and nginx's")
+        saw = [f"Server: {server} passed through"]
+    capture = name != "warren-http-nocapture"
+    items: list = []
+    total = 0
+    deadline = time.monotonic() + (3 if capture else 0.5)
+    while time.monotonic() < deadline:  # captures are handed off through a queue
+        items = admin_json(admin_port, "/api/v1/requests?service=web")  # newest first
+        if not isinstance(items, list):
+            raise BenchError(f"check: /api/v1/requests answered {str(items)[:200]}, not a list")
+        total = len(items)
+        if capture and total:
+            break
+        time.sleep(0.1)
+    if capture != bool(total):
+        raise BenchError(f"check: capture {'on' if capture else 'off'} but the inspector holds "
+                         f"{total} requests of service web")
+    saw.append(f"inspector holds {total} requests")
+    if name == "warren-http-chain":
+        rec = admin_json(admin_port, f"/api/v1/requests/{items[0]['id']}")
+        decisions = ["=".join(d) if isinstance(d, list) else str(d) for d in rec.get("decisions", [])]
+        sent = [v for k, v in rec.get("request_headers", []) if k.lower() == CHAIN_HEADER.lower()]
+        saw.append(f"middleware decisions in the capture: {'; '.join(decisions) or 'none recorded'}")
+        # Capture takes the request as it arrived, before the chain (replays go through it).
+        saw.append(f"{CHAIN_HEADER} in the captured request headers (as the visitor sent them): "
+                   f"{sent[0] if sent else 'absent'}")
+    return ", ".join(saw)
+
+
 _UNIT = {"us": 1.0, "ms": 1e3, "s": 1e6}
 
 
@@ -337,6 +452,12 @@ def measure(name: str, args, workdir: Path, warren: str, www: Path, digests: dic
     try:
         port = front.start(nginx.port)
         res["ready_s"] = round(wait_serving(port, digests), 3)
+        if front.admin_port:
+            try:
+                res["check"] = check_config(name, port, front.admin_port)
+            except (KeyError, IndexError, TypeError, AttributeError) as e:
+                raise BenchError(f"check: unexpected admin API answer: {e!r}") from None
+            log(f"  {name}: check ok: {res['check']}")
         if name in ("warren-http", "warren-tcp-service"):
             try:
                 res.update(B.warren_choice(warren, front.client_config))
@@ -484,7 +605,28 @@ def targets(doc: dict) -> list[tuple[str, str, str, bool | None]]:
         out.append(("added p50 at c=1 ≤ 150 µs over direct", fmt(a, "{:.0f} µs"), None if a is None else a <= 150))
         a = per_run(doc, w, "direct", "c1_p99_us", added)
         out.append(("added p99 at c=1 ≤ 400 µs over direct", fmt(a, "{:.0f} µs"), None if a is None else a <= 400))
+    # The HTTP layer's optional parts, against warren-http in the same run (1 KiB, c=32).
+    if "warren-http-chain" in cfgs:
+        r = per_run(doc, "warren-http-chain", w, "1k_rps", ratio)
+        out.append(("5 built-in middleware cost ≤ 5 % of req/s 1 KiB (chain / warren-http ≥ 0.95×)",
+                    cost(r), None if r is None else r >= 0.95))
+    if "warren-http-nocapture" in cfgs:
+        r = per_run(doc, w, "warren-http-nocapture", "1k_rps", ratio)
+        out.append(("capture on (bodies off) costs ≤ 10 % of req/s 1 KiB (warren-http / nocapture ≥ 0.90×)",
+                    cost(r), None if r is None else r >= 0.90))
     return out
+
+
+def cost(r) -> str:
+    """A ratio of req/s (with the feature / without) as the share of req/s the feature costs."""
+    return "—" if r is None else f"{(1 - r) * 100:+.1f} % ({r:.3f}×)"
+
+
+# The optional parts of the HTTP layer, each against what it is added to (within a run).
+FEATURE_ROWS = [
+    ("capture on (warren-http / warren-http-nocapture)", "warren-http", "warren-http-nocapture"),
+    ("5 middleware (warren-http-chain / warren-http)", "warren-http-chain", "warren-http"),
+]
 
 
 def render(doc: dict, heading: str = "##") -> str:
@@ -493,7 +635,12 @@ def render(doc: dict, heading: str = "##") -> str:
     s = doc["settings"]
     cfgs = [c for c in ALL_CONFIGS if c in doc["configs"]]
     loads = ", ".join(f"{r['loadavg_before']:.2f}" for r in doc["runs"])
-    noisy = any(r["loadavg_before"] > 0.5 for r in doc["runs"])
+    # Only the first run's load average says whether other processes were running: before
+    # each later run it still holds this benchmark's own previous run (wrk, nginx and two
+    # tunnel processes, decaying over about a minute). nginx alone's c=1 tail is the other
+    # witness: on a quiet machine its p99 stays within a few times its p50.
+    d50, d99 = med(doc, "direct", "c1_p50_us"), med(doc, "direct", "c1_p99_us")
+    noisy = doc["runs"][0]["loadavg_before"] > 0.5 or bool(d50 and d99 and d99 > 10 * d50)
     lines = [
         f"{h} HTTP services (issue 15)",
         "",
@@ -510,25 +657,25 @@ def render(doc: dict, heading: str = "##") -> str:
         f"nginx: one process (`master_process off`, `daemon off`), `access_log off`, sendfile, keepalive_requests 10M. "
         "Tunnel CPU = utime + stime of the tunnel server + client over the wrk run, per 1000 requests.",
         f"- Versions: " + "; ".join(f"{k} {v}" for k, v in doc["versions"].items() if v),
-        f"- 1-minute load average before each run: {loads}"
-        + (" — **noisy: other processes were running (load above 0.5); rerun on a quiet machine "
-           "for numbers to quote**" if noisy else ""),
+        f"- 1-minute load average before each run: {loads} (after the first run it includes this "
+        "benchmark's own previous run)"
+        + (" — **noisy: other processes were running (load above 0.5 before the first run, or "
+           "nginx alone's c=1 p99 above 10× its p50); rerun on a quiet machine for numbers to "
+           "quote**" if noisy else ""),
         "",
         "| config | " + " | ".join(c[1] for c in COLUMNS) + " |",
         "|---|" + "---|" * len(COLUMNS),
     ]
     for c in cfgs:
         lines.append(f"| {LABELS.get(c, c)} | " + " | ".join(fmt(med(doc, c, k), sp) for k, _, sp in COLUMNS) + " |")
-    # Issue 15 also asks for these; the features do not exist yet, so no figures.
-    todo = " not measured yet |" + " — |" * (len(COLUMNS) - 1)
-    lines += [
-        "| TODO: Warren HTTP with the middleware chain on / off |" + todo,
-        "| TODO: Warren HTTP with capture on / off |" + todo,
-        "",
-        "The two TODO rows are not measured: the middleware chain and request capture are still "
-        "being built on their own branches. They get real rows once those land; no numbers are "
-        "given for them until then.",
-    ]
+    checks = {c: r["configs"][c]["check"] for r in doc["runs"][:1] for c in cfgs
+              if "check" in r["configs"].get(c, {})}
+    if checks:
+        lines += ["", "Checked before each Warren HTTP config's load (run 1 shown; every run checks): "
+                  "a `GET /1k.bin` through the front, nginx echoing the request header "
+                  f"`{CHAIN_HEADER}` as `X-Seen`, and the inspector's `GET /api/v1/requests?service=web` "
+                  "on an admin port:", ""]
+        lines += [f"- `{c}`: {v}" for c, v in checks.items()]
     picked = sorted({r["configs"][c]["cipher"] for r in doc["runs"] for c in cfgs
                      if "cipher" in r["configs"].get(c, {})})
     if picked:
@@ -549,6 +696,35 @@ def render(doc: dict, heading: str = "##") -> str:
             row = ["—" if c == base else fmt(per_run(doc, c, base, key, op), sp)
                    for _, key, base, op, sp in cols]
             lines.append(f"| {LABELS.get(c, c)} | " + " | ".join(row) + " |")
+    feats = [(what, a, b) for what, a, b in FEATURE_ROWS if a in cfgs and b in cfgs]
+    if feats:
+        fcols = [("req/s 1 KiB", "1k_rps", ratio, cost), ("req/s 100 KiB", "100k_rps", ratio, cost),
+                 ("c=32 p50 (1 KiB)", "1k_p50_us", added, lambda v: fmt(v, "{:+.0f} µs")),
+                 ("c=1 p50", "c1_p50_us", added, lambda v: fmt(v, "{:+.1f} µs")),
+                 ("c=1 req/s", "c1_rps", ratio, cost),
+                 ("tunnel CPU / 1k req (1 KiB)", "1k_tunnel_cpu_ms_per_1k", added,
+                  lambda v: fmt(v, "{:+.1f} ms"))]
+        lines += ["", f"{h}# What capture and middleware cost (within each run, median over runs)", "",
+                  "req/s columns: the share of req/s lost with the feature on (ratio in brackets); "
+                  "the others: added by the feature.", "",
+                  "| feature | " + " | ".join(c[0] for c in fcols) + " |", "|---|" + "---|" * len(fcols)]
+        for what, a, b in feats:
+            lines.append(f"| {what} | " + " | ".join(show(per_run(doc, a, b, key, op))
+                                                     for _, key, op, show in fcols) + " |")
+        lines += ["", "Per run (a few percent is within this machine's run-to-run noise):", "",
+                  "- req/s 1 KiB: " + "; ".join(
+            f"run {r['run']}: " + ", ".join(
+                f"{c} {r['configs'][c]['1k_rps']:.0f}" for c in
+                ("warren-http-nocapture", "warren-http", "warren-http-chain")
+                if "1k_rps" in r["configs"].get(c, {}))
+            for r in doc["runs"]) + "."]
+        for what, a, b in feats:
+            rs = [r["configs"][a]["1k_rps"] / r["configs"][b]["1k_rps"] for r in doc["runs"]
+                  if r["configs"].get(a, {}).get("1k_rps") and r["configs"].get(b, {}).get("1k_rps")]
+            if len(rs) > 1:
+                lines.append(f"- ratio, {what}, req/s 1 KiB: "
+                             + ", ".join(f"{x:.3f}×" for x in rs)
+                             + f" (spread {min(rs):.3f}–{max(rs):.3f}×).")
     tg = targets(doc)
     if tg:
         lines += ["", f"{h}# Targets (Warren HTTP, default transport)", "",

@@ -9,7 +9,7 @@
 #   bench/run.sh --netns --runs 1     # as root: across a 1500-byte veth between two network
 #                                     # namespaces (writes RESULTS.md's section for it)
 #   bench/run.sh --http [--runs N]    # HTTP services (issue 15): nginx direct, frp vhost,
-#                                     # Warren HTTP (~10 minutes for 3 runs); writes
+#                                     # Warren HTTP rows (~12 minutes for 3 runs); writes
 #                                     # bench/results/http-DATE.json and RESULTS.md's section
 #   bench/run.sh --http --smoke       # ~15 s: direct + Warren HTTP, writes nothing; exits
 #                                     # non-zero if Warren's HTTP path returns no 200s
