@@ -309,7 +309,7 @@ impl Server {
             None => None,
         };
         let telemetry = Telemetry::new(Side::Server);
-        let (captures, capture_queue) = crate::http::capture::Captures::new(Arc::clone(&telemetry));
+        let captures = crate::http::capture::Captures::new(Arc::clone(&telemetry));
         let cancel = CancellationToken::new();
         let mut services = HashMap::new();
         for service in self.config.services.values() {
@@ -340,7 +340,6 @@ impl Server {
             listener,
             admin_listener,
             http_ports,
-            capture_queue,
             reloader,
             reloads,
             source: None,
@@ -379,7 +378,6 @@ pub struct BoundServer {
     listener: Listener,
     admin_listener: Option<TcpListener>,
     http_ports: Option<http::HttpPorts>,
-    capture_queue: tokio::sync::mpsc::Receiver<crate::http::capture::CapturedRequest>,
     reloader: Reloader<ServerConfig>,
     reloads: Requests<ServerConfig>,
     /// The config file, when the server reloads from one.
@@ -456,7 +454,6 @@ impl BoundServer {
             listener,
             admin_listener,
             http_ports,
-            capture_queue,
             reloader,
             reloads,
             source,
@@ -501,18 +498,6 @@ impl BoundServer {
         );
         for binding in bindings {
             spawn_service(&shared, binding);
-        }
-        {
-            // The drain ends when the last sender (the store, held by `shared`) goes, or
-            // with the server.
-            let drain = Arc::clone(&shared.captures).drain(capture_queue);
-            let stop = shared.cancel.clone();
-            shared.tasks.spawn(async move {
-                tokio::select! {
-                    () = drain => {}
-                    () = stop.cancelled() => {}
-                }
-            });
         }
         if let Some(ports) = http_ports {
             http::log_ports(&ports);
