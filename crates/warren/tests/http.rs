@@ -993,3 +993,70 @@ async fn http_services_work_over_a_quic_session() {
     client_stop.cancel();
     stop.cancel();
 }
+
+/// A reload that changes only routes applies in place: the client's session stays (no
+/// reconnect), the new host is routed and the removed one is not; a new HTTP port asks for
+/// a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_route_reload_applies_in_place_and_a_new_port_asks_for_a_restart() {
+    let app = backend("app").await;
+    let (port, http) = (free_port(), free_port());
+    let toml = |hosts: &str, http: u16| {
+        format!(
+            "[server]\nbind = \"127.0.0.1:{port}\"\npsk = \"{PSK}\"\ndefault_token = \"{TOKEN}\"\nheartbeat_interval = \"1s\"\n[server.http]\nbind = \"127.0.0.1:{http}\"\n[server.services.app]\ntype = \"http\"\nhosts = [{hosts}]\n"
+        )
+    };
+    let config = ServerConfig::from_toml_str(&toml("\"old.test\"", http), "s.toml").unwrap();
+    let bound = warren::Server::from_config(config)
+        .unwrap()
+        .bind()
+        .await
+        .unwrap();
+    let addr = bound.local_addr();
+    let reloader = bound.reloader();
+    let stop = bound.shutdown_token();
+    tokio::spawn(bound.run());
+    let client = start_http_client(addr, &[("app", app)]).await;
+    let http_addr = SocketAddr::from(([127, 0, 0, 1], http));
+    let get = |host: &'static str| async move {
+        raw(
+            http_addr,
+            &format!("GET / HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"),
+        )
+        .await
+    };
+    assert!(get("old.test").await.starts_with("HTTP/1.1 200"));
+    let summary = reloader
+        .apply(ServerConfig::from_toml_str(&toml("\"new.test\"", http), "s.toml").unwrap())
+        .await
+        .expect("reload applies");
+    assert!(
+        summary
+            .applied
+            .iter()
+            .any(|line| line.contains("routes and middleware updated")),
+        "{summary:?}"
+    );
+    assert!(summary.needs_restart.is_empty(), "{summary:?}");
+    assert!(get("new.test").await.starts_with("HTTP/1.1 200"));
+    assert!(get("old.test").await.starts_with("HTTP/1.1 404"));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let status = client.status.borrow().clone();
+    assert!(
+        status.connected && status.sessions == 1,
+        "the session was kept: {status:?}"
+    );
+    let other = free_port();
+    let summary = reloader
+        .apply(ServerConfig::from_toml_str(&toml("\"new.test\"", other), "s.toml").unwrap())
+        .await
+        .expect("reload applies");
+    assert!(
+        summary
+            .needs_restart
+            .iter()
+            .any(|line| line.contains("[server.http]")),
+        "{summary:?}"
+    );
+    stop.cancel();
+}

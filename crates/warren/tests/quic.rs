@@ -406,3 +406,70 @@ async fn ping_and_doctor_speak_quic() {
     assert!(text.contains("accepted by the server"), "{text}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A reload that switches the transport between TCP and QUIC is refused as needing a
+/// restart (the server port is TCP for one, UDP for the other); the running server keeps
+/// its transport and its clients.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_between_tcp_and_quic_asks_for_a_restart() {
+    let echo = echo_target().await;
+    let cert = match quic_config().auth {
+        warren::config::quic::QuicAuth::Psk {
+            cert: Some(cert), ..
+        } => cert,
+        _ => unreachable!("quic_config is psk mode with a cert path"),
+    };
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let web = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let toml = |transport: &str| {
+        let quic = if transport == "quic" {
+            format!(
+                "[server.quic]\ncert = \"{}\"\nmax_packet = 6500\n",
+                cert.display()
+            )
+        } else {
+            String::new()
+        };
+        format!(
+            "[server]\nbind = \"127.0.0.1:{port}\"\ntransport = \"{transport}\"\npsk = \"{PSK}\"\ndefault_token = \"{TOKEN}\"\nheartbeat_interval = \"1s\"\n{quic}[server.services.web]\nbind = \"127.0.0.1:{web}\"\n"
+        )
+    };
+    let config = warren::ServerConfig::from_toml_str(&toml("noise"), "s.toml").unwrap();
+    let bound = warren::Server::from_config(config)
+        .unwrap()
+        .bind()
+        .await
+        .unwrap();
+    let addr = bound.local_addr();
+    let service = bound.service_addr("web").unwrap();
+    let reloader = bound.reloader();
+    let stop = bound.shutdown_token();
+    tokio::spawn(bound.run());
+    let mut client = start_client(&Setup::default(), addr, echo);
+    client.wait_sessions(1).await;
+    let summary = reloader
+        .apply(warren::ServerConfig::from_toml_str(&toml("quic"), "s.toml").unwrap())
+        .await
+        .expect("the reload is taken, with what it could not apply");
+    assert!(
+        summary
+            .needs_restart
+            .iter()
+            .any(|line| line.contains("transport noise -> quic")),
+        "{summary:?}"
+    );
+    // The server still speaks TCP to its client.
+    let payload = random_bytes(100_000);
+    let reply = round_trip(service, &payload).await.unwrap();
+    assert_eq!(hash(&reply), hash(&payload));
+    assert!(client.status.borrow().connected);
+    stop.cancel();
+}

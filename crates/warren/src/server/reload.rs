@@ -40,7 +40,7 @@ pub(super) fn handshake_changed(old: &ServerConfig, new: &ServerConfig) -> bool 
 }
 
 /// Validates `new` and applies what differs from the config in force.
-pub(super) async fn apply(shared: &Arc<Shared>, new: ServerConfig) -> ReloadResult {
+pub(super) async fn apply(shared: &Arc<Shared>, mut new: ServerConfig) -> ReloadResult {
     new.validate().map_err(ReloadError::Invalid)?;
     let live = shared.live();
     let old = &live.config;
@@ -62,6 +62,11 @@ pub(super) async fn apply(shared: &Arc<Shared>, new: ServerConfig) -> ReloadResu
             "transport {} -> {} (the server port is TCP for one, UDP for the other)",
             old.transport, new.transport
         ));
+        // The port keeps speaking what it speaks until the restart: the config in force
+        // says so too, so handshakes and sessions are judged by the transport they use
+        // (and nobody is sent to reconnect over a transport the port does not offer).
+        new.transport = old.transport;
+        new.quic = old.quic.clone();
     } else if on_quic(&new) && (new.quic != old.quic || new.psk != old.psk) {
         let listener = shared
             .quic
