@@ -29,7 +29,6 @@ use hyper::body::Incoming;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::{Connected, Connection};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tracing::{debug, info, warn};
 use warren_proto::handshake::SessionId;
@@ -106,8 +105,16 @@ pub(super) struct Front {
     /// `tls = "passthrough"` services, matched on the SNI.
     passthrough: Vec<(HostPattern, Arc<ServiceSlot>)>,
     /// Certificates of `tls = "terminate"` services, by SNI.
-    tls: Option<Arc<rustls::ServerConfig>>,
+    tls: Option<TlsFront>,
     trusted_proxies: Vec<crate::http::forwarded::Cidr>,
+}
+
+/// The TLS port's terminating side: the rustls config and the certificates it picks from
+/// (asked directly whether a name has one, so the port answers an unknown name with
+/// `unrecognized_name` before any handshake).
+struct TlsFront {
+    config: Arc<rustls::ServerConfig>,
+    certificates: Arc<SniCertificates>,
 }
 
 /// One http service as the front sees it.
@@ -225,7 +232,7 @@ impl Front {
             }
         }
         if !certs.is_empty() {
-            front.tls = Some(Arc::new(tls_config(certs)));
+            front.tls = tls_front(certs);
         }
         front
     }
@@ -290,10 +297,15 @@ async fn serve_tls(shared: Arc<Shared>, stream: TcpStream, peer: SocketAddr) {
         super::serve_visitor(slot, stream, peer, cancel, Arc::clone(&shared.telemetry)).await;
         return;
     }
-    let Some(config) = front.tls.clone().filter(|_| {
-        sni.as_deref()
-            .is_some_and(|name| front_has_certificate(&front, name))
-    }) else {
+    let config = front
+        .tls
+        .as_ref()
+        .filter(|tls| {
+            sni.as_deref()
+                .is_some_and(|name| tls.certificates.find(name).is_some())
+        })
+        .map(|tls| Arc::clone(&tls.config));
+    let Some(config) = config else {
         debug!(event = "tls_refused", %peer, sni = sni.as_deref().unwrap_or("(none)"), "no service has a certificate for this name; sent unrecognized_name");
         let mut stream = stream;
         let _ = tokio::io::AsyncWriteExt::write_all(
@@ -312,13 +324,6 @@ async fn serve_tls(shared: Arc<Shared>, stream: TcpStream, peer: SocketAddr) {
         }
         Err(_) => debug!(event = "tls_refused", %peer, "TLS handshake timed out"),
     }
-}
-
-fn front_has_certificate(front: &Front, name: &str) -> bool {
-    front.services.values().any(|service| {
-        matches!(service.route.tls, HttpTls::Terminate { .. })
-            && service.route.hosts.iter().any(|host| host.matches(name))
-    })
 }
 
 /// Waits until the ClientHello's SNI can be read without consuming it.
@@ -888,12 +893,6 @@ impl hyper::rt::Write for TunnelConn {
     }
 }
 
-// Keep the unused-import lints quiet for the tokio traits the adapter relies on.
-#[allow(dead_code)]
-fn _assert_io<T: AsyncRead + AsyncWrite>() {}
-#[allow(dead_code)]
-fn _uses(_: ReadBuf<'_>) {}
-
 /// Loads a PEM certificate chain and key for rustls.
 fn load_certified_key(
     cert: &std::path::Path,
@@ -926,27 +925,44 @@ fn load_certified_key(
     Ok(Arc::new(certified))
 }
 
-/// A rustls config that picks the certificate by SNI (exact names first, then wildcards).
-fn tls_config(certs: Vec<(HostPattern, Arc<rustls::sign::CertifiedKey>)>) -> rustls::ServerConfig {
+/// The TLS port's config for `certs`, picked by SNI (ALPN h2 and http/1.1); `None` (logged)
+/// if rustls refuses the provider, which aws-lc-rs never gives it cause to.
+fn tls_front(certs: Vec<(HostPattern, Arc<rustls::sign::CertifiedKey>)>) -> Option<TlsFront> {
+    let certificates = Arc::new(SniCertificates(certs));
     let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
-    let mut config = rustls::ServerConfig::builder_with_provider(provider)
+    let builder = match rustls::ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
-        .map(|builder| {
-            builder
-                .with_no_client_auth()
-                .with_cert_resolver(Arc::new(SniCertificates(certs)))
-        })
-        .unwrap_or_else(|_| unreachable_tls());
+    {
+        Ok(builder) => builder,
+        Err(error) => {
+            warn!(event = "http_certificate", %error, "the TLS provider refused the default TLS versions; the HTTPS port terminates nothing");
+            return None;
+        }
+    };
+    let mut config = builder.with_no_client_auth().with_cert_resolver(
+        Arc::clone(&certificates) as Arc<dyn rustls::server::ResolvesServerCert>
+    );
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
-    config
+    Some(TlsFront {
+        config: Arc::new(config),
+        certificates,
+    })
 }
 
-fn unreachable_tls() -> rustls::ServerConfig {
-    unreachable!("aws-lc-rs supports the default TLS versions")
-}
-
+/// Terminate services' certificates by host pattern.
 #[derive(Debug)]
 struct SniCertificates(Vec<(HostPattern, Arc<rustls::sign::CertifiedKey>)>);
+
+impl SniCertificates {
+    /// The certificate for `name` (lowercase): an exact name first, then a wildcard.
+    fn find(&self, name: &str) -> Option<&Arc<rustls::sign::CertifiedKey>> {
+        self.0
+            .iter()
+            .find(|(host, _)| matches!(host, HostPattern::Exact(_)) && host.matches(name))
+            .or_else(|| self.0.iter().find(|(host, _)| host.matches(name)))
+            .map(|(_, key)| key)
+    }
+}
 
 impl rustls::server::ResolvesServerCert for SniCertificates {
     fn resolve(
@@ -954,11 +970,7 @@ impl rustls::server::ResolvesServerCert for SniCertificates {
         hello: rustls::server::ClientHello<'_>,
     ) -> Option<Arc<rustls::sign::CertifiedKey>> {
         let name = hello.server_name()?.to_ascii_lowercase();
-        self.0
-            .iter()
-            .find(|(host, _)| matches!(host, HostPattern::Exact(_)) && host.matches(&name))
-            .or_else(|| self.0.iter().find(|(host, _)| host.matches(&name)))
-            .map(|(_, key)| Arc::clone(key))
+        self.find(&name).map(Arc::clone)
     }
 }
 
