@@ -75,12 +75,29 @@ impl Drop for TestDir {
     }
 }
 
-/// A loopback port that was free a moment ago: bind port 0, read the port, drop the listener.
+/// Ports [`free_port`] picks from: below Linux's ephemeral range (32768–60999), so no
+/// outgoing connection of any test (curl, a client dialling its target) can take a picked
+/// port between the pick and the child process binding it, as port 0 picks allowed (a
+/// server then failed with "address already in use"). Above the `allow_ports` ranges the
+/// tests use (20000–29999).
+const PICK_FROM: std::ops::RangeInclusive<u16> = 10_000..=19_999;
+
+/// A loopback port free a moment ago for both TCP and UDP (QUIC servers listen on UDP):
+/// a random one of [`PICK_FROM`] that binds, else whatever port 0 gives.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|listener| listener.local_addr())
-        .expect("bind 127.0.0.1:0")
-        .port()
+    let free = |port: u16| {
+        std::net::TcpListener::bind(("127.0.0.1", port)).is_ok()
+            && std::net::UdpSocket::bind(("127.0.0.1", port)).is_ok()
+    };
+    (0..200)
+        .map(|_| rand::random_range(PICK_FROM))
+        .find(|port| free(*port))
+        .unwrap_or_else(|| {
+            std::net::TcpListener::bind("127.0.0.1:0")
+                .and_then(|listener| listener.local_addr())
+                .expect("bind 127.0.0.1:0")
+                .port()
+        })
 }
 
 /// `127.0.0.1:port`.
@@ -374,13 +391,20 @@ pub struct Ports {
 }
 
 impl Ports {
-    /// Three distinct free ports (all three listeners are held until each port is known).
+    /// Three distinct free ports (see [`free_port`]).
     pub fn pick() -> Ports {
-        let bind = || std::net::TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
-        let listeners = [bind(), bind(), bind()];
-        let [server, web, probe] =
-            listeners.map(|listener| listener.local_addr().expect("local addr").port());
-        Ports { server, web, probe }
+        let mut picked: Vec<u16> = Vec::with_capacity(3);
+        while picked.len() < 3 {
+            let port = free_port();
+            if !picked.contains(&port) {
+                picked.push(port);
+            }
+        }
+        Ports {
+            server: picked[0],
+            web: picked[1],
+            probe: picked[2],
+        }
     }
 }
 
