@@ -10,14 +10,14 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use support::*;
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
 use warren::{Client, ConfigSource, HostPort, Server, ServerConfig};
 
 const ADMIN_TOKEN: &str = "admin-token-0123456789-abcdef";
 
-/// One HTTP/1.1 exchange with raw header lines; returns (status, header block, body).
+/// [`http_exchange`] with the header block lower-cased (names compare as HTTP's do).
 async fn exchange(
     addr: SocketAddr,
     method: &str,
@@ -25,28 +25,8 @@ async fn exchange(
     headers: &[(&str, &str)],
     body: &str,
 ) -> (u16, String, String) {
-    let mut stream = TcpStream::connect(addr).await.unwrap();
-    let mut request = format!("{method} {path} HTTP/1.1\r\n");
-    if !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("host")) {
-        request.push_str(&format!("Host: {addr}\r\n"));
-    }
-    for (k, v) in headers {
-        request.push_str(&format!("{k}: {v}\r\n"));
-    }
-    request.push_str(&format!(
-        "Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    ));
-    stream.write_all(request.as_bytes()).await.unwrap();
-    let mut response = Vec::new();
-    tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut response))
-        .await
-        .expect("admin answers within 5s")
-        .unwrap();
-    let text = String::from_utf8_lossy(&response).into_owned();
-    let status = text[9..12].parse().unwrap();
-    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-    (status, head.to_ascii_lowercase(), body.to_owned())
+    let (status, head, body) = http_exchange(addr, method, path, headers, body).await;
+    (status, head.to_ascii_lowercase(), body)
 }
 
 /// A header's value in a lower-cased header block.
