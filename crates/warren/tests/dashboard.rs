@@ -13,6 +13,7 @@ use support::*;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
+use warren::config::Transport;
 use warren::{Client, ConfigSource, HostPort, Server, ServerConfig};
 
 const ADMIN_TOKEN: &str = "admin-token-0123456789-abcdef";
@@ -51,8 +52,14 @@ impl Drop for Running {
 }
 
 async fn running(token: Option<&str>, target: SocketAddr) -> Running {
+    running_over(Transport::Noise, token, target).await
+}
+
+async fn running_over(transport: Transport, token: Option<&str>, target: SocketAddr) -> Running {
     let bound = Server::builder()
         .bind("127.0.0.1:0".parse().unwrap())
+        .transport(transport)
+        .quic(quic_config())
         .psk(PSK)
         .default_token(TOKEN)
         .tcp_service("web", "127.0.0.1:0".parse().unwrap())
@@ -68,17 +75,9 @@ async fn running(token: Option<&str>, target: SocketAddr) -> Running {
     let server = bound.local_addr();
     let stop = bound.shutdown_token();
     tokio::spawn(bound.run());
-    connect_client(server, target, admin, service, stop).await
-}
-
-async fn connect_client(
-    server: SocketAddr,
-    target: SocketAddr,
-    admin: SocketAddr,
-    service: SocketAddr,
-    stop: CancellationToken,
-) -> Running {
     let client = Client::builder(HostPort::from(server))
+        .transport(transport)
+        .quic(quic_config())
         .psk(PSK)
         .default_token(TOKEN)
         .tcp_service("web", HostPort::from(target))
@@ -439,4 +438,38 @@ fn scopeguard(token: CancellationToken) -> impl Drop {
         }
     }
     Guard(token)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_show_each_sessions_round_trip_and_quic_path() {
+    let target = echo_target().await;
+    let w = running_over(Transport::Quic, None, target).await;
+    let payload = random_bytes(256 * 1024);
+    let echoed = round_trip(w.service, &payload).await.unwrap();
+    assert_eq!(hash(&echoed), hash(&payload));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let (status, text) = http(w.admin, "GET", "/metrics", None).await;
+        assert_eq!(status, 200);
+        let has = |name: &str| {
+            text.lines()
+                .any(|l| l.starts_with(name) && l.contains("session=\""))
+        };
+        if has("warren_session_rtt_seconds") {
+            for name in [
+                "warren_session_streams",
+                "warren_session_quic_cwnd_bytes",
+                "warren_session_quic_lost_packets",
+                "warren_session_quic_mtu_bytes",
+            ] {
+                assert!(has(name), "{name} missing:\n{text}");
+            }
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no RTT gauge:\n{text}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
