@@ -173,6 +173,8 @@ impl Default for WriteOptions {
 pub struct OutputDir {
     root: Arc<OwnedFd>,
     options: WriteOptions,
+    /// How each component is opened; probed once when the folder is opened.
+    walk: Walk,
     /// The folder of the last file opened, so a tree of many files in one folder is not
     /// walked again for each (files arrive in manifest order, grouped by folder).
     last_parent: Option<(String, Arc<OwnedFd>)>,
@@ -188,6 +190,41 @@ pub struct PartFile {
     file: File,
     mode: Mode,
     options: WriteOptions,
+    walk: Walk,
+}
+
+/// How one path component is opened without following a link.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Walk {
+    /// `openat2` with `RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS` (Linux 5.6 and later).
+    #[cfg_attr(not(target_os = "linux"), allow(dead_code))]
+    Openat2,
+    /// `openat` with `O_NOFOLLOW`: where `openat2` is missing or filtered out.
+    NoFollow,
+}
+
+impl Walk {
+    /// `Openat2` if the kernel takes it here (it may be missing, or hidden by a seccomp
+    /// filter that answers ENOSYS or EPERM), else `NoFollow`.
+    fn probe(root: BorrowedFd<'_>) -> Walk {
+        #[cfg(target_os = "linux")]
+        {
+            use rustix::fs::ResolveFlags;
+            if rfs::openat2(
+                root,
+                ".",
+                OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+                RawMode::empty(),
+                ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS,
+            )
+            .is_ok()
+            {
+                return Walk::Openat2;
+            }
+        }
+        let _ = root;
+        Walk::NoFollow
+    }
 }
 
 /// Whether an entry's name is free in the output folder ([`OutputDir::preflight`]).
@@ -208,6 +245,15 @@ impl OutputDir {
     ///
     /// [`WriteError::OpenOutput`] if it does not exist or is not a folder.
     pub fn open(path: &Path, options: WriteOptions) -> Result<OutputDir, WriteError> {
+        OutputDir::open_walking(path, options, None)
+    }
+
+    /// [`OutputDir::open`], with the walk forced (tests run every check both ways).
+    fn open_walking(
+        path: &Path,
+        options: WriteOptions,
+        walk: Option<Walk>,
+    ) -> Result<OutputDir, WriteError> {
         let root = rfs::open(
             path,
             OFlags::DIRECTORY | OFlags::RDONLY | OFlags::CLOEXEC,
@@ -217,9 +263,11 @@ impl OutputDir {
             path: path.to_owned(),
             source: e.into(),
         })?;
+        let walk = walk.unwrap_or_else(|| Walk::probe(root.as_fd()));
         Ok(OutputDir {
             root: Arc::new(root),
             options,
+            walk,
             last_parent: None,
         })
     }
@@ -243,7 +291,7 @@ impl OutputDir {
         let mut at = String::new();
         for component in parent_components(&entry.name) {
             push_component(&mut at, component);
-            match open_dir(dir.as_fd(), component) {
+            match open_dir(self.walk, dir.as_fd(), component) {
                 Ok(fd) => dir = Arc::new(fd),
                 Err(Errno::NOENT) => return Ok(Target::Free),
                 Err(e) => return Err(classify(e, dir.as_fd(), component, &entry.name, &at)),
@@ -289,7 +337,7 @@ impl OutputDir {
         check_reserved(name)?;
         let parent = self.parent_of(name)?;
         let component = name.file_name();
-        make_dir(parent.as_fd(), component, name, name.as_str())?;
+        make_dir(self.walk, parent.as_fd(), component, name, name.as_str())?;
         Ok(())
     }
 
@@ -326,7 +374,7 @@ impl OutputDir {
         }
         let part_name = temp_name(file_name, PART_SUFFIX);
         let sidecar_name = temp_name(file_name, SIDECAR_SUFFIX);
-        let file = open_private_file(dir.as_fd(), &part_name, name, file_mode(mode))?;
+        let file = open_private_file(self.walk, dir.as_fd(), &part_name, name, file_mode(mode))?;
         Ok(PartFile {
             name: name.clone(),
             dir,
@@ -335,6 +383,7 @@ impl OutputDir {
             file,
             mode,
             options: self.options,
+            walk: self.walk,
         })
     }
 
@@ -350,7 +399,7 @@ impl OutputDir {
         let mut at = String::new();
         for component in parent_components(name) {
             push_component(&mut at, component);
-            dir = Arc::new(make_dir(dir.as_fd(), component, name, &at)?);
+            dir = Arc::new(make_dir(self.walk, dir.as_fd(), component, name, &at)?);
         }
         self.last_parent = Some((parent_path.to_owned(), Arc::clone(&dir)));
         Ok(dir)
@@ -376,7 +425,13 @@ impl PartFile {
     ///
     /// [`WriteError`] as for [`OutputDir::open_part`].
     pub fn open_sidecar(&self) -> Result<File, WriteError> {
-        open_private_file(self.dir.as_fd(), &self.sidecar_name, &self.name, 0o600)
+        open_private_file(
+            self.walk,
+            self.dir.as_fd(),
+            &self.sidecar_name,
+            &self.name,
+            0o600,
+        )
     }
 
     /// Completes the file: sets its modification time and executable bit, flushes it
@@ -516,9 +571,10 @@ fn file_mode(mode: Mode) -> u32 {
 }
 
 /// Opens one component beneath `dir` without following a link: `openat2` with
-/// `RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS` where the kernel has it, `openat` with
-/// `O_NOFOLLOW` otherwise. `O_NOFOLLOW | O_CLOEXEC` are always added.
+/// `RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS`, or `openat` with `O_NOFOLLOW` where the kernel
+/// has no `openat2`. `O_NOFOLLOW | O_CLOEXEC` are always added.
 fn open_beneath(
+    walk: Walk,
     dir: BorrowedFd<'_>,
     component: &str,
     flags: OFlags,
@@ -526,36 +582,34 @@ fn open_beneath(
 ) -> Result<OwnedFd, Errno> {
     let flags = flags | OFlags::NOFOLLOW | OFlags::CLOEXEC;
     let mode = RawMode::from_raw_mode(mode);
-    #[cfg(target_os = "linux")]
-    {
-        use rustix::fs::ResolveFlags;
-        match rfs::openat2(
+    match walk {
+        #[cfg(target_os = "linux")]
+        Walk::Openat2 => rfs::openat2(
             dir,
             component,
             flags,
             mode,
-            ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS,
-        ) {
-            // No openat2 (Linux < 5.6), or a sandbox that filters it out.
-            Err(Errno::NOSYS | Errno::PERM) => {}
-            other => return other,
-        }
+            rustix::fs::ResolveFlags::BENEATH | rustix::fs::ResolveFlags::NO_SYMLINKS,
+        ),
+        #[cfg(not(target_os = "linux"))]
+        Walk::Openat2 => rfs::openat(dir, component, flags, mode),
+        Walk::NoFollow => rfs::openat(dir, component, flags, mode),
     }
-    rfs::openat(dir, component, flags, mode)
 }
 
-fn open_dir(dir: BorrowedFd<'_>, component: &str) -> Result<OwnedFd, Errno> {
-    open_beneath(dir, component, OFlags::DIRECTORY | OFlags::RDONLY, 0)
+fn open_dir(walk: Walk, dir: BorrowedFd<'_>, component: &str) -> Result<OwnedFd, Errno> {
+    open_beneath(walk, dir, component, OFlags::DIRECTORY | OFlags::RDONLY, 0)
 }
 
 /// Opens the folder `component` beneath `dir`, creating it if missing.
 fn make_dir(
+    walk: Walk,
     dir: BorrowedFd<'_>,
     component: &str,
     name: &SafeName,
     at: &str,
 ) -> Result<OwnedFd, WriteError> {
-    match open_dir(dir, component) {
+    match open_dir(walk, dir, component) {
         Ok(fd) => return Ok(fd),
         Err(Errno::NOENT) => {}
         Err(e) => return Err(classify(e, dir, component, name, at)),
@@ -565,7 +619,7 @@ fn make_dir(
         Ok(()) | Err(Errno::EXIST) => {}
         Err(e) => return Err(WriteError::io("create the folder", name, e)),
     }
-    open_dir(dir, component).map_err(|e| classify(e, dir, component, name, at))
+    open_dir(walk, dir, component).map_err(|e| classify(e, dir, component, name, at))
 }
 
 /// Turns a failed open of a folder into an error that says what is in the way.
@@ -604,6 +658,7 @@ fn classify(
 /// checked to be a regular file with a single link (a planted hard link to someone else's
 /// file must not be written through).
 fn open_private_file(
+    walk: Walk,
     dir: BorrowedFd<'_>,
     file_name: &str,
     name: &SafeName,
@@ -617,15 +672,16 @@ fn open_private_file(
             .unwrap_or_default();
         warren_proto::files::escape_for_terminal(&format!("{parent}{file_name}"))
     };
-    let fd =
-        open_beneath(dir, file_name, OFlags::RDWR | OFlags::CREATE, mode).map_err(|e| match e {
+    let fd = open_beneath(walk, dir, file_name, OFlags::RDWR | OFlags::CREATE, mode).map_err(
+        |e| match e {
             Errno::LOOP | Errno::XDEV => WriteError::Symlink {
                 name: name.escaped(),
                 at: at(),
             },
             Errno::ISDIR => WriteError::NotAFile { at: at() },
             e => WriteError::io("create the temporary file of", name, e),
-        })?;
+        },
+    )?;
     let stat =
         rfs::fstat(&fd).map_err(|e| WriteError::io("stat the temporary file of", name, e))?;
     if FileType::from_raw_mode(stat.st_mode) != FileType::RegularFile {
@@ -697,6 +753,12 @@ mod tests {
 
     #[test]
     fn a_planted_symlink_pointing_outside_is_refused_not_followed() {
+        planted_symlinks(Walk::Openat2);
+        planted_symlinks(Walk::NoFollow);
+    }
+
+    /// The same refusals whether the kernel has `openat2` or the `O_NOFOLLOW` walk is used.
+    fn planted_symlinks(walk: Walk) {
         let (tmp, out) = scratch();
         let outside = tmp.path().join("outside");
         fs::create_dir(&outside).expect("outside");
@@ -706,11 +768,22 @@ mod tests {
         fs::write(outside.join("victim"), b"precious").expect("victim");
         symlink(outside.join("victim"), out.join(".x.warren-part")).expect("symlink");
 
-        let mut dir = OutputDir::open(&out, WriteOptions::default()).expect("open");
+        // And one deeper down, inside a real folder.
+        fs::create_dir(out.join("real")).expect("real");
+        symlink(&outside, out.join("real/deeper")).expect("symlink");
+
+        let mut dir =
+            OutputDir::open_walking(&out, WriteOptions::default(), Some(walk)).expect("open");
         let err =
             write_file(&mut dir, "docs/evil.txt", b"pwned", Mode::Regular).expect_err("refused");
         assert!(
             matches!(err, WriteError::Symlink { ref at, .. } if at == "docs"),
+            "{err}"
+        );
+        let err = write_file(&mut dir, "real/deeper/x/evil.txt", b"pwned", Mode::Regular)
+            .expect_err("refused");
+        assert!(
+            matches!(err, WriteError::Symlink { ref at, .. } if at == "real/deeper"),
             "{err}"
         );
         let err = dir.create_dir(&name("docs/sub")).expect_err("refused");
@@ -721,12 +794,13 @@ mod tests {
         assert!(matches!(err, WriteError::Symlink { .. }), "{err}");
 
         // Even with --overwrite, a link at the final name is not replaced or followed.
-        let mut replace = OutputDir::open(
+        let mut replace = OutputDir::open_walking(
             &out,
             WriteOptions {
                 overwrite: Overwrite::Replace,
                 ..WriteOptions::default()
             },
+            Some(walk),
         )
         .expect("open");
         let err = write_file(&mut replace, "victim", b"pwned", Mode::Regular).expect_err("refused");
@@ -774,7 +848,17 @@ mod tests {
         let root =
             rfs::open(&out, OFlags::DIRECTORY | OFlags::RDONLY, RawMode::empty()).expect("open");
         #[cfg(target_os = "linux")]
-        assert_eq!(open_dir(root.as_fd(), "..").map(drop), Err(Errno::XDEV));
+        {
+            assert_eq!(
+                Walk::probe(root.as_fd()),
+                Walk::Openat2,
+                "this kernel has openat2"
+            );
+            assert_eq!(
+                open_dir(Walk::Openat2, root.as_fd(), "..").map(drop),
+                Err(Errno::XDEV)
+            );
+        }
         #[cfg(not(target_os = "linux"))]
         let _ = root;
     }
