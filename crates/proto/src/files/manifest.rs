@@ -35,6 +35,8 @@ pub const MANIFEST_VERSION: u8 = 1;
 pub const MAX_ENTRIES: usize = 1_000_000;
 
 /// The longest encoded manifest, in bytes: a million entries with ~50-byte names fit.
+/// Decoding one that large holds the names about four times over (entries, fold keys,
+/// folders) for a few hundred MiB at the peak; typical trees are far smaller.
 pub const MAX_MANIFEST_LEN: usize = 64 << 20;
 
 /// The largest file size and total size (the varint range).
@@ -351,14 +353,12 @@ impl Manifest {
     /// The top-level names (first components), deduplicated, in order: what the receiver
     /// shows before accepting.
     pub fn top_level(&self) -> Vec<&str> {
-        let mut out: Vec<&str> = Vec::new();
-        for entry in &self.entries {
-            let first = entry.name.components().next().unwrap_or_default();
-            if out.last() != Some(&first) && !out.contains(&first) {
-                out.push(first);
-            }
-        }
-        out
+        let mut seen = std::collections::HashSet::new();
+        self.entries
+            .iter()
+            .filter_map(|entry| entry.name.components().next())
+            .filter(|first| seen.insert(*first))
+            .collect()
     }
 
     /// The wire encoding.

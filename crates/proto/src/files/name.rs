@@ -457,10 +457,8 @@ pub fn escape_for_terminal(name: &str) -> String {
 /// with its kind; order does not matter.
 #[derive(Debug, Default)]
 pub struct NameSet {
-    /// Fold key → the first name seen with it (for the error message).
-    keys: HashMap<String, SafeName>,
-    /// Fold keys of entries that are files.
-    files: HashSet<String>,
+    /// Fold key → the name seen with it (for error messages) and what it is.
+    keys: HashMap<String, (SafeName, EntryKind)>,
     /// Fold keys of every folder above some entry (explicit or implied).
     parents: HashSet<String>,
 }
@@ -487,7 +485,7 @@ impl NameSet {
     /// [`NameSetError`] if the entry clashes with one added before; the set is unchanged.
     pub fn insert(&mut self, name: &SafeName, kind: EntryKind) -> Result<(), NameSetError> {
         let key = name.fold_key();
-        if let Some(first) = self.keys.get(&key) {
+        if let Some((first, _)) = self.keys.get(&key) {
             return Err(if first == name {
                 NameSetError::Duplicate {
                     name: name.escaped(),
@@ -502,13 +500,9 @@ impl NameSet {
         // A file beneath an earlier file?
         let ancestor_keys: Vec<String> = name.ancestors().map(fold).collect();
         for ancestor in &ancestor_keys {
-            if self.files.contains(ancestor) {
-                let file = self
-                    .keys
-                    .get(ancestor)
-                    .map_or_else(|| quote(ancestor), SafeName::escaped);
+            if let Some((file, EntryKind::File)) = self.keys.get(ancestor) {
                 return Err(NameSetError::FileIsParent {
-                    file,
+                    file: file.escaped(),
                     entry: name.escaped(),
                 });
             }
@@ -519,17 +513,14 @@ impl NameSet {
                 .keys
                 .iter()
                 .find(|(k, _)| k.starts_with(&key) && k.as_bytes().get(key.len()) == Some(&b'/'))
-                .map_or_else(|| quote(&key), |(_, n)| n.escaped());
+                .map_or_else(|| quote(&key), |(_, (n, _))| n.escaped());
             return Err(NameSetError::FileIsParent {
                 file: name.escaped(),
                 entry,
             });
         }
-        if kind == EntryKind::File {
-            self.files.insert(key.clone());
-        }
         self.parents.extend(ancestor_keys);
-        self.keys.insert(key, name.clone());
+        self.keys.insert(key, (name.clone(), kind));
         Ok(())
     }
 
