@@ -270,6 +270,71 @@ pub enum ControlMessage {
         /// The new state.
         ready: bool,
     },
+    /// Client → server: an operation on the peer-to-peer mailbox (the rendezvous of
+    /// `warren send` / `warren receive`; the server must have `[server.p2p]`).
+    Mailbox {
+        /// What to do.
+        op: MailboxOp,
+    },
+    /// Server → client: what happened at the client's nameplate.
+    MailboxEvent {
+        /// What happened.
+        event: MailboxEvent,
+    },
+}
+
+/// Most bytes of one mailbox message body (PAKE messages and candidates are far smaller).
+pub const MAX_MAILBOX_BODY: usize = 4096;
+
+/// A client's operation on the mailbox. A session holds at most one nameplate at a time.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum MailboxOp {
+    /// Take a fresh nameplate (the sender's side).
+    Allocate,
+    /// Join the nameplate another client allocated (the receiver's side).
+    Claim {
+        /// The number from the code.
+        nameplate: u32,
+    },
+    /// Pass a message to the other side (queued, bounded, until it joins).
+    Send {
+        /// Opaque to the server (PAKE messages, sealed candidates).
+        body: Vec<u8>,
+    },
+    /// Leave the nameplate. `failed`: the exchange failed (a wrong code); after a few
+    /// failures the server burns the nameplate so guessing stops.
+    Release {
+        /// Whether the PAKE failed.
+        failed: bool,
+    },
+}
+
+/// What the server tells a mailbox client.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum MailboxEvent {
+    /// The nameplate this session allocated.
+    Allocated {
+        /// Its number.
+        nameplate: u32,
+    },
+    /// This session joined the nameplate.
+    Claimed,
+    /// The other side joined.
+    PeerJoined,
+    /// A message from the other side.
+    Message {
+        /// As the other side sent it.
+        body: Vec<u8>,
+    },
+    /// The other side left (or its session ended).
+    PeerLeft,
+    /// The operation was refused; the reason names the problem and the fix.
+    Refused {
+        /// For the user.
+        reason: String,
+    },
+    /// Too many failed exchanges: the nameplate is gone; start again with a new code.
+    Burned,
 }
 
 /// First record on a data channel: which service this stream belongs to.
@@ -368,6 +433,15 @@ pub fn decode_control(bytes: &[u8]) -> Result<ControlMessage, DecodeError> {
                 check_len("service name", name.len(), MAX_SERVICE_NAME_LEN)?;
             }
         }
+        ControlMessage::Mailbox {
+            op: MailboxOp::Send { body },
+        }
+        | ControlMessage::MailboxEvent {
+            event: MailboxEvent::Message { body },
+        } => check_len("mailbox body", body.len(), MAX_MAILBOX_BODY)?,
+        ControlMessage::MailboxEvent {
+            event: MailboxEvent::Refused { reason },
+        } => check_len("reason", reason.len(), MAX_REASON_LEN)?,
         _ => {}
     }
     Ok(message)
@@ -661,6 +735,25 @@ mod tests {
                 any::<bool>()
             )
                 .prop_map(|(services, ready)| ControlMessage::Health { services, ready }),
+            prop_oneof![
+                Just(MailboxOp::Allocate),
+                any::<u32>().prop_map(|nameplate| MailboxOp::Claim { nameplate }),
+                prop::collection::vec(any::<u8>(), 0..200)
+                    .prop_map(|body| MailboxOp::Send { body }),
+                any::<bool>().prop_map(|failed| MailboxOp::Release { failed }),
+            ]
+            .prop_map(|op| ControlMessage::Mailbox { op }),
+            prop_oneof![
+                any::<u32>().prop_map(|nameplate| MailboxEvent::Allocated { nameplate }),
+                Just(MailboxEvent::Claimed),
+                Just(MailboxEvent::PeerJoined),
+                prop::collection::vec(any::<u8>(), 0..200)
+                    .prop_map(|body| MailboxEvent::Message { body }),
+                Just(MailboxEvent::PeerLeft),
+                ".{0,100}".prop_map(|reason| MailboxEvent::Refused { reason }),
+                Just(MailboxEvent::Burned),
+            ]
+            .prop_map(|event| ControlMessage::MailboxEvent { event }),
         ]
     }
 
@@ -858,6 +951,27 @@ mod tests {
             }),
             10
         );
+        assert_eq!(
+            index(ControlMessage::Mailbox {
+                op: MailboxOp::Allocate
+            }),
+            11
+        );
+    }
+
+    #[test]
+    fn mailbox_bodies_are_bounded() {
+        let body = vec![0u8; MAX_MAILBOX_BODY + 1];
+        let bytes = encode(&ControlMessage::Mailbox {
+            op: MailboxOp::Send { body },
+        });
+        assert!(matches!(
+            decode_control(&bytes),
+            Err(DecodeError::FieldTooLong {
+                field: "mailbox body",
+                ..
+            })
+        ));
     }
 
     #[test]

@@ -201,6 +201,7 @@ pub(crate) fn convert_server(file: FileServer, report: &mut Report) -> ServerCon
         }
     }
     config.http = super::http::convert_listen(report, file.http);
+    config.p2p = super::p2p::convert(report, file.p2p);
     let (services, forwards) = server_services(
         report,
         file.services,
@@ -816,7 +817,7 @@ fn host_port(report: &mut Report, key: &str, text: &str) -> Option<HostPort> {
     }
 }
 
-fn duration(
+pub(super) fn duration(
     report: &mut Report,
     key: &str,
     raw: Option<&RawDuration>,

@@ -72,6 +72,8 @@ pub struct FileServer {
     pub quic: Option<super::quic::FileQuic>,
     /// `[server.http]`: the shared HTTP ports of `type = "http"` services.
     pub http: Option<super::http::FileHttp>,
+    /// `[server.p2p]`: the mailbox of peer-to-peer transfers. Default: off.
+    pub p2p: Option<super::p2p::FileP2p>,
     /// `[server.services.NAME]` tables. Default: none.
     #[serde(default)]
     pub services: BTreeMap<String, FileServerService>,

@@ -29,6 +29,7 @@ pub mod ha;
 pub mod http;
 mod load;
 pub mod middleware;
+pub mod p2p;
 pub mod proxy;
 pub mod quic;
 mod suggest;

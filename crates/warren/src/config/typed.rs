@@ -341,6 +341,8 @@ pub struct ServerConfig {
     pub quic: super::quic::QuicConfig,
     /// The shared HTTP ports of `type = "http"` services; `None`: no http services.
     pub http: Option<super::http::HttpListen>,
+    /// The peer-to-peer mailbox; `None` (the default) refuses mailbox requests.
+    pub p2p: Option<super::p2p::P2pConfig>,
     /// The admin API and `/metrics`; `None` (the default) serves neither.
     pub admin: Option<AdminConfig>,
 }
@@ -552,6 +554,7 @@ impl ServerConfig {
             allow_bind_addrs: Vec::new(),
             quic: super::quic::QuicConfig::default(),
             http: None,
+            p2p: None,
             admin: None,
         }
     }

@@ -18,6 +18,7 @@ mod admin;
 mod forward;
 mod hello;
 mod http;
+pub mod mailbox;
 pub mod pending;
 mod quic;
 mod reload;
@@ -332,6 +333,7 @@ impl Server {
             http: RwLock::new(Arc::new(http::Front::empty())),
             declared_http: Mutex::new(HashMap::new()),
             captures,
+            mailbox: mailbox::Mailbox::default(),
         });
         http::rebuild_front(&shared);
         let (reloader, reloads) = Reloader::new("server");
@@ -615,6 +617,8 @@ struct Shared {
     declared_http: Mutex<HashMap<String, http::DeclaredHttp>>,
     /// Recent HTTP requests, for the inspector.
     captures: Arc<crate::http::capture::Captures>,
+    /// Where the two clients of a peer-to-peer join code meet (`[server.p2p]`).
+    mailbox: mailbox::Mailbox,
 }
 
 impl Shared {
@@ -1138,6 +1142,7 @@ fn register(
 fn unregister(shared: &Arc<Shared>, session: &Arc<ServerSession>) {
     session.cancel.cancel();
     session.link.close();
+    shared.mailbox.session_ended(&session.id());
     shared
         .sessions
         .lock()
@@ -1191,6 +1196,7 @@ async fn run_session(shared: &Arc<Shared>, session: Arc<ServerSession>, channel:
         timeout: interval.saturating_mul(3),
     };
     let outgoing = session.take_control_receiver();
+    let control_queue = session.control_sender();
     // Streams the client opens (forward services), where the transport carries them here.
     session.link.serve(&Arc::new(forward::ForwardStreams {
         shared: Arc::clone(shared),
@@ -1207,6 +1213,15 @@ async fn run_session(shared: &Arc<Shared>, session: Arc<ServerSession>, channel:
             ControlMessage::Health { services, ready } => {
                 apply_health(shared, &session, &services, ready)
             }
+            ControlMessage::Mailbox { op } => shared.mailbox.handle(
+                shared.live().config.p2p.as_ref(),
+                &mailbox::Caller {
+                    session: session.id(),
+                    ip: session.peer.ip(),
+                    to: &control_queue,
+                },
+                op,
+            ),
             message => debug!(
                 event = "control_ignored",
                 ?message,

@@ -138,6 +138,11 @@ impl ServerSession {
             .unwrap_or_else(|| "shutting down".to_owned())
     }
 
+    /// A sender of messages to the client, queued for the control loop.
+    pub(super) fn control_sender(&self) -> mpsc::Sender<ControlMessage> {
+        self.control.clone()
+    }
+
     /// The receiving end of the control queue, for the control loop (taken once).
     pub(super) fn take_control_receiver(&self) -> mpsc::Receiver<ControlMessage> {
         self.control_rx
