@@ -658,6 +658,16 @@ async fn the_inspector_lists_requests_hides_secrets_and_replays_them() {
     );
     assert!(answer.contains("not a path"), "{answer}");
 
+    // The backend connections count as the service's connections, their bytes as its bytes.
+    let (_, text) = http(admin, "GET", "/api/v1/services", None).await;
+    let services: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let app = &services[0];
+    assert_eq!(app["name"], "app");
+    assert!(app["total_connections"].as_u64().unwrap() >= 1, "{app}");
+    assert!(app["bytes_in"].as_u64().unwrap() > 0, "{app}");
+    assert!(app["bytes_out"].as_u64().unwrap() > 0, "{app}");
+    assert_eq!(app["hosts"][0], "app.test", "{app}");
+
     let (status, _) = http(admin, "GET", "/api/v1/requests/99999999", None).await;
     assert_eq!(status, 404);
     let (status, _) = http(admin, "GET", "/api/v1/requests/abc", None).await;

@@ -2,7 +2,7 @@
 //! from elsewhere. What each file is: `ui/README.md`.
 
 use axum::extract::Path;
-use axum::http::{StatusCode, header};
+use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
 /// One embedded file: its name under `/assets/`, media type and bytes.
@@ -57,20 +57,30 @@ fn page(bytes: &'static [u8]) -> Response {
     ([(header::CONTENT_TYPE, HTML)], bytes).into_response()
 }
 
-/// `/assets/{name}`.
-pub async fn asset(Path(name): Path<String>) -> Response {
-    match ASSETS.iter().find(|asset| asset.name == name) {
-        // Embedded with the binary: a new version is a new process, so a short cache with
-        // revalidation is safe and spares reloading ~100 KB on every page load.
-        Some(asset) => (
-            [
-                (header::CONTENT_TYPE, asset.media_type),
-                (header::CACHE_CONTROL, "private, max-age=300"),
-            ],
-            asset.bytes,
-        )
-            .into_response(),
-        None => (StatusCode::NOT_FOUND, "no such asset").into_response(),
+/// `/assets/{name}`: revalidated on every load by its hash, so a browser never runs an
+/// old `app.js` with a new page after an upgrade, and an unchanged file costs a 304.
+pub async fn asset(Path(name): Path<String>, headers: HeaderMap) -> Response {
+    let Some(asset) = ASSETS.iter().find(|asset| asset.name == name) else {
+        return (StatusCode::NOT_FOUND, "no such asset").into_response();
+    };
+    let etag = format!("\"{}\"", &blake3::hash(asset.bytes).to_hex()[..16]);
+    let cached = headers
+        .get(header::IF_NONE_MATCH)
+        .is_some_and(|v| v.as_bytes() == etag.as_bytes());
+    let status = if cached {
+        StatusCode::NOT_MODIFIED
+    } else {
+        StatusCode::OK
+    };
+    let head = [
+        (header::CONTENT_TYPE, asset.media_type.to_owned()),
+        (header::CACHE_CONTROL, "no-cache".to_owned()),
+        (header::ETAG, etag),
+    ];
+    if cached {
+        (status, head).into_response()
+    } else {
+        (status, head, asset.bytes).into_response()
     }
 }
 

@@ -2,9 +2,11 @@
 //! login cookie for the dashboard, and the browser-facing rules around them.
 //!
 //! - **Token**: with `[admin] token` set, a request needs `Authorization: Bearer TOKEN` or
-//!   the `warren_admin` cookie. The token is typed once on `/login`; the answer is a random
-//!   session id in an `HttpOnly; SameSite=Strict` cookie (the page never holds the token).
-//!   Only a hash of each id is kept, at most [`MAX_LOGINS`] of them, each for [`LOGIN_TTL`].
+//!   the `warren_admin` cookie. The token is typed once on `/login`; the answer is an
+//!   `HttpOnly; SameSite=Strict` cookie `EXPIRY.NONCE.MAC`, the MAC keyed by a key derived
+//!   from the token (the page never holds the token). Nothing is stored per login, so a
+//!   login survives a restart of the process and ends when the token changes or after
+//!   [`LOGIN_TTL`]; a logout is remembered (at most [`MAX_LOGOUTS`]) until its expiry.
 //! - **Host** (DNS rebinding): the `Host` a request names must be an IP address,
 //!   `localhost`, or one of `[admin] hosts`. A page on `evil.example` whose name was made to
 //!   resolve to 127.0.0.1 gets `421`, never the API.
@@ -17,22 +19,21 @@
 
 use std::collections::HashMap;
 use std::sync::{Mutex, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use axum::body::Body;
 use axum::http::{HeaderMap, HeaderValue, Method, Request, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use rand::RngCore;
 use subtle::ConstantTimeEq;
-use tokio::time::Instant;
 
 use super::ApiError;
 use crate::crypto::secret::Secret;
 
 /// The dashboard's login cookie.
 pub const COOKIE: &str = "warren_admin";
-/// Logins kept at once; the oldest is forgotten when one more logs in.
-pub const MAX_LOGINS: usize = 64;
+/// Logged-out cookies remembered until they expire; beyond that the nearest to expiry go.
+pub const MAX_LOGOUTS: usize = 1024;
 /// How long a login lasts.
 pub const LOGIN_TTL: Duration = Duration::from_secs(12 * 3600);
 /// Pause before answering a wrong token, so guessing costs time.
@@ -55,22 +56,29 @@ pub enum Proof {
     None,
 }
 
-/// The admin listener's gatekeeper: the token, the live logins and the allowed host names.
+/// The admin listener's gatekeeper: the token, the logged-out cookies and the allowed
+/// host names.
 #[derive(Debug)]
 pub struct Gate {
     token: Option<Secret>,
+    /// Keys the login cookies' MACs; derived from the token.
+    cookie_key: [u8; 32],
     hosts: Vec<String>,
-    /// BLAKE3 of each login's cookie value -> when it expires.
-    logins: Mutex<HashMap<[u8; 32], Instant>>,
+    /// MACs of logged-out cookies -> when they expire anyway (Unix seconds).
+    logouts: Mutex<HashMap<[u8; 32], u64>>,
 }
 
 impl Gate {
     /// A gate for `token` (none: open) answering to `hosts` besides IPs and `localhost`.
     pub fn new(token: Option<Secret>, hosts: Vec<String>) -> Gate {
+        let cookie_key = token.as_ref().map_or([0; 32], |token| {
+            blake3::derive_key("warren admin login cookie v1", token.as_bytes())
+        });
         Gate {
             token,
+            cookie_key,
             hosts,
-            logins: Mutex::new(HashMap::new()),
+            logouts: Mutex::new(HashMap::new()),
         }
     }
 
@@ -108,36 +116,62 @@ impl Gate {
             tokio::time::sleep(WRONG_TOKEN_DELAY).await;
             return None;
         }
-        let mut bytes = [0u8; 32];
-        rand::rng().fill_bytes(&mut bytes);
-        let value: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
-        let now = Instant::now();
-        let mut logins = self.logins.lock().unwrap_or_else(PoisonError::into_inner);
-        logins.retain(|_, expires| *expires > now);
-        if logins.len() >= MAX_LOGINS
-            && let Some(oldest) = logins.iter().min_by_key(|(_, e)| **e).map(|(k, _)| *k)
-        {
-            logins.remove(&oldest);
-        }
-        logins.insert(digest(&value), now + LOGIN_TTL);
-        Some(value)
+        let expiry = now_seconds() + LOGIN_TTL.as_secs();
+        let mut nonce = [0u8; 16];
+        rand::rng().fill_bytes(&mut nonce);
+        let nonce = hex(&nonce);
+        let mac = hex(&self.mac(expiry, &nonce));
+        Some(format!("{expiry}.{nonce}.{mac}"))
     }
 
-    /// Forgets the login behind `headers`' cookie, if any.
+    /// Remembers the cookie behind `headers` as logged out.
     pub fn logout(&self, headers: &HeaderMap) {
-        if let Some(value) = cookie(headers, COOKIE) {
-            self.logins
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .remove(&digest(value));
+        let Some((expiry, mac)) = cookie(headers, COOKIE).and_then(|v| self.verify(v)) else {
+            return;
+        };
+        let now = now_seconds();
+        let mut logouts = self.logouts.lock().unwrap_or_else(PoisonError::into_inner);
+        logouts.retain(|_, expires| *expires > now);
+        if logouts.len() >= MAX_LOGOUTS
+            && let Some(nearest) = logouts.iter().min_by_key(|(_, e)| **e).map(|(k, _)| *k)
+        {
+            logouts.remove(&nearest);
         }
+        logouts.insert(mac, expiry);
     }
 
     fn logged_in(&self, value: &str) -> bool {
-        let logins = self.logins.lock().unwrap_or_else(PoisonError::into_inner);
-        logins
-            .get(&digest(value))
-            .is_some_and(|expires| *expires > Instant::now())
+        let Some((_, mac)) = self.verify(value) else {
+            return false;
+        };
+        !self
+            .logouts
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .contains_key(&mac)
+    }
+
+    /// A cookie value's expiry and MAC, if the MAC is ours and it has not expired.
+    fn verify(&self, value: &str) -> Option<(u64, [u8; 32])> {
+        let mut parts = value.split('.');
+        let (expiry, nonce, mac) = (parts.next()?, parts.next()?, parts.next()?);
+        if parts.next().is_some() || nonce.len() != 32 {
+            return None;
+        }
+        let expiry: u64 = expiry.parse().ok()?;
+        let expected = self.mac(expiry, nonce);
+        if !bool::from(hex(&expected).as_bytes().ct_eq(mac.as_bytes())) {
+            return None;
+        }
+        (expiry > now_seconds()).then_some((expiry, expected))
+    }
+
+    fn mac(&self, expiry: u64, nonce: &str) -> [u8; 32] {
+        let mut hasher = blake3::Hasher::new_keyed(&self.cookie_key);
+        hasher.update(expiry.to_string().as_bytes());
+        hasher.update(b".");
+        hasher.update(nonce.as_bytes());
+        *hasher.finalize().as_bytes()
     }
 
     /// Whether the host a request names may reach this listener: an IP address (a
@@ -223,7 +257,9 @@ pub fn harden(response: &mut Response) {
     headers.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
     headers.insert(
         header::REFERRER_POLICY,
-        HeaderValue::from_static("no-referrer"),
+        // Not `no-referrer`: with it Chromium sends `Origin: null` on the dashboard's own
+        // POSTs, which the Origin check must refuse.
+        HeaderValue::from_static("same-origin"),
     );
     if !headers.contains_key(header::CACHE_CONTROL) {
         headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
@@ -273,8 +309,14 @@ fn cookie<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
         .map(|(_, value)| value)
 }
 
-fn digest(value: &str) -> [u8; 32] {
-    *blake3::hash(value.as_bytes()).as_bytes()
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn now_seconds() -> u64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
 }
 
 /// The host of a `Host` value, without its port (`[::1]:7001` -> `::1`).
@@ -356,12 +398,42 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn logins_are_bounded() {
-        let gate = gate();
-        for _ in 0..MAX_LOGINS + 10 {
-            gate.login("admin-token-0123456789").await.unwrap();
+    async fn a_login_outlives_the_process_but_not_the_token_or_a_forgery() {
+        let value = gate().login("admin-token-0123456789").await.unwrap();
+        let with = |value: &str| {
+            let mut headers = HeaderMap::new();
+            headers.insert(
+                header::COOKIE,
+                HeaderValue::from_str(&format!("{COOKIE}={value}")).unwrap(),
+            );
+            headers
+        };
+        // Another gate with the same token (a restarted process) accepts it.
+        assert_eq!(gate().proof(&with(&value)), Proof::Cookie);
+        // A new token does not.
+        let other = Gate::new(Some(Secret::new("another-token-0123456789")), Vec::new());
+        assert_eq!(other.proof(&with(&value)), Proof::None);
+        // Neither does a longer expiry with the old MAC, nor garbage.
+        let (expiry, rest) = value.split_once('.').unwrap();
+        let extended = format!("{}.{rest}", expiry.parse::<u64>().unwrap() + 1000);
+        for forged in [&extended[..], "1.2.3", "", "...", "99999999999.x.y"] {
+            assert_eq!(gate().proof(&with(forged)), Proof::None, "{forged}");
         }
-        assert_eq!(gate.logins.lock().unwrap().len(), MAX_LOGINS);
+    }
+
+    #[tokio::test]
+    async fn logouts_are_bounded() {
+        let gate = gate();
+        for _ in 0..MAX_LOGOUTS + 10 {
+            let value = gate.login("admin-token-0123456789").await.unwrap();
+            let mut headers = HeaderMap::new();
+            headers.insert(
+                header::COOKIE,
+                HeaderValue::from_str(&format!("{COOKIE}={value}")).unwrap(),
+            );
+            gate.logout(&headers);
+        }
+        assert_eq!(gate.logouts.lock().unwrap().len(), MAX_LOGOUTS);
     }
 
     #[test]

@@ -9,8 +9,8 @@
 //!
 //! and, as they happen, `log`: each new log event. Each stream is one task that reads
 //! snapshots (never a lock the data path holds for long) and ends when the browser goes
-//! away, the side stops, or the stream falls too far behind. At most [`MAX_STREAMS`] run
-//! at once.
+//! away or the side stops; a browser that reads slowly skips events instead. At most
+//! [`MAX_STREAMS`] run at once.
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -33,11 +33,12 @@ pub const TICK: Duration = Duration::from_secs(1);
 pub const MAX_STREAMS: usize = 32;
 /// Services described per tick (by name); the Services page pages through the rest.
 pub const SERVICES_PER_TICK: usize = 1000;
-/// Captured requests announced per tick.
-pub const REQUESTS_PER_TICK: usize = 200;
-/// Events queued for a slow browser before the stream ends (it reconnects and starts
-/// fresh).
-const QUEUE: usize = 64;
+/// Captured requests announced per tick (the newest; a page that sees `latest_request`
+/// jump past what it was told fetches the list).
+pub const REQUESTS_PER_TICK: usize = 32;
+/// Events queued for a slow browser; beyond that events are skipped (the next tick carries
+/// every total again), never queued without bound.
+const QUEUE: usize = 128;
 
 /// `tick`'s data.
 #[derive(Debug, Clone, Serialize)]
@@ -142,8 +143,7 @@ pub(super) async fn events(State(ctx): State<Arc<Ctx>>) -> Response {
 /// Fills one stream until its browser goes away or the side stops.
 async fn feed(ctx: Arc<Ctx>, tx: mpsc::Sender<Event>, _permit: OwnedSemaphorePermit) {
     let mut logs = super::logs::logs().subscribe();
-    let hello =
-        json_event("hello", &status_info(ctx.source.as_ref())).retry(Duration::from_secs(1));
+    let hello = json_event("hello", &status_info(&ctx)).retry(Duration::from_secs(1));
     if tx.send(hello).await.is_err() {
         return;
     }
@@ -171,10 +171,12 @@ async fn feed(ctx: Arc<Ctx>, tx: mpsc::Sender<Event>, _permit: OwnedSemaphorePer
             },
         };
         for event in events {
-            // A browser that does not read ends its stream instead of queueing without
-            // bound; EventSource reconnects by itself.
-            if tx.try_send(event).is_err() {
-                return;
+            match tx.try_send(event) {
+                Ok(()) => {}
+                // A slow browser misses events rather than growing a queue: totals come
+                // again with the next tick.
+                Err(mpsc::error::TrySendError::Full(_)) => break,
+                Err(mpsc::error::TrySendError::Closed(_)) => return,
             }
         }
     }

@@ -66,6 +66,11 @@ pub struct StatusInfo {
     pub started: u64,
     /// Seconds since then.
     pub uptime_seconds: u64,
+    /// Whether the admin listener asks for a token (the dashboard then has a Log out).
+    pub auth: bool,
+    /// Server: where clients connect (`bind`), for the command the dashboard suggests.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bind: Option<String>,
 }
 
 /// Entries of a list answered when the request names no `limit`.
@@ -331,6 +336,11 @@ pub trait AdminSource: Send + Sync + 'static {
         Box::pin(async { Err("this side serves no HTTP services".to_owned()) })
     }
 
+    /// Server: the address clients connect to.
+    fn bind(&self) -> Option<String> {
+        None
+    }
+
     /// Closes the session whose short id is `id` (its client connects again); `Err` says
     /// why not.
     fn disconnect(&self, id: &str) -> Result<(), String> {
@@ -509,18 +519,20 @@ async fn logout(State(ctx): State<Arc<Ctx>>, headers: axum::http::HeaderMap) -> 
 }
 
 /// What `/api/v1/status` and the event stream's `hello` say.
-fn status_info(source: &dyn AdminSource) -> StatusInfo {
-    let started = source.telemetry().started();
+fn status_info(ctx: &Ctx) -> StatusInfo {
+    let started = ctx.source.telemetry().started();
     StatusInfo {
         version: env!("CARGO_PKG_VERSION"),
-        side: source.side(),
+        side: ctx.source.side(),
         started: unix_seconds(started),
         uptime_seconds: started.elapsed().map_or(0, |d| d.as_secs()),
+        auth: ctx.gate.needs_login(),
+        bind: ctx.source.bind(),
     }
 }
 
 async fn status(State(ctx): State<Arc<Ctx>>) -> axum::Json<StatusInfo> {
-    axum::Json(status_info(ctx.source.as_ref()))
+    axum::Json(status_info(&ctx))
 }
 
 async fn disconnect(

@@ -302,10 +302,13 @@ fn summary(r: &CapturedRequest) -> RequestSummary {
     }
 }
 
+/// What a secret header's value reads as in a captured record.
+pub const REDACTED_VALUE: &str = "(redacted)";
+
 fn redact(headers: &mut [(String, String)]) {
     for (name, value) in headers {
         if REDACTED.contains(&name.as_str()) {
-            "(redacted)".clone_into(value);
+            REDACTED_VALUE.clone_into(value);
         }
     }
 }

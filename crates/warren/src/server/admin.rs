@@ -29,6 +29,10 @@ impl AdminSource for ServerAdmin {
         Box::pin(super::http::replay(&self.shared, id, edit))
     }
 
+    fn bind(&self) -> Option<String> {
+        Some(self.shared.live().config.bind.to_string())
+    }
+
     fn disconnect(&self, id: &str) -> Result<(), String> {
         let session = self
             .shared

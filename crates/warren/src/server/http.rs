@@ -175,7 +175,7 @@ impl Front {
         bindings: &HashMap<String, Binding>,
         declared: &HashMap<String, DeclaredHttp>,
         previous: Option<&Front>,
-        telemetry: &crate::metrics::Telemetry,
+        telemetry: &Arc<crate::metrics::Telemetry>,
     ) -> Front {
         let mut front = Front::empty();
         let Some(listen) = &config.http else {
@@ -238,7 +238,7 @@ impl Front {
                     continue;
                 }
             };
-            let backend = backend_client(&slot, route.backend);
+            let backend = backend_client(&slot, route.backend, telemetry);
             front.services.insert(
                 Arc::clone(&name),
                 Arc::new(HttpService {
@@ -595,6 +595,14 @@ fn apply_edit(
         for (name, value) in headers {
             let header = http::HeaderName::from_bytes(name.trim().as_bytes())
                 .map_err(|_| format!("`{name}` is not a header name"))?;
+            // The inspector shows secrets as "(redacted)"; a header left so is sent with
+            // its captured value, which the page never saw.
+            if value == crate::http::capture::REDACTED_VALUE {
+                for captured in request.headers.get_all(&header) {
+                    map.append(header.clone(), captured.clone());
+                }
+                continue;
+            }
             let value = http::HeaderValue::from_str(&value)
                 .map_err(|_| format!("the value of {name} has characters a header cannot carry"))?;
             map.append(header, value);
@@ -861,7 +869,11 @@ fn add_forwarded(headers: &mut HeaderMap, cx: &RequestContext, original_host: Op
 }
 
 /// A hyper-util client whose connections are tunnel streams to `slot`'s sessions.
-fn backend_client(slot: &Arc<ServiceSlot>, backend: Backend) -> Client<TunnelConnector, Body> {
+fn backend_client(
+    slot: &Arc<ServiceSlot>,
+    backend: Backend,
+    telemetry: &Arc<crate::metrics::Telemetry>,
+) -> Client<TunnelConnector, Body> {
     let mut builder = Client::builder(TokioExecutor::new());
     builder
         .pool_timer(TokioTimer::new())
@@ -874,6 +886,7 @@ fn backend_client(slot: &Arc<ServiceSlot>, backend: Backend) -> Client<TunnelCon
     }
     builder.build(TunnelConnector {
         slot: Arc::clone(slot),
+        telemetry: Arc::clone(telemetry),
     })
 }
 
@@ -882,6 +895,7 @@ fn backend_client(slot: &Arc<ServiceSlot>, backend: Backend) -> Client<TunnelCon
 #[derive(Clone)]
 struct TunnelConnector {
     slot: Arc<ServiceSlot>,
+    telemetry: Arc<crate::metrics::Telemetry>,
 }
 
 impl tower_service::Service<Uri> for TunnelConnector {
@@ -895,11 +909,15 @@ impl tower_service::Service<Uri> for TunnelConnector {
 
     fn call(&mut self, _uri: Uri) -> Self::Future {
         let slot = Arc::clone(&self.slot);
-        Box::pin(async move { connect(&slot).await })
+        let telemetry = Arc::clone(&self.telemetry);
+        Box::pin(async move { connect(&slot, &telemetry).await })
     }
 }
 
-async fn connect(slot: &Arc<ServiceSlot>) -> Result<TunnelConn, BoxError> {
+async fn connect(
+    slot: &Arc<ServiceSlot>,
+    telemetry: &Arc<crate::metrics::Telemetry>,
+) -> Result<TunnelConn, BoxError> {
     let mut tried: Vec<SessionId> = Vec::new();
     loop {
         let Some(lease) = slot.pick(&tried) else {
@@ -922,9 +940,18 @@ async fn connect(slot: &Arc<ServiceSlot>) -> Result<TunnelConn, BoxError> {
         {
             Ok(Ok(stream)) => {
                 debug!(event = "http_backend_connection", service = %slot.name, session = %short_id(&lease.session.id()), "opened a backend connection");
+                // A backend connection counts as one of the service's connections, listed
+                // with the client it goes through; its bytes are the service's bytes.
+                let (meter, guard) = telemetry.open(
+                    &slot.meter,
+                    &slot.name,
+                    lease.session.peer,
+                    crate::metrics::LocalEnd::Visitor,
+                );
                 return Ok(TunnelConn {
-                    io: TokioIo::new(StreamIo::new(stream)),
+                    io: TokioIo::new(StreamIo::new(stream).metered(meter)),
                     _lease: lease,
+                    _listed: guard,
                 });
             }
             Ok(Err(error)) => {
@@ -941,6 +968,8 @@ async fn connect(slot: &Arc<ServiceSlot>) -> Result<TunnelConn, BoxError> {
 struct TunnelConn {
     io: TokioIo<StreamIo>,
     _lease: Lease,
+    /// Keeps the connection in the live table (and the active gauge) while it lives.
+    _listed: crate::metrics::ConnectionGuard,
 }
 
 impl Connection for TunnelConn {
@@ -1378,6 +1407,42 @@ mod tests {
         let mut left: Vec<&str> = map.keys().map(HeaderName::as_str).collect();
         left.sort_unstable();
         assert_eq!(left, ["host", "x-kept"]);
+    }
+
+    #[test]
+    fn an_edit_keeps_redacted_secrets_and_refuses_absolute_uris() {
+        let captured = || crate::http::capture::ReplayRequest {
+            method: http::Method::POST,
+            uri: "/upload".into(),
+            headers: headers(&[
+                ("authorization", "Bearer real-secret"),
+                ("content-length", "5"),
+            ]),
+            body: bytes::Bytes::from_static(b"hello"),
+            tls: false,
+        };
+        let mut request = captured();
+        let edit = crate::admin::ReplayEdit {
+            method: Some("PUT".into()),
+            uri: Some("/other?x=1".into()),
+            headers: Some(vec![
+                ("authorization".into(), "(redacted)".into()),
+                ("x-new".into(), "1".into()),
+            ]),
+            body: Some("changed!".into()),
+        };
+        apply_edit(&mut request, edit).unwrap();
+        assert_eq!(request.method, http::Method::PUT);
+        assert_eq!(request.uri, "/other?x=1");
+        assert_eq!(request.headers["authorization"], "Bearer real-secret");
+        assert_eq!(request.headers["x-new"], "1");
+        assert_eq!(request.headers["content-length"], "8");
+        assert_eq!(&request.body[..], b"changed!");
+        let absolute = crate::admin::ReplayEdit {
+            uri: Some("http://elsewhere.test/".into()),
+            ..Default::default()
+        };
+        assert!(apply_edit(&mut captured(), absolute).is_err());
     }
 
     #[test]

@@ -66,6 +66,8 @@ pub struct StreamIo {
     reading: Option<ReusableBoxFuture<'static, ReadDone>>,
     write: WriteState,
     writing: Option<ReusableBoxFuture<'static, WriteDone>>,
+    /// Counts the bytes each way, when metered.
+    meter: Option<crate::metrics::Meter>,
 }
 
 impl StreamIo {
@@ -78,7 +80,14 @@ impl StreamIo {
             reading: None,
             write: WriteState::Idle(stream.writer, Vec::new()),
             writing: None,
+            meter: None,
         }
+    }
+
+    /// Counts the bytes written (`to_tunnel`) and read (`to_local`) on `meter`.
+    pub fn metered(mut self, meter: crate::metrics::Meter) -> StreamIo {
+        self.meter = Some(meter);
+        self
     }
 
     fn poll_writer_idle(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -178,6 +187,9 @@ impl AsyncRead for StreamIo {
                 let n = out.remaining().min(this.read_buf.len() - this.read_pos);
                 out.put_slice(&this.read_buf[this.read_pos..this.read_pos + n]);
                 this.read_pos += n;
+                if let Some(meter) = &this.meter {
+                    meter.to_local(n as u64);
+                }
                 return Poll::Ready(Ok(()));
             }
             match std::mem::replace(&mut this.read, ReadState::Busy) {
@@ -243,6 +255,9 @@ impl AsyncWrite for StreamIo {
             return Poll::Ready(Ok(0));
         }
         this.start_write(false, &bytes[..n]);
+        if let Some(meter) = &this.meter {
+            meter.to_tunnel(n as u64);
+        }
         Poll::Ready(Ok(n))
     }
 
