@@ -704,7 +704,7 @@
     if (r.method !== 'GET' || r.request_body) parts.push('-X', r.method);
     parts.push(shq(url));
     for (const [k, v] of r.request_headers) {
-      if (HIDDEN_IN_CURL.has(k.toLowerCase())) continue;
+      if (HIDDEN_IN_CURL.has(k.toLowerCase()) || v === '(redacted)') continue; // secrets never reach the inspector
       parts.push('-H', shq(`${k}: ${v}`));
     }
     if (r.request_body) parts.push('--data-binary', shq(r.request_body));
