@@ -64,6 +64,7 @@ macro_rules! common_setters {
             self.config.admin = Some($crate::config::AdminConfig {
                 bind,
                 token: token.map($crate::crypto::secret::Secret::new),
+                hosts: Vec::new(),
             });
             self
         }

@@ -317,12 +317,17 @@ fn init_logging(level: &str, format: LogFormat) -> Result<(), String> {
     let filter = tracing_subscriber::EnvFilter::try_new(level).map_err(|e| {
         format!("invalid --log-level `{level}`: {e}; use error, warn, info, debug or trace")
     })?;
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    // Stderr for the operator, and the same events (after the same filter) in the ring the
+    // dashboard's Logs page reads.
+    let stderr = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    let registry = tracing_subscriber::registry()
+        .with(filter)
+        .with(warren::admin::logs::layer());
     match format {
-        LogFormat::Text => builder.init(),
-        LogFormat::Json => builder.json().init(),
+        LogFormat::Text => registry.with(stderr).init(),
+        LogFormat::Json => registry.with(stderr.json()).init(),
     }
     Ok(())
 }

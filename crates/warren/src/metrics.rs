@@ -163,12 +163,16 @@ pub struct Metrics {
     http_requests: Family<StatusLabel, Counter>,
     http_duration: HistogramFamily,
     http_captures_dropped: Counter,
+    /// Requests of every service by status class (1xx..5xx): the dashboard's totals, read
+    /// without walking the labelled family.
+    http_class_totals: [Counter; 5],
 }
 
 /// One http service's request counters (cheap to clone: shared handles).
 #[derive(Debug, Clone)]
 pub struct HttpMeter {
     classes: [Counter; 5],
+    totals: [Counter; 5],
     duration: Histogram,
 }
 
@@ -177,6 +181,7 @@ impl HttpMeter {
     pub fn request(&self, status: u16, elapsed: Duration) {
         let class = usize::from((status / 100).clamp(1, 5)) - 1;
         self.classes[class].inc();
+        self.totals[class].inc();
         self.duration.observe(elapsed.as_secs_f64());
     }
 }
@@ -231,6 +236,7 @@ impl Metrics {
             http_requests: Family::default(),
             http_duration: HistogramFamily::new_with_constructor(latency_histogram),
             http_captures_dropped: Counter::default(),
+            http_class_totals: Default::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -353,6 +359,7 @@ impl Metrics {
                 class("4xx"),
                 class("5xx"),
             ],
+            totals: self.http_class_totals.clone(),
             duration: self
                 .http_duration
                 .get_or_create(&ServiceLabel {
@@ -360,6 +367,11 @@ impl Metrics {
                 })
                 .clone(),
         }
+    }
+
+    /// HTTP requests answered so far by every service, by status class (`[1xx, .., 5xx]`).
+    pub fn http_totals(&self) -> [u64; 5] {
+        self.http_class_totals.each_ref().map(Counter::get)
     }
 
     /// Counts a request capture the inspector's queue had no room for.

@@ -15,7 +15,7 @@ use std::fmt;
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use serde::Serialize;
@@ -223,7 +223,12 @@ impl<C: Send + 'static> Requests<C> {
         // Listening starts now, before the side serves anyone: a SIGHUP or a file change
         // from then on is seen, and the descriptors it takes are there from the start.
         let triggers = Triggers::new(&source);
-        let from_source = Arc::new(FromSource { source, reloader });
+        let in_force = Mutex::new(std::fs::read_to_string(&source.path).ok());
+        let from_source = Arc::new(FromSource {
+            source,
+            reloader,
+            in_force,
+        });
         tasks.spawn(watch_triggers(
             Arc::clone(&from_source) as Arc<dyn Reload>,
             triggers,
@@ -354,20 +359,42 @@ impl<C> ConfigSource<C> {
 pub trait Reload: Send + Sync {
     /// Reloads once.
     fn reload(&self) -> Pin<Box<dyn Future<Output = ReloadResult> + Send + '_>>;
+
+    /// The config file and the text of it in force (read when the side started, then at
+    /// each reload that was applied).
+    fn in_force(&self) -> (PathBuf, Option<String>);
 }
 
 /// A [`ConfigSource`] joined to the [`Reloader`] of the side it configures.
 struct FromSource<C> {
     source: ConfigSource<C>,
     reloader: Reloader<C>,
+    /// The text of the file as last applied (`None`: it could not be read).
+    in_force: Mutex<Option<String>>,
 }
 
 impl<C: Send + 'static> Reload for FromSource<C> {
     fn reload(&self) -> Pin<Box<dyn Future<Output = ReloadResult> + Send + '_>> {
         Box::pin(async move {
+            // The text is read next to the load so the dashboard shows what was applied
+            // (an edit between the two reads is rare and shows at the next reload).
+            let text = std::fs::read_to_string(&self.source.path).ok();
             let loaded = (self.source.load)(&self.source.path);
-            self.reloader.submit(loaded).await
+            let outcome = self.reloader.submit(loaded).await;
+            if outcome.is_ok() {
+                *self.in_force.lock().unwrap_or_else(PoisonError::into_inner) = text;
+            }
+            outcome
         })
+    }
+
+    fn in_force(&self) -> (PathBuf, Option<String>) {
+        let text = self
+            .in_force
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        (self.source.path.clone(), text)
     }
 }
 

@@ -611,13 +611,60 @@ async fn the_inspector_lists_requests_hides_secrets_and_replays_them() {
         record["response_body"],
         blake3::hash(&body).to_hex().as_str()
     );
+    // Edit and replay: another body and header; the backend hashes what it received.
+    let edit = r#"{"uri": "/upload?edited=1", "headers": [["host", "app.test"], ["x-edited", "yes"]], "body": "changed"}"#;
+    let answer = raw(
+        admin,
+        &format!(
+            "POST /api/v1/requests/{id}/replay HTTP/1.1\r\nHost: {admin}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{edit}",
+            edit.len()
+        ),
+    )
+    .await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    let edited: serde_json::Value =
+        serde_json::from_str(answer.split_once("\r\n\r\n").unwrap().1).unwrap();
+    let edited_id = edited["id"].as_u64().unwrap();
+    let record = loop {
+        let (status, text) =
+            http(admin, "GET", &format!("/api/v1/requests/{edited_id}"), None).await;
+        if status == 200 {
+            break serde_json::from_str::<serde_json::Value>(&text).unwrap();
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(record["uri"], "/upload?edited=1");
+    assert_eq!(record["request_body"], "changed");
+    assert_eq!(
+        record["response_body"],
+        blake3::hash(b"changed").to_hex().as_str()
+    );
+    assert!(
+        record["request_headers"].to_string().contains("x-edited"),
+        "{record}"
+    );
+    let bad = r#"{"uri": "http://elsewhere.test/"}"#;
+    let answer = raw(
+        admin,
+        &format!(
+            "POST /api/v1/requests/{id}/replay HTTP/1.1\r\nHost: {admin}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{bad}",
+            bad.len()
+        ),
+    )
+    .await;
+    assert!(
+        answer.starts_with("HTTP/1.1 409"),
+        "an absolute URI is refused: {answer}"
+    );
+    assert!(answer.contains("not a path"), "{answer}");
+
     let (status, _) = http(admin, "GET", "/api/v1/requests/99999999", None).await;
     assert_eq!(status, 404);
     let (status, _) = http(admin, "GET", "/api/v1/requests/abc", None).await;
     assert_eq!(status, 400);
     let (_, metrics) = http(admin, "GET", "/metrics", None).await;
     assert!(
-        metrics.contains("warren_http_requests_total{service=\"app\",class=\"2xx\"} 2"),
+        metrics.contains("warren_http_requests_total{service=\"app\",class=\"2xx\"} 3"),
         "{metrics}"
     );
     server.stop.cancel();

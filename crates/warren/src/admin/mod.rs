@@ -11,7 +11,13 @@
 //! | `/api/v1/services` | services: state, active and total connections, bytes each way, errors (paginated) |
 //! | `/api/v1/connections` | live connections: id, service, peer, since, bytes each way |
 //! | `POST /api/v1/reload` | read the config file again and apply what changed ([`crate::reload`]) |
+//! | `/api/v1/config` | the config file in force, secrets masked ([`config_view`]) |
+//! | `/api/v1/logs` | recent log events ([`logs`]) |
+//! | `/api/v1/events` | the dashboard's live stream, Server-Sent Events ([`events`]) |
+//! | `POST /api/v1/sessions/{id}/disconnect` | close a session (its client reconnects) |
+//! | `/api/v1/requests`, `/api/v1/requests/{id}`, `POST …/replay` | the HTTP inspector |
 //! | `/metrics` | Prometheus text exposition ([`crate::metrics`]) |
+//! | `/`, `/login`, `/assets/…` | the dashboard ([`assets`]), its login ([`auth`]) |
 //!
 //! The two lists that grow with the deployment (10,000 services, 1,000 sessions) answer one
 //! page at a time: `?limit=N&offset=M` (default limit [`DEFAULT_PAGE`], at most
@@ -20,19 +26,24 @@
 //!
 //! The API reads state through atomics and snapshots ([`AdminSource`]); it never takes a
 //! lock the data path holds. The server task is owned by its side: it stops when the side's
-//! cancellation token fires.
+//! cancellation token fires. Who may ask, and from which page, is [`auth`]'s job.
+
+pub mod assets;
+pub mod auth;
+pub mod config_view;
+pub mod events;
+pub mod logs;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 
 use axum::Router;
-use axum::extract::{RawQuery, Request, State};
+use axum::extract::{DefaultBodyLimit, RawQuery, Request, State};
 use axum::http::{HeaderName, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde::Serialize;
-use subtle::ConstantTimeEq;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
@@ -143,6 +154,11 @@ pub struct SessionInfo {
     /// Client side: the server this session is with, as configured.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub server: Option<String>,
+    /// The Warren protocol version the session speaks.
+    pub version: u16,
+    /// Round trip in milliseconds: server side, the last heartbeat's on the session's
+    /// control stream (`None` before the first came back); client side, the handshake's.
+    pub rtt_ms: Option<f64>,
     /// QUIC sessions: RTT, congestion window, packet size, losses.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub quic: Option<crate::session::quic::QuicPath>,
@@ -252,6 +268,27 @@ pub struct ServiceInfo {
     /// Client: `up`, `down` or `unchecked` (the target's health check).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub health: Option<&'static str>,
+    /// Where it is reached: the server's bind of a tcp/udp service, the client's target.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub address: Option<String>,
+    /// Server, http services: the host patterns routed to it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hosts: Option<Vec<String>>,
+    /// Server, http services: the path prefixes routed to it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub paths: Option<Vec<String>>,
+    /// Server, http services: the middleware chain in order, with what each refused.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub middleware: Option<Vec<MiddlewareInfo>>,
+}
+
+/// One middleware of an http service's chain.
+#[derive(Debug, Clone, Serialize)]
+pub struct MiddlewareInfo {
+    /// Its name (`basic_auth`, `rate_limit`, …).
+    pub name: String,
+    /// Requests it answered itself (refused, redirected, limited) since the chain was built.
+    pub rejected: u64,
 }
 
 /// The body of every error answer.
@@ -283,19 +320,67 @@ pub trait AdminSource: Send + Sync + 'static {
     fn captures(&self) -> Option<&Arc<Captures>> {
         None
     }
-    /// Sends captured request `id` again; answers the new request's id and status.
+    /// Sends captured request `id` again, changed by `edit` when given; answers the new
+    /// request's id and status.
     fn replay(
         &self,
         id: u64,
+        edit: Option<ReplayEdit>,
     ) -> crate::http::middleware::BoxFuture<'_, Result<(u64, u16), String>> {
-        let _ = id;
+        let _ = (id, edit);
         Box::pin(async { Err("this side serves no HTTP services".to_owned()) })
+    }
+
+    /// Closes the session whose short id is `id` (its client connects again); `Err` says
+    /// why not.
+    fn disconnect(&self, id: &str) -> Result<(), String> {
+        Err(format!(
+            "no session {id} to disconnect on this {}",
+            self.side()
+        ))
     }
 }
 
-struct Ctx {
+/// Changes to a captured request before it is replayed (`Edit and replay`); a field left
+/// out keeps the captured value.
+#[derive(Debug, Clone, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReplayEdit {
+    /// The method, e.g. `POST`.
+    pub method: Option<String>,
+    /// The path and query, e.g. `/api/items?page=2`.
+    pub uri: Option<String>,
+    /// Every header, replacing the captured ones.
+    pub headers: Option<Vec<(String, String)>>,
+    /// The body, as text.
+    pub body: Option<String>,
+}
+
+pub(crate) struct Ctx {
     source: Arc<dyn AdminSource>,
-    token: Option<Secret>,
+    gate: auth::Gate,
+    /// The side's shutdown: live event streams end with it.
+    cancel: CancellationToken,
+    /// Event streams that may still open.
+    streams: Arc<tokio::sync::Semaphore>,
+}
+
+/// Who may use the admin listener: see [`auth`].
+#[derive(Debug, Clone, Default)]
+pub struct Access {
+    /// The bearer token (and dashboard password); `None` leaves it open (loopback only).
+    pub token: Option<Secret>,
+    /// Host names the dashboard answers to besides IP addresses and `localhost`.
+    pub hosts: Vec<String>,
+}
+
+impl From<&crate::config::AdminConfig> for Access {
+    fn from(config: &crate::config::AdminConfig) -> Self {
+        Access {
+            token: config.token.clone(),
+            hosts: config.hosts.clone(),
+        }
+    }
 }
 
 /// Binds the admin listener.
@@ -306,36 +391,55 @@ pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
     TcpListener::bind(addr).await
 }
 
-/// The admin API's routes, for serving or testing.
-pub fn router(source: Arc<dyn AdminSource>, token: Option<Secret>) -> Router {
-    let ctx = Arc::new(Ctx { source, token });
+/// The admin API's routes and the dashboard, for serving or testing; live streams end when
+/// `cancel` fires.
+pub fn router(source: Arc<dyn AdminSource>, access: Access, cancel: CancellationToken) -> Router {
+    let ctx = Arc::new(Ctx {
+        source,
+        gate: auth::Gate::new(access.token, access.hosts),
+        cancel,
+        streams: Arc::new(tokio::sync::Semaphore::new(events::MAX_STREAMS)),
+    });
     Router::new()
+        .route("/", get(assets::index))
+        .route("/index.html", get(assets::index))
+        .route("/login", get(login_page).post(login))
+        .route("/logout", post(logout))
+        .route("/assets/{name}", get(assets::asset))
         .route("/api/v1/status", get(status))
         .route("/api/v1/sessions", get(sessions))
+        .route("/api/v1/sessions/{id}/disconnect", post(disconnect))
         .route("/api/v1/services", get(services))
         .route("/api/v1/connections", get(connections))
         .route("/api/v1/reload", post(reload))
+        .route("/api/v1/config", get(config))
+        .route("/api/v1/logs", get(recent_logs))
+        .route("/api/v1/events", get(events::events))
         .route("/api/v1/requests", get(requests))
         .route("/api/v1/requests/{id}", get(request))
         .route("/api/v1/requests/{id}/replay", post(replay))
         .route("/metrics", get(metrics))
-        .layer(middleware::from_fn_with_state(Arc::clone(&ctx), authorize))
+        .layer(DefaultBodyLimit::max(MAX_BODY))
+        .layer(middleware::from_fn_with_state(Arc::clone(&ctx), guard))
         .with_state(ctx)
 }
 
-/// Serves the admin API on `listener` until `cancel` fires.
+/// Largest request body the admin API reads (an edited replay: its body and headers).
+const MAX_BODY: usize = 128 * 1024;
+
+/// Serves the admin API and the dashboard on `listener` until `cancel` fires.
 pub async fn serve(
     listener: TcpListener,
     source: Arc<dyn AdminSource>,
-    token: Option<Secret>,
+    access: Access,
     cancel: CancellationToken,
 ) {
     let addr = listener
         .local_addr()
         .map(|a| a.to_string())
         .unwrap_or_default();
-    info!(event = "admin_started", bind = %addr, auth = token.is_some(), "admin API listening");
-    let app = router(source, token);
+    info!(event = "admin_started", bind = %addr, auth = access.token.is_some(), "admin API and dashboard listening on http://{addr}/");
+    let app = router(source, access, cancel.clone());
     if let Err(error) = axum::serve(listener, app)
         .with_graceful_shutdown(cancel.cancelled_owned())
         .await
@@ -344,36 +448,140 @@ pub async fn serve(
     }
 }
 
-async fn authorize(State(ctx): State<Arc<Ctx>>, request: Request, next: Next) -> Response {
-    if let Some(token) = &ctx.token {
-        let offered = request
-            .headers()
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .unwrap_or("");
-        if !bool::from(offered.as_bytes().ct_eq(token.as_bytes())) {
-            return (
-                StatusCode::UNAUTHORIZED,
-                [(header::WWW_AUTHENTICATE, "Bearer")],
-                axum::Json(ApiError {
-                    error: "missing or wrong bearer token: send `Authorization: Bearer <[admin] token>`".into(),
-                }),
-            )
-                .into_response();
+/// Screens every request ([`auth::screen`]) and hardens every answer ([`auth::harden`]).
+async fn guard(State(ctx): State<Arc<Ctx>>, request: Request, next: Next) -> Response {
+    let mut response = match auth::screen(&ctx.gate, &request) {
+        Some(refused) => refused,
+        None => next.run(request).await,
+    };
+    auth::harden(&mut response);
+    response
+}
+
+async fn login_page(State(ctx): State<Arc<Ctx>>) -> Response {
+    if ctx.gate.needs_login() {
+        assets::login_page()
+    } else {
+        auth::redirect("/")
+    }
+}
+
+/// The login form's fields.
+#[derive(serde::Deserialize)]
+struct LoginForm {
+    token: String,
+}
+
+async fn login(
+    State(ctx): State<Arc<Ctx>>,
+    form: Result<axum::Form<LoginForm>, axum::extract::rejection::FormRejection>,
+) -> Response {
+    if !ctx.gate.needs_login() {
+        return auth::redirect("/");
+    }
+    // A form without the field is a wrong token, not a different answer.
+    let offered = form.map(|f| f.0.token).unwrap_or_default();
+    match ctx.gate.login(offered.trim()).await {
+        Some(cookie) => {
+            let mut response = auth::redirect("/");
+            response
+                .headers_mut()
+                .insert(header::SET_COOKIE, auth::set_cookie(Some(&cookie)));
+            response
+        }
+        None => {
+            warn!(
+                event = "admin_login_failed",
+                "a dashboard login with a wrong token was refused"
+            );
+            auth::redirect("/login?failed=1")
         }
     }
-    next.run(request).await
+}
+
+async fn logout(State(ctx): State<Arc<Ctx>>, headers: axum::http::HeaderMap) -> Response {
+    ctx.gate.logout(&headers);
+    let mut response = auth::redirect("/login");
+    response
+        .headers_mut()
+        .insert(header::SET_COOKIE, auth::set_cookie(None));
+    response
+}
+
+/// What `/api/v1/status` and the event stream's `hello` say.
+fn status_info(source: &dyn AdminSource) -> StatusInfo {
+    let started = source.telemetry().started();
+    StatusInfo {
+        version: env!("CARGO_PKG_VERSION"),
+        side: source.side(),
+        started: unix_seconds(started),
+        uptime_seconds: started.elapsed().map_or(0, |d| d.as_secs()),
+    }
 }
 
 async fn status(State(ctx): State<Arc<Ctx>>) -> axum::Json<StatusInfo> {
-    let started = ctx.source.telemetry().started();
-    axum::Json(StatusInfo {
-        version: env!("CARGO_PKG_VERSION"),
-        side: ctx.source.side(),
-        started: unix_seconds(started),
-        uptime_seconds: started.elapsed().map_or(0, |d| d.as_secs()),
-    })
+    axum::Json(status_info(ctx.source.as_ref()))
+}
+
+async fn disconnect(
+    State(ctx): State<Arc<Ctx>>,
+    axum::extract::Path(id): axum::extract::Path<String>,
+) -> Response {
+    match ctx.source.disconnect(&id) {
+        Ok(()) => {
+            info!(event = "admin_disconnect", session = %id, "session closed from the admin API");
+            axum::Json(serde_json::json!({ "disconnected": id })).into_response()
+        }
+        Err(error) => (StatusCode::NOT_FOUND, axum::Json(ApiError { error })).into_response(),
+    }
+}
+
+async fn config(State(ctx): State<Arc<Ctx>>) -> Response {
+    let Some(reloader) = ctx.source.reloader() else {
+        return (
+            StatusCode::NOT_IMPLEMENTED,
+            axum::Json(ApiError {
+                error: format!(
+                    "this {} was not started from a config file, so there is none to show",
+                    ctx.source.side()
+                ),
+            }),
+        )
+            .into_response();
+    };
+    let (path, text) = reloader.in_force();
+    let path = path.display().to_string();
+    match text.as_deref().and_then(config_view::mask) {
+        Some(text) => axum::Json(serde_json::json!({ "path": path, "text": text })).into_response(),
+        None => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            axum::Json(ApiError {
+                error: format!(
+                    "{path} could not be read when it was applied; reload to read it again"
+                ),
+            }),
+        )
+            .into_response(),
+    }
+}
+
+async fn recent_logs(RawQuery(query): RawQuery) -> Response {
+    match Page::parse(query.as_deref()) {
+        Ok(page) => {
+            let limit = if query.as_deref().is_some_and(|q| q.contains("limit=")) {
+                page.limit
+            } else {
+                logs::RING
+            };
+            let recent: Vec<logs::LogEntry> = logs::logs()
+                .recent(limit)
+                .iter()
+                .map(|entry| entry.as_ref().clone())
+                .collect();
+            axum::Json(recent).into_response()
+        }
+        Err(error) => bad_request(error),
+    }
 }
 
 async fn sessions(State(ctx): State<Arc<Ctx>>, RawQuery(query): RawQuery) -> Response {
@@ -428,9 +636,24 @@ async fn reload(State(ctx): State<Arc<Ctx>>) -> Response {
                 ReloadError::NoSource(_) => StatusCode::NOT_IMPLEMENTED,
                 _ => StatusCode::SERVICE_UNAVAILABLE,
             };
-            let body = ApiError {
-                error: error.to_string(),
+            // Each config error on its own, with its position, for the dashboard to list.
+            let errors: Vec<_> = match &error {
+                ReloadError::Invalid(errors) => errors
+                    .errors()
+                    .iter()
+                    .map(|e| {
+                        serde_json::json!({
+                            "key": e.key,
+                            "line": e.line,
+                            "column": e.column,
+                            "message": e.message,
+                            "hint": e.hint,
+                        })
+                    })
+                    .collect(),
+                _ => Vec::new(),
             };
+            let body = serde_json::json!({ "error": error.to_string(), "errors": errors });
             (status, axum::Json(body)).into_response()
         }
     }
@@ -502,6 +725,7 @@ async fn request(
 async fn replay(
     State(ctx): State<Arc<Ctx>>,
     axum::extract::Path(id): axum::extract::Path<String>,
+    body: axum::body::Bytes,
 ) -> Response {
     if ctx.source.captures().is_none() {
         return no_http(ctx.source.side());
@@ -510,7 +734,20 @@ async fn replay(
         Ok(id) => id,
         Err(error) => return bad_request(error),
     };
-    match ctx.source.replay(id).await {
+    // No body: replay as captured. A body: the edit, as JSON.
+    let edit = if body.iter().all(u8::is_ascii_whitespace) {
+        None
+    } else {
+        match serde_json::from_slice::<ReplayEdit>(&body) {
+            Ok(edit) => Some(edit),
+            Err(error) => {
+                return bad_request(format!(
+                    "the edit is not valid: {error}; send JSON like {{\"method\": \"GET\", \"uri\": \"/path\", \"headers\": [[\"name\", \"value\"]], \"body\": \"text\"}} (every field optional)"
+                ));
+            }
+        }
+    };
+    match ctx.source.replay(id, edit).await {
         Ok((new_id, status)) => axum::Json(serde_json::json!({
             "replayed": id,
             "id": new_id,

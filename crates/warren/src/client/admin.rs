@@ -76,6 +76,10 @@ impl AdminSource for ClientAdmin {
                     sessions: None,
                     retries: None,
                     health: Some(self.shared.health.state(&service.name)),
+                    address: Some(service.target.to_string()),
+                    hosts: None,
+                    paths: None,
+                    middleware: None,
                 }
             })
             .collect();

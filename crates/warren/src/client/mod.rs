@@ -429,7 +429,11 @@ impl Client {
             })?),
             None => None,
         };
-        let admin_token = config.admin.as_ref().and_then(|a| a.token.clone());
+        let admin_access = config
+            .admin
+            .as_ref()
+            .map(crate::admin::Access::from)
+            .unwrap_or_default();
         let shared = Arc::new(Shared {
             config: RwLock::new(Arc::new(config)),
             status,
@@ -461,7 +465,7 @@ impl Client {
             shared.tasks.spawn(crate::admin::serve(
                 listener,
                 source,
-                admin_token,
+                admin_access,
                 shared.cancel.clone(),
             ));
         }
@@ -754,6 +758,8 @@ impl ClientSession {
             services: self.service_names(),
             open_streams: self.open_streams.load(Ordering::Relaxed),
             server: Some(self.server.to_string()),
+            rtt_ms: Some(self.rtt.as_secs_f64() * 1e3),
+            version: warren_proto::handshake::PROTOCOL_VERSION,
             quic,
         }
     }
@@ -1055,9 +1061,11 @@ async fn serve_session(shared: Arc<Shared>, established: Established) -> Session
         ping_interval: None,
         timeout: config.heartbeat_timeout,
     };
+    // The client only answers pings; its RTT is the handshake's.
     let end = control::run_control(
         channel,
         liveness,
+        &control::Rtt::default(),
         control_rx,
         session.cancel.clone(),
         || {

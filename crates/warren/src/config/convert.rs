@@ -130,6 +130,12 @@ fn convert_admin(file: FileAdmin, report: &mut Report) -> Option<AdminConfig> {
     Some(AdminConfig {
         bind,
         token: file.token.map(Secret::new),
+        hosts: file
+            .hosts
+            .unwrap_or_default()
+            .into_iter()
+            .map(|host| host.trim().to_ascii_lowercase())
+            .collect(),
     })
 }
 

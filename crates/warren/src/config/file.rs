@@ -32,6 +32,9 @@ pub struct FileAdmin {
     pub bind: Option<String>,
     /// Bearer token every request must carry. Required when `bind` is not loopback.
     pub token: Option<String>,
+    /// Host names (besides IP addresses and `localhost`) the dashboard may be reached by,
+    /// e.g. `["warren.example.com"]`; any other `Host` header is refused (DNS rebinding).
+    pub hosts: Option<Vec<String>>,
 }
 
 /// The `[server]` section.

@@ -370,6 +370,10 @@ pub struct AdminConfig {
     /// Bearer token every request must carry; `None` allows anyone who can connect,
     /// which is refused unless `bind` is a loopback address.
     pub token: Option<Secret>,
+    /// Host names the dashboard answers to besides IP addresses and `localhost` (lower
+    /// case); a request naming any other host is refused, so a DNS-rebinding page cannot
+    /// reach the API through a visitor's browser.
+    pub hosts: Vec<String>,
 }
 
 impl AdminConfig {
@@ -391,6 +395,21 @@ impl AdminConfig {
             ),
             Some(token) if !insecure => errors.extend(check_secret("admin.token", token)),
             _ => {}
+        }
+        for (i, host) in self.hosts.iter().enumerate() {
+            let plain = !host.is_empty()
+                && host
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.');
+            if !plain {
+                errors.push(
+                    ConfigError::new(
+                        format!("admin.hosts[{i}]"),
+                        format!("`{host}` is not a host name"),
+                    )
+                    .with_hint("list bare DNS names without port or scheme, e.g. hosts = [\"warren.example.com\"]"),
+                );
+            }
         }
         errors
     }

@@ -218,21 +218,24 @@ impl Captures {
             .iter()
             .filter(|(name, _)| service.is_none_or(|s| s == name.as_str()))
             .flat_map(|(_, ring)| ring.iter())
-            .map(|r| RequestSummary {
-                id: r.id,
-                at_ms: r.at_ms,
-                service: r.service.clone(),
-                method: r.method.clone(),
-                host: r.host.clone(),
-                uri: r.uri.clone(),
-                status: r.status,
-                total_us: r.total_us,
-                response_bytes: r.response_bytes,
-                client_ip: r.client_ip.clone(),
-            })
+            .map(|r| summary(r))
             .collect();
         all.sort_by_key(|r| std::cmp::Reverse(r.id));
         all
+    }
+
+    /// Records with an id above `after`, oldest first, at most `limit` (the newest of them
+    /// when more arrived): what a live listener has not seen yet. (A request that finishes
+    /// after a newer one was listed is not listed again; the full list still has it.)
+    pub fn since(&self, after: u64, limit: usize) -> Vec<RequestSummary> {
+        let rings = self.rings();
+        let mut new: Vec<&Arc<CapturedRequest>> = rings
+            .values()
+            .flat_map(|ring| ring.iter().filter(|r| r.id > after))
+            .collect();
+        new.sort_by_key(|r| r.id);
+        let skip = new.len().saturating_sub(limit);
+        new[skip..].iter().map(|r| summary(r)).collect()
     }
 
     /// One record, secrets redacted.
@@ -281,6 +284,21 @@ impl Captures {
             .flat_map(|ring| ring.iter())
             .find(|r| r.id == id)
             .cloned()
+    }
+}
+
+fn summary(r: &CapturedRequest) -> RequestSummary {
+    RequestSummary {
+        id: r.id,
+        at_ms: r.at_ms,
+        service: r.service.clone(),
+        method: r.method.clone(),
+        host: r.host.clone(),
+        uri: r.uri.clone(),
+        status: r.status,
+        total_us: r.total_us,
+        response_bytes: r.response_bytes,
+        client_ip: r.client_ip.clone(),
     }
 }
 

@@ -24,8 +24,20 @@ impl AdminSource for ServerAdmin {
     fn replay(
         &self,
         id: u64,
+        edit: Option<crate::admin::ReplayEdit>,
     ) -> crate::http::middleware::BoxFuture<'_, Result<(u64, u16), String>> {
-        Box::pin(super::http::replay(&self.shared, id))
+        Box::pin(super::http::replay(&self.shared, id, edit))
+    }
+
+    fn disconnect(&self, id: &str) -> Result<(), String> {
+        let session = self
+            .shared
+            .sessions_now()
+            .into_iter()
+            .find(|session| short_id(&session.id()) == id)
+            .ok_or_else(|| format!("no session {id}: it may have ended (see /api/v1/sessions)"))?;
+        session.close("disconnected by the operator");
+        Ok(())
     }
 
     fn telemetry(&self) -> &Arc<Telemetry> {
@@ -54,6 +66,8 @@ impl AdminSource for ServerAdmin {
                     services: session.services.clone(),
                     open_streams: session.open_streams(),
                     server: None,
+                    rtt_ms: session.rtt.millis(),
+                    version: session.version,
                     quic,
                 }
             })
@@ -68,15 +82,17 @@ impl AdminSource for ServerAdmin {
             .read()
             .unwrap_or_else(PoisonError::into_inner)
             .values()
-            .map(|binding| Arc::clone(&binding.slot))
+            .map(|binding| (Arc::clone(&binding.slot), binding.service.bind))
             .collect();
-        slots.sort_by(|a, b| a.name.cmp(&b.name));
+        slots.sort_by(|a, b| a.0.name.cmp(&b.0.name));
         let total = slots.len();
+        let front = self.shared.http_front();
         // Only the page's entries are built: each one locks its slot's serving set.
         let items = slots[page.range(total)]
             .iter()
-            .map(|slot| {
+            .map(|(slot, bind)| {
                 let servers = slot.servers();
+                let http = front.describe(&slot.name);
                 ServiceInfo {
                     name: slot.name.clone(),
                     kind: slot.kind.name().to_owned(),
@@ -108,6 +124,10 @@ impl AdminSource for ServerAdmin {
                     ),
                     retries: Some(slot.meter.retries()),
                     health: None,
+                    address: http.is_none().then(|| bind.to_string()),
+                    hosts: http.as_ref().map(|h| h.hosts.clone()),
+                    paths: http.as_ref().map(|h| h.paths.clone()),
+                    middleware: http.map(|h| h.middleware),
                 }
             })
             .collect();

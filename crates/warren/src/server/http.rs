@@ -128,7 +128,34 @@ struct HttpService {
     backend: Client<TunnelConnector, Body>,
 }
 
+/// An http service's routes and chain, as the admin API shows them.
+pub(super) struct Description {
+    pub(super) hosts: Vec<String>,
+    pub(super) paths: Vec<String>,
+    pub(super) middleware: Vec<crate::admin::MiddlewareInfo>,
+}
+
 impl Front {
+    /// The routes and chain of http service `name`, if the front has it.
+    pub(super) fn describe(&self, name: &str) -> Option<Description> {
+        let service = self.services.get(name)?;
+        Some(Description {
+            hosts: service
+                .route
+                .hosts
+                .iter()
+                .map(ToString::to_string)
+                .collect(),
+            paths: service.route.paths.clone(),
+            middleware: service
+                .chain
+                .rejections()
+                .into_iter()
+                .map(|(name, rejected)| crate::admin::MiddlewareInfo { name, rejected })
+                .collect(),
+        })
+    }
+
     /// An empty front (no http services).
     pub(super) fn empty() -> Front {
         Front {
@@ -502,8 +529,15 @@ async fn handle(
 /// Replays captured request `id` through the front in force, as if its visitor sent it
 /// again (same headers, same body, same TLS flag); the replay is captured too. Returns the
 /// new request's id and status.
-pub(super) async fn replay(shared: &Arc<Shared>, id: u64) -> Result<(u64, u16), String> {
-    let original = shared.captures.replay_request(id)?;
+pub(super) async fn replay(
+    shared: &Arc<Shared>,
+    id: u64,
+    edit: Option<crate::admin::ReplayEdit>,
+) -> Result<(u64, u16), String> {
+    let mut original = shared.captures.replay_request(id)?;
+    if let Some(edit) = edit {
+        apply_edit(&mut original, edit)?;
+    }
     let mut request = Request::builder()
         .method(original.method)
         .uri(original.uri.as_str())
@@ -534,6 +568,51 @@ pub(super) async fn replay(shared: &Arc<Shared>, id: u64) -> Result<(u64, u16), 
         }
     }
     Ok((new_id, status))
+}
+
+/// Changes a captured request as the dashboard's "Edit and replay" asks.
+fn apply_edit(
+    request: &mut crate::http::capture::ReplayRequest,
+    edit: crate::admin::ReplayEdit,
+) -> Result<(), String> {
+    if let Some(method) = edit.method {
+        request.method = method
+            .trim()
+            .parse()
+            .map_err(|_| format!("`{method}` is not an HTTP method"))?;
+    }
+    if let Some(uri) = edit.uri {
+        // Origin form only: the Host header (edited or captured) still picks the route.
+        if !uri.starts_with('/') || uri.parse::<http::Uri>().is_err() {
+            return Err(format!(
+                "`{uri}` is not a path: give the path and query, e.g. /items?page=2 (change the Host header to reach another service)"
+            ));
+        }
+        request.uri = uri;
+    }
+    if let Some(headers) = edit.headers {
+        let mut map = http::HeaderMap::new();
+        for (name, value) in headers {
+            let header = http::HeaderName::from_bytes(name.trim().as_bytes())
+                .map_err(|_| format!("`{name}` is not a header name"))?;
+            let value = http::HeaderValue::from_str(&value)
+                .map_err(|_| format!("the value of {name} has characters a header cannot carry"))?;
+            map.append(header, value);
+        }
+        request.headers = map;
+    }
+    if let Some(body) = edit.body {
+        request.body = bytes::Bytes::from(body);
+    }
+    // The body may have changed: its length is what is sent now.
+    request.headers.remove(http::header::TRANSFER_ENCODING);
+    request.headers.remove(http::header::CONTENT_LENGTH);
+    if !request.body.is_empty() {
+        request
+            .headers
+            .insert(http::header::CONTENT_LENGTH, request.body.len().into());
+    }
+    Ok(())
 }
 
 /// Sends the request to the service's backend and returns its response (or a Warren page

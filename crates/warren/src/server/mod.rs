@@ -470,7 +470,12 @@ impl BoundServer {
         );
         let live = shared.live();
         if let Some(admin_listener) = admin_listener {
-            let token = live.config.admin.as_ref().and_then(|a| a.token.clone());
+            let access = live
+                .config
+                .admin
+                .as_ref()
+                .map(crate::admin::Access::from)
+                .unwrap_or_default();
             let source = Arc::new(admin::ServerAdmin {
                 shared: Arc::clone(&shared),
                 reloader: reload_source,
@@ -478,7 +483,7 @@ impl BoundServer {
             shared.tasks.spawn(crate::admin::serve(
                 admin_listener,
                 source,
-                token,
+                access,
                 shared.cancel.clone(),
             ));
         }
@@ -1194,6 +1199,7 @@ async fn run_session(shared: &Arc<Shared>, session: Arc<ServerSession>, channel:
     let end = control::run_control(
         channel,
         liveness,
+        &session.rtt,
         outgoing,
         session.cancel.clone(),
         || session.goodbye_reason(),

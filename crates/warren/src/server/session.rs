@@ -47,6 +47,8 @@ pub struct ServerSession {
     control_rx: Mutex<Option<mpsc::Receiver<ControlMessage>>>,
     /// The session's streams.
     pub(super) link: ServerLink,
+    /// The heartbeat's last round trip.
+    pub(super) rtt: crate::session::Rtt,
 }
 
 impl ServerSession {
@@ -76,6 +78,7 @@ impl ServerSession {
             control,
             control_rx: Mutex::new(Some(control_rx)),
             link,
+            rtt: crate::session::Rtt::default(),
         }
     }
 

@@ -83,6 +83,29 @@ pub async fn recv_control(channel: &mut Stream) -> Result<ControlMessage, Sessio
     }
 }
 
+/// The last heartbeat round trip of a session (what the dashboard shows as its RTT).
+#[derive(Debug, Default)]
+pub struct Rtt {
+    /// Microseconds; 0 until the first pong.
+    micros: std::sync::atomic::AtomicU64,
+}
+
+impl Rtt {
+    fn record(&self, rtt: Duration) {
+        let micros = u64::try_from(rtt.as_micros()).unwrap_or(u64::MAX).max(1);
+        self.micros
+            .store(micros, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// The last round trip in milliseconds, once one was measured.
+    pub fn millis(&self) -> Option<f64> {
+        match self.micros.load(std::sync::atomic::Ordering::Relaxed) {
+            0 => None,
+            micros => Some(micros as f64 / 1000.0),
+        }
+    }
+}
+
 /// Heartbeat settings of one side.
 #[derive(Debug, Clone, Copy)]
 pub struct Liveness {
@@ -95,9 +118,11 @@ pub struct Liveness {
 /// Drives an established control channel until it ends: answers pings, sends our pings and
 /// the messages queued on `outgoing`, enforces the heartbeat timeout, and hands every other
 /// message to `on_message`. When `cancel` fires it says goodbye with `goodbye_reason()`.
+/// Each answered ping's round trip goes to `rtt`.
 pub async fn run_control(
     mut channel: Stream,
     liveness: Liveness,
+    rtt: &Rtt,
     mut outgoing: mpsc::Receiver<ControlMessage>,
     cancel: CancellationToken,
     goodbye_reason: impl Fn() -> String,
@@ -109,6 +134,7 @@ pub async fn run_control(
         liveness.timeout,
     );
     let mut ping_seq = 0u64;
+    let mut ping_sent = Instant::now();
     let mut outgoing_open = true;
     loop {
         let wake = Instant::from_std(heartbeat.poll_timeout());
@@ -123,7 +149,12 @@ pub async fn run_control(
                 heartbeat.on_received(Instant::now().into_std());
                 match received {
                     Ok(ControlMessage::Ping { seq }) => Some(ControlMessage::Pong { seq }),
-                    Ok(ControlMessage::Pong { .. }) => None,
+                    Ok(ControlMessage::Pong { seq }) => {
+                        if seq == ping_seq {
+                            rtt.record(ping_sent.elapsed());
+                        }
+                        None
+                    }
                     Ok(ControlMessage::Goodbye { reason }) => return SessionEnd::Goodbye(reason),
                     Ok(other) => {
                         on_message(other);
@@ -140,6 +171,7 @@ pub async fn run_control(
                 match heartbeat.handle_timeout(Instant::now().into_std()) {
                     Some(HeartbeatAction::SendPing) => {
                         ping_seq += 1;
+                        ping_sent = Instant::now();
                         Some(ControlMessage::Ping { seq: ping_seq })
                     }
                     Some(HeartbeatAction::PeerDead) => return SessionEnd::HeartbeatTimeout(liveness.timeout),
