@@ -77,6 +77,8 @@
     const d = new Date(ms);
     return `${pad(d.getHours())}:${pad(d.getMinutes())}:${pad(d.getSeconds())}.${pad(d.getMilliseconds(), 3)}`;
   }
+  // The same in a list cell, the milliseconds in their own span (phones leave them out).
+  const clockCell = (ms) => { const c = clock(ms); return [c.slice(0, 8), h('span', { class: 'ms' }, c.slice(8))]; };
   const stamp = (unixSeconds) => new Date(unixSeconds * 1000).toLocaleString();
   const pct = (x) => (x == null ? '—' : (x * 100).toFixed(x && x < 0.1 ? 1 : 0) + ' %');
   const STATE_CLASS = { serving: 'ok', up: 'ok', ready: 'ok', waiting: 'warn', withdrawn: 'warn', unchecked: '', refused: 'bad', down: 'bad' };
@@ -125,7 +127,10 @@
   // fetch() for the JSON API. A 401 means the cookie expired or the token changed: off to
   // the login page. A non-2xx answer throws an Error carrying the status and the JSON body.
   async function api(path, options = {}) {
-    const res = await fetch(path, { credentials: 'same-origin', cache: 'no-store', ...options });
+    // referrerPolicy: with `no-referrer` the browser sends `Origin: null` on a POST, which the
+    // backend's CSRF check (rightly) refuses; `same-origin` names this origin and still
+    // sends nothing to any other site.
+    const res = await fetch(path, { credentials: 'same-origin', cache: 'no-store', referrerPolicy: 'same-origin', ...options });
     if (res.status === 401) { toLogin(); throw new Error('not logged in'); }
     let body = null;
     try { body = await res.json(); } catch (_) { /* not JSON: keep null */ }
@@ -233,11 +238,16 @@
 
   // ---------------------------------------------------------------- graphs
 
+  // Time-axis labels: the wall clock, with seconds only where a label falls between minutes.
+  function hhmm(sec) {
+    const d = new Date(sec * 1000);
+    return `${pad(d.getHours())}:${pad(d.getMinutes())}` + (d.getSeconds() ? ':' + pad(d.getSeconds()) : '');
+  }
   const css = (name) => getComputedStyle(document.documentElement).getPropertyValue(name).trim();
 
   // A uPlot time-series graph filling `el`'s width, redrawn by set(data) and resized with
   // its box. `series`: [{label, color (a CSS variable), fmt}].
-  function graph(el, series, height = 220) {
+  function graph(el, series, height = 220, floor = 1024) {
     const grid = css('--grid'), muted = css('--muted');
     const axis = { stroke: muted, grid: { stroke: grid, width: 1 }, ticks: { stroke: grid, width: 1 } };
     const yfmt = series[0].fmt;
@@ -246,8 +256,8 @@
       legend: { show: false },
       cursor: { drag: { x: false, y: false }, points: { size: 6 } },
       // Always the last 5 minutes, filling from the right, whatever the points so far.
-      scales: { x: { time: true, range: (u, min, max) => [max - HISTORY, max] }, y: { range: (u, min, max) => [0, Math.max(max * 1.1, 1)] } },
-      axes: [axis, { ...axis, size: 86, values: (u, vals) => vals.map((v) => yfmt(v)) }],
+      scales: { x: { time: true, range: (u, min, max) => [max - HISTORY, max] }, y: { range: (u, min, max) => [0, Math.max(max * 1.1, floor)] } },
+      axes: [{ ...axis, space: 70, values: (u, vals) => vals.map(hhmm) }, { ...axis, size: 86, values: (u, vals) => vals.map((v) => yfmt(v)) }],
       series: [{}].concat(series.map((s) => {
         const c = css(s.color);
         return { label: s.label, stroke: c, width: 1.5, fill: c + '1f', points: { show: false } };
@@ -373,7 +383,7 @@
         } else empty.hidden = true;
         if (!g && window.uPlot) g = graph(traffic, [{ label: 'in', color: '--in', fmt: rate }, { label: 'out', color: '--out', fmt: rate }]);
         if (g) g.set([S.hist.t, S.hist.in, S.hist.out]);
-        if (http && !gh && window.uPlot) gh = graph($('#chart-http', el), [{ label: 'req/s', color: '--rps', fmt: (v) => v.toFixed(v < 10 ? 1 : 0) }, { label: 'errors/s', color: '--err', fmt: (v) => v.toFixed(1) }], 160);
+        if (http && !gh && window.uPlot) gh = graph($('#chart-http', el), [{ label: 'req/s', color: '--rps', fmt: (v) => v.toFixed(v < 10 ? 1 : 0) }, { label: 'errors/s', color: '--err', fmt: (v) => v.toFixed(1) }], 160, 1);
         if (gh) gh.set([S.hist.t, S.hist.rps, S.hist.err]);
       },
       leave() { if (g) g.destroy(); if (gh) gh.destroy(); },
@@ -502,7 +512,7 @@
   PAGES.sessions = () => {
     const body = h('tbody');
     const none = h('p', { class: 'muted' });
-    const tbl = table([th('Id'), th('Peer'), th('Version'), th('Transport'), th('Cipher'), th('Since'),
+    const tbl = table([th('Id'), th('Peer'), th('Protocol'), th('Transport'), th('Cipher'), th('Since'),
       th('RTT', 'num'), th('Streams', 'num'), th('Services'), th('')], body);
     const el = h('div', {}, head('Sessions', 'Client–server associations: a control channel and its streams.'), h('section', { class: 'panel' }, tbl, none));
     const armed = new Map(); // session id -> when its button was armed by a first click
@@ -533,7 +543,7 @@
           const isArmed = armed.has(s.id);
           return h('tr', { 'data-key': s.id, 'data-session': s.id },
             h('td', { class: 'mono' }, s.id), h('td', { class: 'mono' }, s.server ? `${s.server} (${s.peer})` : s.peer),
-            h('td', {}, s.version || '—'), h('td', {}, s.transport), h('td', { class: 'mono' }, s.cipher),
+            h('td', {}, s.version != null ? 'v' + s.version : '—'), h('td', {}, s.transport), h('td', { class: 'mono' }, s.cipher),
             h('td', { title: stamp(s.since) }, ago(s.since)), h('td', { class: 'num' }, rtt == null ? '—' : rtt.toFixed(rtt < 10 ? 2 : 1) + ' ms'),
             h('td', { class: 'num' }, num(s.open_streams)),
             h('td', { class: 'wrap' }, s.services.length ? s.services.map((n, i) => [i ? ', ' : '', serviceLink(n)]) : h('span', { class: 'muted' }, 'probe')),
@@ -576,7 +586,7 @@
     const body = h('tbody');
     const more = h('div', { class: 'more' });
     const list = h('section', { class: 'panel list' },
-      table([th('Time'), th('Method'), th('Host'), th('Path'), th('Status', 'num'), th('Duration', 'num'), th('Size', 'num'), th('Client')], body, 'reqs'), more);
+      table([th('Time'), th('Method'), th('Host', 'opt'), th('Path'), th('Status', 'num'), th('Duration', 'num opt'), th('Size', 'num opt'), th('Client', 'opt')], body, 'reqs'), more);
     const detail = h('section', { class: 'panel detail' });
     const box = h('div', { class: 'inspector' }, list, detail);
     const el = h('div', {}, head('Requests', 'j / k or ↑ / ↓ to move, Enter to open, Esc to close.', services, cls, q), box);
@@ -614,9 +624,9 @@
         class: 'clickable' + (r.id === cursor ? ' sel' : ''), 'data-key': r.id, 'data-id': r.id, tabindex: r.id === cursor ? 0 : -1,
         onclick: () => open(r.id),
       },
-      h('td', { title: new Date(r.at_ms).toLocaleString() }, clock(r.at_ms)), h('td', {}, r.method), h('td', { class: 'mono' }, r.host),
+      h('td', { title: new Date(r.at_ms).toLocaleString() }, clockCell(r.at_ms)), h('td', {}, r.method), h('td', { class: 'mono opt' }, r.host),
       h('td', { class: 'path', title: r.uri }, r.uri), h('td', { class: 'num ' + statusClass(r.status) }, r.status),
-      h('td', { class: 'num' }, micros(r.total_us)), h('td', { class: 'num' }, bytes(r.response_bytes)), h('td', { class: 'mono' }, r.client_ip))));
+      h('td', { class: 'num opt' }, micros(r.total_us)), h('td', { class: 'num opt' }, bytes(r.response_bytes)), h('td', { class: 'mono opt' }, r.client_ip))));
       text(more, shown.length > 500 ? `Showing the newest 500 of ${num(shown.length)}.` : shown.length ? '' : S.requests.length ? 'No request matches the filters.' : 'No request captured yet: requests to this side\'s HTTP services appear here as they happen.');
     }
     // Requests can come by the hundred each second: redraw the list at most twice a second.
@@ -853,7 +863,7 @@
     const body = h('tbody');
     const more = h('div', { class: 'more' });
     const el = h('div', {}, head('Logs', 'Recent events of this process, newest first, live.', level, q),
-      h('section', { class: 'panel' }, table([th('Time'), th('Level'), th('Event'), th('Message')], body, 'logs'), more));
+      h('section', { class: 'panel' }, table([th('Time'), th('Level'), th('Event', 'opt'), th('Message')], body, 'logs'), more));
     let timer = null;
     function render() {
       timer = null;
@@ -868,9 +878,9 @@
         list.push(l);
       }
       body.replaceChildren(...list.map((l) => h('tr', {},
-        h('td', { title: new Date(l.t).toLocaleString() }, clock(l.t)), h('td', { class: 'lvl-' + l.level }, l.level),
-        h('td', { class: 'mono' }, l.event || ''),
-        h('td', { class: 'msg' }, l.message, ' ', Object.entries(l.fields || {}).map(([k, v]) => h('span', { class: 'field' }, `${k}=${v}`))))));
+        h('td', { title: new Date(l.t).toLocaleString() }, clockCell(l.t)), h('td', { class: 'lvl-' + l.level }, l.level),
+        h('td', { class: 'mono opt' }, l.event || ''),
+        h('td', { class: 'msg' }, l.event ? h('span', { class: 'ev' }, l.event) : null, l.message, ' ', Object.entries(l.fields || {}).map(([k, v]) => h('span', { class: 'field' }, `${k}=${v}`))))));
       text(more, list.length ? '' : S.logs.length ? 'No log event matches.' : 'No log event yet.');
     }
     level.addEventListener('change', () => { LF.level = level.value; render(); });
@@ -945,6 +955,13 @@
     });
     on('hello', onHello);
     on('tick', (t) => {
+      // The stream skips `request` events it could not send in time; the last tick named
+      // the newest capture, so if that one never came, fetch the list again.
+      const missed = S.tick && S.tick.latest_request != null && !S.seen.has(S.tick.latest_request) &&
+        (!S.requests.length || S.tick.latest_request > S.requests[S.requests.length - 1].id);
+      if (missed && !inflight.requests) {
+        inflight.requests = loadRequests().then(() => { if (page && page.onRequest) page.onRequest(); }, () => {}).finally(() => { inflight.requests = null; });
+      }
       S.tick = t;
       record(t);
       setLive('live');
