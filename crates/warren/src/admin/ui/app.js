@@ -608,6 +608,7 @@
 
     function renderList() {
       dirty = false;
+      services.hidden = cls.hidden = q.hidden = !!S.noHttp;
       if (S.noHttp) {
         box.replaceChildren(h('div', { class: 'empty' }, h('h2', {}, 'No request inspector here'),
           h('p', {}, S.noHttp), h('p', {}, 'HTTP services (type = "http") are routed by the server: open the server\'s dashboard to inspect their requests.')));
@@ -863,7 +864,7 @@
     const body = h('tbody');
     const more = h('div', { class: 'more' });
     const el = h('div', {}, head('Logs', 'Recent events of this process, newest first, live.', level, q),
-      h('section', { class: 'panel' }, table([th('Time'), th('Level'), th('Event', 'opt'), th('Message')], body, 'logs'), more));
+      h('section', { class: 'panel' }, table([th('Time', 'c-time'), th('Level', 'c-level'), th('Event', 'opt c-event'), th('Message')], body, 'logs'), more));
     let timer = null;
     function render() {
       timer = null;
