@@ -30,7 +30,11 @@
 //! | `warren_udp_datagrams_total` | counter | `service`, `direction` |
 //! | `warren_service_retries_total` | counter | `service` (server: visitors handed on to another session) |
 //! | `warren_service_sessions` | gauge | `service`, `state` (`ready`, `withdrawn`; server: sessions serving it) |
-//! | `warren_session_streams` | gauge | `session`, `peer` (server: open streams per session; client: `peer` is the server) |
+//! | `warren_session_streams` | gauge | `session`, `peer` (open streams per session; client: `peer` is the server) |
+//! | `warren_session_rtt_seconds` | gauge | `session`, `peer` (server: the heartbeat's last round trip; client: the handshake's) |
+//! | `warren_session_quic_cwnd_bytes` | gauge | `session`, `peer` (QUIC sessions: congestion window) |
+//! | `warren_session_quic_lost_packets` | gauge | `session`, `peer` (QUIC sessions: packets declared lost since the session began) |
+//! | `warren_session_quic_mtu_bytes` | gauge | `session`, `peer` (QUIC sessions: the UDP payload size PMTUD settled on) |
 //! | `warren_health_checks_total` | counter | `service`, `state` (client: health-check transitions to `up` / `down`) |
 
 use std::collections::HashMap;
@@ -90,6 +94,32 @@ struct StateLabel {
 struct SessionLabel {
     session: String,
     peer: String,
+}
+
+/// One session's gauges ([`Metrics::set_sessions`]).
+#[derive(Debug, Clone)]
+pub struct SessionGauges {
+    /// Short session id.
+    pub session: String,
+    /// The peer's address.
+    pub peer: String,
+    /// Streams open on it now.
+    pub open_streams: u64,
+    /// Its round trip, when measured.
+    pub rtt_seconds: Option<f64>,
+    /// QUIC sessions: the path's figures.
+    pub quic: Option<QuicGauges>,
+}
+
+/// A QUIC session's path figures.
+#[derive(Debug, Clone, Copy)]
+pub struct QuicGauges {
+    /// Congestion window, bytes.
+    pub cwnd: u64,
+    /// Packets declared lost so far.
+    pub lost_packets: u64,
+    /// UDP payload size, bytes.
+    pub mtu: u16,
 }
 
 /// Labels of `warren_build_info`.
@@ -159,6 +189,10 @@ pub struct Metrics {
     retries: Family<ServiceLabel, Counter>,
     serving_sessions: Family<StateLabel, Gauge>,
     session_streams: Family<SessionLabel, Gauge>,
+    session_rtt: Family<SessionLabel, Gauge<f64, AtomicU64>>,
+    quic_cwnd: Family<SessionLabel, Gauge>,
+    quic_lost: Family<SessionLabel, Gauge>,
+    quic_mtu: Family<SessionLabel, Gauge>,
     health_checks: Family<StateLabel, Counter>,
     http_requests: Family<StatusLabel, Counter>,
     http_duration: HistogramFamily,
@@ -232,6 +266,10 @@ impl Metrics {
             retries: Family::default(),
             serving_sessions: Family::default(),
             session_streams: Family::default(),
+            session_rtt: Family::default(),
+            quic_cwnd: Family::default(),
+            quic_lost: Family::default(),
+            quic_mtu: Family::default(),
             health_checks: Family::default(),
             http_requests: Family::default(),
             http_duration: HistogramFamily::new_with_constructor(latency_histogram),
@@ -268,6 +306,26 @@ impl Metrics {
             "session_streams",
             "Open streams per session",
             metrics.session_streams.clone(),
+        );
+        registry.register(
+            "session_rtt_seconds",
+            "Round trip per session (server: last heartbeat; client: handshake)",
+            metrics.session_rtt.clone(),
+        );
+        registry.register(
+            "session_quic_cwnd_bytes",
+            "QUIC sessions: congestion window",
+            metrics.quic_cwnd.clone(),
+        );
+        registry.register(
+            "session_quic_lost_packets",
+            "QUIC sessions: packets declared lost since the session began",
+            metrics.quic_lost.clone(),
+        );
+        registry.register(
+            "session_quic_mtu_bytes",
+            "QUIC sessions: UDP payload size found by path MTU discovery",
+            metrics.quic_mtu.clone(),
         );
         registry.register(
             "health_checks",
@@ -466,12 +524,38 @@ impl Metrics {
     }
 
     /// Replaces the per-session stream gauges (before a scrape): `(session, peer, open)`.
-    pub fn set_session_streams(&self, sessions: impl IntoIterator<Item = (String, String, u64)>) {
-        self.session_streams.clear();
-        for (session, peer, open) in sessions {
+    pub fn set_sessions(&self, sessions: impl IntoIterator<Item = SessionGauges>) {
+        let families = [
+            &self.session_streams,
+            &self.quic_cwnd,
+            &self.quic_lost,
+            &self.quic_mtu,
+        ];
+        for family in families {
+            family.clear();
+        }
+        self.session_rtt.clear();
+        let int = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+        for gauges in sessions {
+            let label = SessionLabel {
+                session: gauges.session,
+                peer: gauges.peer,
+            };
             self.session_streams
-                .get_or_create(&SessionLabel { session, peer })
-                .set(i64::try_from(open).unwrap_or(i64::MAX));
+                .get_or_create(&label)
+                .set(int(gauges.open_streams));
+            if let Some(rtt) = gauges.rtt_seconds {
+                self.session_rtt.get_or_create(&label).set(rtt);
+            }
+            if let Some(quic) = gauges.quic {
+                self.quic_cwnd.get_or_create(&label).set(int(quic.cwnd));
+                self.quic_lost
+                    .get_or_create(&label)
+                    .set(int(quic.lost_packets));
+                self.quic_mtu
+                    .get_or_create(&label)
+                    .set(int(quic.mtu.into()));
+            }
         }
     }
 

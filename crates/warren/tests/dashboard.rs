@@ -10,14 +10,15 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use support::*;
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
+use warren::config::Transport;
 use warren::{Client, ConfigSource, HostPort, Server, ServerConfig};
 
 const ADMIN_TOKEN: &str = "admin-token-0123456789-abcdef";
 
-/// One HTTP/1.1 exchange with raw header lines; returns (status, header block, body).
+/// [`http_exchange`] with the header block lower-cased (names compare as HTTP's do).
 async fn exchange(
     addr: SocketAddr,
     method: &str,
@@ -25,28 +26,8 @@ async fn exchange(
     headers: &[(&str, &str)],
     body: &str,
 ) -> (u16, String, String) {
-    let mut stream = TcpStream::connect(addr).await.unwrap();
-    let mut request = format!("{method} {path} HTTP/1.1\r\n");
-    if !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("host")) {
-        request.push_str(&format!("Host: {addr}\r\n"));
-    }
-    for (k, v) in headers {
-        request.push_str(&format!("{k}: {v}\r\n"));
-    }
-    request.push_str(&format!(
-        "Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    ));
-    stream.write_all(request.as_bytes()).await.unwrap();
-    let mut response = Vec::new();
-    tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut response))
-        .await
-        .expect("admin answers within 5s")
-        .unwrap();
-    let text = String::from_utf8_lossy(&response).into_owned();
-    let status = text[9..12].parse().unwrap();
-    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-    (status, head.to_ascii_lowercase(), body.to_owned())
+    let (status, head, body) = http_exchange(addr, method, path, headers, body).await;
+    (status, head.to_ascii_lowercase(), body)
 }
 
 /// A header's value in a lower-cased header block.
@@ -71,8 +52,14 @@ impl Drop for Running {
 }
 
 async fn running(token: Option<&str>, target: SocketAddr) -> Running {
+    running_over(Transport::Noise, token, target).await
+}
+
+async fn running_over(transport: Transport, token: Option<&str>, target: SocketAddr) -> Running {
     let bound = Server::builder()
         .bind("127.0.0.1:0".parse().unwrap())
+        .transport(transport)
+        .quic(quic_config())
         .psk(PSK)
         .default_token(TOKEN)
         .tcp_service("web", "127.0.0.1:0".parse().unwrap())
@@ -88,17 +75,9 @@ async fn running(token: Option<&str>, target: SocketAddr) -> Running {
     let server = bound.local_addr();
     let stop = bound.shutdown_token();
     tokio::spawn(bound.run());
-    connect_client(server, target, admin, service, stop).await
-}
-
-async fn connect_client(
-    server: SocketAddr,
-    target: SocketAddr,
-    admin: SocketAddr,
-    service: SocketAddr,
-    stop: CancellationToken,
-) -> Running {
     let client = Client::builder(HostPort::from(server))
+        .transport(transport)
+        .quic(quic_config())
         .psk(PSK)
         .default_token(TOKEN)
         .tcp_service("web", HostPort::from(target))
@@ -459,4 +438,38 @@ fn scopeguard(token: CancellationToken) -> impl Drop {
         }
     }
     Guard(token)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_show_each_sessions_round_trip_and_quic_path() {
+    let target = echo_target().await;
+    let w = running_over(Transport::Quic, None, target).await;
+    let payload = random_bytes(256 * 1024);
+    let echoed = round_trip(w.service, &payload).await.unwrap();
+    assert_eq!(hash(&echoed), hash(&payload));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let (status, text) = http(w.admin, "GET", "/metrics", None).await;
+        assert_eq!(status, 200);
+        let has = |name: &str| {
+            text.lines()
+                .any(|l| l.starts_with(name) && l.contains("session=\""))
+        };
+        if has("warren_session_rtt_seconds") {
+            for name in [
+                "warren_session_streams",
+                "warren_session_quic_cwnd_bytes",
+                "warren_session_quic_lost_packets",
+                "warren_session_quic_mtu_bytes",
+            ] {
+                assert!(has(name), "{name} missing:\n{text}");
+            }
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no RTT gauge:\n{text}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }

@@ -760,6 +760,30 @@ async fn replay(
 
 async fn metrics(State(ctx): State<Arc<Ctx>>) -> Response {
     ctx.source.refresh_metrics();
+    // Per-session gauges, the same on both sides: from the sessions as the API lists them.
+    let sessions = ctx.source.sessions(Page {
+        offset: 0,
+        limit: MAX_PAGE,
+    });
+    ctx.source
+        .telemetry()
+        .metrics
+        .set_sessions(
+            sessions
+                .items
+                .into_iter()
+                .map(|s| crate::metrics::SessionGauges {
+                    session: s.id,
+                    peer: s.peer,
+                    open_streams: s.open_streams,
+                    rtt_seconds: s.rtt_ms.map(|ms| ms / 1e3),
+                    quic: s.quic.map(|q| crate::metrics::QuicGauges {
+                        cwnd: q.cwnd,
+                        lost_packets: q.lost_packets,
+                        mtu: q.mtu,
+                    }),
+                }),
+        );
     (
         [(
             header::CONTENT_TYPE,

@@ -148,13 +148,6 @@ impl AdminSource for ServerAdmin {
             let (ready, withdrawn) = slot.readiness();
             metrics.set_serving(&slot.name, ready, withdrawn);
         }
-        metrics.set_session_streams(self.shared.sessions_now().iter().map(|session| {
-            (
-                short_id(&session.id()),
-                session.peer.to_string(),
-                session.open_streams(),
-            )
-        }));
         let udp: Vec<_> = self
             .shared
             .services

@@ -250,21 +250,44 @@ pub async fn http_with_headers(
     path: &str,
     token: Option<&str>,
 ) -> (u16, String, String) {
+    let auth = token.map(|t| format!("Bearer {t}"));
+    let headers: Vec<(&str, &str)> = auth
+        .as_deref()
+        .map(|auth| ("Authorization", auth))
+        .into_iter()
+        .collect();
+    http_exchange(addr, method, path, &headers, "").await
+}
+
+/// One HTTP/1.1 exchange with the given header lines (a `Host` naming `addr` unless one is
+/// given) and body: (status, header block, body).
+pub async fn http_exchange(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> (u16, String, String) {
     let mut stream = TcpStream::connect(addr).await.unwrap();
-    let auth = token
-        .map(|t| format!("Authorization: Bearer {t}\r\n"))
-        .unwrap_or_default();
-    let request = format!(
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\n{auth}Content-Length: 0\r\nConnection: close\r\n\r\n"
-    );
+    let mut request = format!("{method} {path} HTTP/1.1\r\n");
+    if !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("host")) {
+        request.push_str(&format!("Host: {addr}\r\n"));
+    }
+    for (name, value) in headers {
+        request.push_str(&format!("{name}: {value}\r\n"));
+    }
+    request.push_str(&format!(
+        "Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    ));
     stream.write_all(request.as_bytes()).await.unwrap();
     let mut response = Vec::new();
     tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut response))
         .await
-        .expect("admin answers within 5s")
+        .expect("answered within 5s")
         .unwrap();
     let text = String::from_utf8_lossy(&response).into_owned();
     let status = text[9..12].parse().unwrap();
-    let (headers, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-    (status, headers.to_owned(), body.to_owned())
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    (status, head.to_owned(), body.to_owned())
 }
