@@ -315,20 +315,32 @@
   }
 
   function connectHint() {
-    // The exact command for a first client, with this server's address when the backend
-    // tells it (`bind`), else the host the dashboard was opened on.
+    // The exact command for a first client: this server's address when the backend tells
+    // it (`bind`; an unspecified IP becomes the host the dashboard was opened on), and one
+    // of its services.
     const st = S.status || {};
     let host = location.hostname, port = '7000';
-    if (st.bind) {
-      const m = /^(.*):(\d+)$/.exec(st.bind);
-      if (m) {
-        port = m[2];
-        const ip = m[1].replace(/^\[|\]$/g, '');
-        if (ip !== '0.0.0.0' && ip !== '::') host = m[1];
-      }
+    const m = /^(.*):(\d+)$/.exec(st.bind || '');
+    if (m) {
+      port = m[2];
+      if (!['0.0.0.0', '[::]', '::'].includes(m[1])) host = m[1];
     }
     if (host.includes(':') && !host.startsWith('[')) host = `[${host}]`;
-    return `export WARREN_PSK=… WARREN_TOKEN=…   # the server's psk and default_token\nwarren expose 3000 --to ${host}:${port}\n# or, with a config file naming the services: warren client client.toml`;
+    const svc = S.services.find((x) => x.kind !== 'http') || S.services[0];
+    const name = svc ? svc.name : 'web';
+    return [
+      '# client.toml, on the machine behind NAT',
+      '[client]',
+      `server = "${host}:${port}"`,
+      'psk = "${WARREN_PSK}"                 # this server\'s psk',
+      'default_token = "${WARREN_TOKEN}"     # and its default_token',
+      '',
+      `[client.services.${/^[A-Za-z0-9_-]+$/.test(name) ? name : JSON.stringify(name)}]`,
+      svc && svc.kind === 'http' ? 'type = "http"\ntarget = "127.0.0.1:3000"' : 'target = "127.0.0.1:3000"          # the local service to expose',
+      '',
+      '# then:',
+      'WARREN_PSK=… WARREN_TOKEN=… warren client client.toml',
+    ].join('\n');
   }
 
   PAGES.overview = () => {
@@ -376,7 +388,7 @@
           const server = st && st.side === 'server';
           empty.replaceChildren(
             h('h2', {}, server ? 'No client is connected yet' : 'Not connected to a server yet'),
-            server ? h('p', {}, 'Connect a client to this server, e.g. expose its local port 3000:')
+            server ? h('p', {}, 'Connect a client to this server:')
               : h('p', {}, 'The client keeps trying; the Logs page says why it has not connected.'),
             server && h('pre', {}, connectHint()));
           empty.hidden = false;
@@ -646,6 +658,11 @@
       if (tr) { tr.classList.add('sel'); tr.tabIndex = 0; tr.focus({ preventScroll: true }); tr.scrollIntoView({ block: 'nearest' }); }
       if (selected != null) open(cursor); // with a detail open, it follows the cursor
     }
+    function moveCursorTo(rid) {
+      for (const tr of body.querySelectorAll('tr.sel')) tr.classList.remove('sel');
+      const tr = rid != null && body.querySelector(`tr[data-id="${rid}"]`);
+      if (tr) { tr.classList.add('sel'); tr.scrollIntoView({ block: 'nearest' }); }
+    }
     function open(rid) { location.hash = '#/requests/' + rid; }
 
     async function showDetail() {
@@ -688,11 +705,6 @@
       },
       leave() { clearTimeout(timer); },
     };
-    function moveCursorTo(rid) {
-      for (const tr of body.querySelectorAll('tr.sel')) tr.classList.remove('sel');
-      const tr = rid != null && body.querySelector(`tr[data-id="${rid}"]`);
-      if (tr) { tr.classList.add('sel'); tr.scrollIntoView({ block: 'nearest' }); }
-    }
   };
 
   const closeLink = () => h('p', { class: 'sub' }, h('a', { href: '#/requests' }, '← All requests'));
