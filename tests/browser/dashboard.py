@@ -153,6 +153,8 @@ class Backend:
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
+        # Warren's pooled keep-alive connections are cut when it stops: not worth a traceback.
+        self.server.handle_error = lambda request, address: None
         self.port = self.server.server_address[1]
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 

@@ -626,9 +626,11 @@
           h('p', {}, S.noHttp), h('p', {}, 'HTTP services (type = "http") are routed by the server: open the server\'s dashboard to inspect their requests.')));
         return;
       }
+      if (list.parentNode !== box) box.replaceChildren(list, detail); // an inspector again
       const names = S.services.filter((s) => s.kind === 'http').map((s) => s.name);
       if (RF.service && !names.includes(RF.service)) names.push(RF.service);
-      if (services.options.length !== names.length + 1) {
+      if (services.dataset.names !== names.join('\n')) {
+        services.dataset.names = names.join('\n');
         services.replaceChildren(h('option', { value: '' }, 'all services'), names.map((n) => h('option', { value: n }, n)));
       }
       services.value = RF.service;
