@@ -468,6 +468,7 @@ token = "{ADMIN_TOKEN}"
         mid_in = self.card(page, "in")
         page.wait_for_timeout(1500)
         later_in = self.card(page, "in")
+        page.screenshot(path=os.path.join(SHOTS, "desktop-overview-transfer.png"))  # the README's picture
         assert before_in < mid_in < later_in, f"the in counter did not grow: {before_in} {mid_in} {later_in}"
         graph_max = float(page.get_attribute("#chart-traffic", "data-max"))
         graph_n = int(page.get_attribute("#chart-traffic", "data-n"))
@@ -655,6 +656,16 @@ token = "{ADMIN_TOKEN}"
         assert self.cpu < 5, f"the server used {self.cpu:.1f} % of a core"
         self.check_clean(page, "the end")
         self.step(f"server CPU {self.cpu:.2f} % of a core with the dashboard open")
+
+        # --- log out: the cookie is gone and the dashboard asks for the token again
+        if page.is_hidden("#logout button"):
+            page.click("#menu")
+        page.click("#logout button")
+        page.wait_for_url(re.compile(r"/login$"))
+        page.goto(self.base + "/")
+        page.wait_for_url(re.compile(r"/login$"))
+        self.check_clean(page, "logout")
+        self.step("Log out ends the login")
         ctx.close()
 
     def client_side(self, browser):
