@@ -143,7 +143,8 @@ class Backend:
                 seen.append({"method": self.command, "path": self.path,
                              "headers": {k.lower(): v for k, v in self.headers.items()}, "body": body})
                 out = json.dumps({"ok": True, "seen": len(seen), "path": self.path}).encode()
-                self.send_response(200)
+                # A few paths fail, so the inspector has every colour of status to show.
+                self.send_response(404 if self.path.startswith("/missing") else 500 if self.path.startswith("/boom") else 200)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(out)))
                 self.end_headers()
@@ -507,7 +508,19 @@ token = "{ADMIN_TOKEN}"
                                "-H", f"X-Test: {EVIL}", f"http://app.test:{http}/hello/world?from=curl"],
                               capture_output=True, text=True, timeout=20)
         assert curl.returncode == 0 and '"ok": true' in curl.stdout, f"curl through app failed: {curl.stderr} {curl.stdout}"
+        # More traffic of other kinds: a JSON POST (its body is captured), a 404, a 500.
+        for args in (["-X", "POST", "-H", "Content-Type: application/json", "--data-binary", '{"name":"warren","tags":["a","b"],"n":1}',
+                      f"http://app.test:{http}/api/items"],
+                     [f"http://app.test:{http}/missing/page"], [f"http://app.test:{http}/boom?retry=1"]):
+            subprocess.run(["curl", "-sS", "-o", "/dev/null", "--max-time", "10", "--resolve", f"app.test:{http}:127.0.0.1", *args],
+                           check=True, timeout=20)
         self.go(page, "#/requests")
+        post = page.wait_for_selector("tr[data-id]:has(td.path:text-is('/api/items'))")
+        post.click()
+        body = page.wait_for_selector(".detail [data-body=request] pre")
+        assert '\n  "tags": [' in body.text_content(), f"the JSON body is not pretty-printed: {body.text_content()!r}"
+        page.wait_for_selector("tr[data-id]:has(td.s5)")
+        page.wait_for_selector("tr[data-id]:has(td.s4)")
         row = page.wait_for_selector("tr[data-id]:has(td.path:text-is('/hello/world?from=curl'))")
         rid = int(row.get_attribute("data-id"))
         row.click()
@@ -523,7 +536,7 @@ token = "{ADMIN_TOKEN}"
         assert pwned["scripts"] == ["/assets/uplot.min.js", "/assets/app.js"], f"unexpected scripts: {pwned['scripts']}"
         assert all(src == "/assets/favicon.svg" for src in pwned["imgs"]), f"unexpected images: {pwned['imgs']}"
         self.check_clean(page, "request detail")
-        self.step(f"request #{rid} in the inspector; the hostile header is literal text, nothing ran")
+        self.step(f"request #{rid} in the inspector; the hostile header is literal text, nothing ran; a JSON body pretty-printed")
 
         # --- keyboard: Esc back to the list, j/k to move, Enter to open
         page.keyboard.press("Escape")
@@ -566,7 +579,7 @@ token = "{ADMIN_TOKEN}"
 
         # --- copy as curl shows a command that names the request
         page.click(".detail button:text-is('Copy as curl')")
-        curl_text = page.locator(".detail pre.body").first.text_content()
+        curl_text = page.wait_for_selector(".detail pre.curl").text_content()
         assert curl_text.startswith("curl ") and "app.test" in curl_text, curl_text
 
         # --- the client's dashboard: its side, and no inspector (a friendly word, no error)

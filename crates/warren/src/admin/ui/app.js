@@ -744,7 +744,7 @@
   function requestDetail(r) {
     const result = h('div');
     const editor = h('div', { hidden: true });
-    const curlBox = h('pre', { class: 'body', hidden: true });
+    const curlBox = h('pre', { class: 'body curl', hidden: true });
     async function replay(changes) {
       result.replaceChildren(h('p', { class: 'muted' }, 'Replaying…'));
       try {
@@ -813,16 +813,16 @@
       r.decisions.length ? h('ol', { class: 'chain' }, r.decisions.map(([m, d]) => h('li', {}, h('span', { class: 'mono' }, m), ': ', d)))
         : h('p', { class: 'muted' }, 'No middleware decided anything: the request went straight to the backend.'),
       h('h2', {}, 'Request headers'), headersTable(r.request_headers),
-      h('h2', {}, 'Request body'), bodyView(r.request_body, r.request_headers, r.request_body_complete),
+      h('h2', {}, 'Request body'), bodyView('request', r.request_body, r.request_headers, r.request_body_complete),
       h('h2', {}, 'Response headers'), headersTable(r.response_headers),
-      h('h2', {}, 'Response body'), bodyView(r.response_body, r.response_headers, true),
+      h('h2', {}, 'Response body'), bodyView('response', r.response_body, r.response_headers, true),
     ];
   }
 
-  function bodyView(body, headers, complete) {
-    if (body == null) return h('p', { class: 'muted' }, 'Not captured (set capture_body_bytes on the service to keep bodies).');
-    if (body === '') return h('p', { class: 'muted' }, 'empty');
-    return h('div', {}, h('pre', { class: 'body' }, pretty(body, headers)), complete ? null : h('p', { class: 'muted' }, 'Only the first bytes were captured.'));
+  function bodyView(which, body, headers, complete) {
+    return h('div', { 'data-body': which }, body == null ? h('p', { class: 'muted' }, 'Not captured (set capture_body_bytes on the service to keep bodies).')
+      : body === '' ? h('p', { class: 'muted' }, 'empty')
+        : [h('pre', { class: 'body' }, pretty(body, headers)), complete ? null : h('p', { class: 'muted' }, 'Only the first bytes were captured.')]);
   }
 
   // ---------------------------------------------------------------- config and logs
