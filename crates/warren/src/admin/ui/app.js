@@ -810,13 +810,22 @@
       bar,
       h('p', { class: 'muted' }, `response head after ${micros(r.head_us)}, body done after ${micros(r.total_us)}`),
       h('h2', {}, 'Middleware decisions'),
-      r.decisions.length ? h('ol', { class: 'chain' }, r.decisions.map(([m, d]) => h('li', {}, h('span', { class: 'mono' }, m), ': ', d)))
-        : h('p', { class: 'muted' }, 'No middleware decided anything: the request went straight to the backend.'),
+      r.decisions.length ? h('ol', { class: 'chain' }, r.decisions.map(([m, d]) => h('li', {}, h('span', { class: 'mono' }, m), ': ', d))) : null,
+      chainNote(r),
       h('h2', {}, 'Request headers'), headersTable(r.request_headers),
       h('h2', {}, 'Request body'), bodyView('request', r.request_body, r.request_headers, r.request_body_complete),
       h('h2', {}, 'Response headers'), headersTable(r.response_headers),
       h('h2', {}, 'Response body'), bodyView('response', r.response_body, r.response_headers, true),
     ];
+  }
+
+  // The service's chain as it is now, for context: a middleware that let a request through
+  // without a word records no decision.
+  function chainNote(r) {
+    const svc = S.services.find((x) => x.name === r.service);
+    const chain = (svc && svc.middleware || []).map((m) => m.name);
+    if (!chain.length) return r.decisions.length ? null : h('p', { class: 'muted' }, 'The service has no middleware: the request went straight to the backend.');
+    return h('p', { class: 'muted' }, (r.decisions.length ? 'The chain: ' : 'No middleware objected or noted anything. The chain: ') + chain.join(' → '));
   }
 
   function bodyView(which, body, headers, complete) {
