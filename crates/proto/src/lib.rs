@@ -6,6 +6,8 @@
 //!
 //! * [`balance`]: the set of sessions serving a service and how visitors are spread.
 //! * [`cipher`]: cipher suites and how the server chooses one (by measured speed or order).
+//! * [`files`]: peer-to-peer file transfer: safe names, the manifest, chunk frames, PAKE
+//!   messages.
 //! * [`fragment`]: UDP-service datagrams over QUIC datagrams: frame format, splitting and
 //!   bounded reassembly.
 //! * [`handshake`]: connection preambles, the Noise handshake, data channel hellos.
@@ -19,6 +21,7 @@
 
 pub mod balance;
 pub mod cipher;
+pub mod files;
 pub mod fragment;
 pub mod handshake;
 pub mod liveness;

@@ -34,6 +34,7 @@
 //! * [`session`]: the control channel (hello, heartbeats) and datagram channels.
 //! * [`relay`]: byte pumps between local sockets and channels; UDP flow tables.
 //! * [`server`], [`client`]: the two sides.
+//! * [`p2p`]: peer-to-peer file transfer: join codes, PAKE, chunk hashes, resume, safe writes.
 //! * [`http`]: HTTP services: host and path routing, middleware.
 //! * [`demo`]: the self-contained `warren demo`.
 //! * [`doctor`], [`ping`]: `warren doctor` and `warren ping`.
@@ -49,6 +50,7 @@ pub mod demo;
 pub mod doctor;
 pub mod http;
 pub mod metrics;
+pub mod p2p;
 pub mod ping;
 pub mod relay;
 pub mod reload;
