@@ -664,7 +664,11 @@ token = "{ADMIN_TOKEN}"
         page.wait_for_selector("#live:not([data-state=live])", timeout=8_000)
         time.sleep(1.1)  # a new `started` second, so the page can tell a new process
         self.server.start()
-        page.wait_for_selector("#live[data-state=live]", timeout=20_000)
+        page.wait_for_function("() => location.pathname === '/login' || document.querySelector('#live[data-state=live]')",
+                               timeout=20_000)
+        assert not page.url.split("?")[0].endswith("/login"), (
+            "after the restart the login cookie got 401 and the page went to /login: the server must "
+            "keep dashboard logins valid across a restart")
         wait_for("the client back after the restart",
                  lambda: (admin_try(self.ports["admin"], "/api/v1/sessions") or []) != [], timeout=15)
         self.allow_net_errors = False
