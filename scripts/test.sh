@@ -3,8 +3,9 @@
 # tests against the release binary. CI runs it through .ci/run.
 #
 # On a fresh Debian machine it first installs what is missing (iperf3, dnsmasq-base,
-# dnsutils, microsocks, tinyproxy, haproxy, curl, wrk and nginx via apt-get; the rustfmt and clippy
-# components via rustup); on a machine that has everything it installs nothing. Usage: scripts/test.sh
+# dnsutils, microsocks, tinyproxy, haproxy, curl, wrk, nginx and chromium via apt-get; the rustfmt
+# and clippy components via rustup; playwright in a venv under target/); on a machine that has
+# everything it installs nothing. Usage: scripts/test.sh
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -38,6 +39,7 @@ command -v tshark >/dev/null 2>&1 || missing_packages+=(tshark)
 command -v curl >/dev/null 2>&1 || missing_packages+=(curl)
 command -v wrk >/dev/null 2>&1 || missing_packages+=(wrk)
 { command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ]; } || missing_packages+=(nginx)
+command -v chromium >/dev/null 2>&1 || missing_packages+=(chromium)
 if [ "${#missing_packages[@]}" -gt 0 ]; then
     echo "installing: ${missing_packages[*]}"
     # tshark asks whether non-root users may capture; answer no without a prompt.
@@ -58,7 +60,7 @@ if [ "${#missing_packages[@]}" -gt 0 ]; then
         as_root rm -f /usr/sbin/policy-rc.d
     fi
 else
-    echo "have: iperf3 dnsmasq dig sockperf microsocks tinyproxy haproxy iptables ip prlimit tshark curl wrk nginx"
+    echo "have: iperf3 dnsmasq dig sockperf microsocks tinyproxy haproxy iptables ip prlimit tshark curl wrk nginx chromium"
 fi
 for component in rustfmt clippy; do
     if ! cargo "${component/rustfmt/fmt}" --version >/dev/null 2>&1; then
@@ -78,6 +80,20 @@ if ! rustup toolchain list | grep -q '^nightly'; then
     echo "installing the nightly toolchain (for cargo fuzz)"
     rustup toolchain install nightly --profile minimal
 fi
+# Playwright for the dashboard's browser test, in a venv of its own. Its browser is Debian's
+# chromium (above): never `playwright install`, which downloads one.
+browser_venv=target/browser-venv
+if ! "$browser_venv/bin/python" -c 'import playwright' >/dev/null 2>&1; then
+    echo "making $browser_venv with playwright"
+    rm -rf "$browser_venv"
+    if ! python3 -m venv "$browser_venv" >/dev/null 2>&1; then
+        # Debian's python3 makes venvs only with python3-venv.
+        rm -rf "$browser_venv"
+        as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends python3-venv
+        python3 -m venv "$browser_venv"
+    fi
+    "$browser_venv/bin/pip" install --quiet playwright==1.65.2
+fi
 cargo --version
 
 banner "2/9 cargo fmt --all -- --check"
@@ -92,6 +108,9 @@ cargo test --locked
 banner "5/9 release build and end-to-end tests (real binary with iperf3, dnsmasq, dig, microsocks, tinyproxy, haproxy; two servers and two clients behind haproxy)"
 cargo build --release --locked
 WARREN_E2E_REQUIRE_TOOLS=1 cargo test --release --locked -p warren --test e2e --test e2e_dns --test e2e_ops --test e2e_proxy --test e2e_ha --test e2e_http
+
+banner "5a/9 dashboard in a real browser (Chromium + Playwright against the release binary; screenshots in target/dashboard-screenshots/)"
+"$browser_venv/bin/python" tests/browser/dashboard.py
 
 banner "5b/9 benchmark smoke (bench/run.sh --smoke: the harness still measures a working tunnel)"
 bash bench/run.sh --smoke
