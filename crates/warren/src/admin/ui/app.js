@@ -810,7 +810,7 @@
       bar,
       h('p', { class: 'muted' }, `response head after ${micros(r.head_us)}, body done after ${micros(r.total_us)}`),
       h('h2', {}, 'Middleware decisions'),
-      r.decisions.length ? h('ol', { class: 'chain' }, r.decisions.map(([m, d]) => h('li', {}, h('span', { class: 'mono' }, m), ': ', d))) : null,
+      r.decisions.length ? h('ol', { class: 'chain' }, r.decisions.map(([m, d]) => h('li', {}, h('span', { class: 'mono' }, m), ': ', d))) : '',
       chainNote(r),
       h('h2', {}, 'Request headers'), headersTable(r.request_headers),
       h('h2', {}, 'Request body'), bodyView('request', r.request_body, r.request_headers, r.request_body_complete),
@@ -824,7 +824,7 @@
   function chainNote(r) {
     const svc = S.services.find((x) => x.name === r.service);
     const chain = (svc && svc.middleware || []).map((m) => m.name);
-    if (!chain.length) return r.decisions.length ? null : h('p', { class: 'muted' }, 'The service has no middleware: the request went straight to the backend.');
+    if (!chain.length) return r.decisions.length ? '' : h('p', { class: 'muted' }, 'The service has no middleware: the request went straight to the backend.');
     return h('p', { class: 'muted' }, (r.decisions.length ? 'The chain: ' : 'No middleware objected or noted anything. The chain: ') + chain.join(' → '));
   }
 
