@@ -12,6 +12,7 @@
 
 pub mod chunks;
 pub mod code;
+pub mod mailbox;
 pub mod pake;
 #[cfg(unix)]
 pub mod resume;

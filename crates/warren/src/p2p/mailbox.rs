@@ -1,0 +1,214 @@
+//! The client's side of the server's mailbox (`[server.p2p]`): a probe session (no services
+//! claimed) over which a sender allocates a nameplate, a receiver claims it, and both pass
+//! the PAKE's messages. The server's side is [`crate::server::mailbox`].
+//!
+//! The session answers the server's heartbeat pings while it waits for an event, so a
+//! sender can wait for its receiver as long as the nameplate lives.
+
+use std::time::Duration;
+
+use warren_proto::message::{ControlMessage, HelloMode, MAX_MAILBOX_BODY, MailboxEvent, MailboxOp};
+
+use crate::client::establish::{self, EstablishError};
+use crate::config::HostPort;
+use crate::crypto::secret::Secret;
+use crate::session::stream::Stream;
+use crate::session::{self as control};
+
+/// Where the mailbox is and how to reach it.
+#[derive(Debug, Clone)]
+pub struct MailboxServer {
+    /// The Warren server.
+    pub server: HostPort,
+    /// Its PSK.
+    pub psk: Secret,
+    /// `Some` when the server runs `transport = "quic"`.
+    pub quic: Option<crate::config::quic::QuicConfig>,
+    /// Deadline of each step of connecting, and of each answer.
+    pub deadline: Duration,
+}
+
+/// Why the mailbox could not be used.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum MailboxError {
+    /// The session could not be established.
+    #[error(transparent)]
+    Connect(#[from] EstablishError),
+    /// The server refused the operation (the reason says why and what to do).
+    #[error("the server's mailbox refused: {0}")]
+    Refused(String),
+    /// The nameplate was burned after failed exchanges.
+    #[error(
+        "the code was used with wrong words too many times and is gone: start again with a new code"
+    )]
+    Burned,
+    /// The session ended.
+    #[error("the connection to the server's mailbox ended: {0}")]
+    Ended(String),
+    /// No answer in time.
+    #[error("the server's mailbox did not answer within {0:?}")]
+    Timeout(Duration),
+    /// A message too large for the mailbox.
+    #[error("a mailbox message of {0} bytes is over the {MAX_MAILBOX_BODY}-byte limit")]
+    TooLarge(usize),
+}
+
+/// A session with the server's mailbox.
+pub struct Mailbox {
+    channel: Stream,
+    deadline: Duration,
+}
+
+impl std::fmt::Debug for Mailbox {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Mailbox").finish_non_exhaustive()
+    }
+}
+
+impl Mailbox {
+    /// Connects to the server (handshake with its PSK, a probe session).
+    ///
+    /// # Errors
+    /// [`MailboxError::Connect`], naming the step that failed.
+    pub async fn connect(target: &MailboxServer) -> Result<Mailbox, MailboxError> {
+        let session = match &target.quic {
+            Some(quic) => {
+                establish::establish_quic_once(
+                    quic,
+                    &target.psk,
+                    &target.server,
+                    crate::transport::tcp::Family::Any,
+                    (&[], HelloMode::Probe),
+                    target.deadline,
+                )
+                .await?
+                .0
+            }
+            None => {
+                let policy = crate::crypto::speed::policy_measured(
+                    &warren_proto::CipherSuite::default_preference(
+                        crate::config::has_aes_hardware(),
+                    ),
+                    warren_proto::CipherChoice::default(),
+                )
+                .await;
+                establish::establish(
+                    crate::transport::tcp::connect(&target.server, target.deadline),
+                    &target.server.to_string(),
+                    &target.psk,
+                    &policy,
+                    &[],
+                    HelloMode::Probe,
+                    target.deadline,
+                )
+                .await?
+            }
+        };
+        Ok(Mailbox {
+            channel: session.channel,
+            deadline: target.deadline,
+        })
+    }
+
+    /// Takes a fresh nameplate (the sender's side).
+    ///
+    /// # Errors
+    /// Refused (no `[server.p2p]`, the table is full, too many requests), or the session
+    /// failed.
+    pub async fn allocate(&mut self) -> Result<u32, MailboxError> {
+        self.op(MailboxOp::Allocate).await?;
+        match self.next(self.deadline).await? {
+            MailboxEvent::Allocated { nameplate } => Ok(nameplate),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Joins `nameplate` (the receiver's side); messages the sender already sent follow as
+    /// [`MailboxEvent::Message`]s.
+    ///
+    /// # Errors
+    /// Refused (no such nameplate, another receiver holds it), or the session failed.
+    pub async fn claim(&mut self, nameplate: u32) -> Result<(), MailboxError> {
+        self.op(MailboxOp::Claim { nameplate }).await?;
+        match self.next(self.deadline).await? {
+            MailboxEvent::Claimed => Ok(()),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Sends `body` to the other side.
+    ///
+    /// # Errors
+    /// Too large, or the session failed.
+    pub async fn send(&mut self, body: Vec<u8>) -> Result<(), MailboxError> {
+        if body.len() > MAX_MAILBOX_BODY {
+            return Err(MailboxError::TooLarge(body.len()));
+        }
+        self.op(MailboxOp::Send { body }).await
+    }
+
+    /// Leaves the nameplate; `failed` when the exchange failed (counts towards burning it).
+    ///
+    /// # Errors
+    /// The session failed.
+    pub async fn release(&mut self, failed: bool) -> Result<(), MailboxError> {
+        self.op(MailboxOp::Release { failed }).await
+    }
+
+    /// The next event, within `wait` (answering the server's pings meanwhile). A refusal
+    /// or a burn is an error.
+    ///
+    /// # Errors
+    /// [`MailboxError::Refused`], [`MailboxError::Burned`], the session ended, or nothing
+    /// within `wait`.
+    pub async fn next(&mut self, wait: Duration) -> Result<MailboxEvent, MailboxError> {
+        let channel = &mut self.channel;
+        let receive = async {
+            loop {
+                match control::recv_control(channel).await {
+                    Ok(ControlMessage::MailboxEvent { event }) => return Ok(event),
+                    Ok(ControlMessage::Ping { seq }) => {
+                        control::send_control(channel, &ControlMessage::Pong { seq })
+                            .await
+                            .map_err(|e| MailboxError::Ended(e.to_string()))?;
+                    }
+                    Ok(ControlMessage::Goodbye { reason }) => {
+                        return Err(MailboxError::Ended(reason));
+                    }
+                    Ok(_) => {}
+                    Err(end) => return Err(MailboxError::Ended(end.to_string())),
+                }
+            }
+        };
+        match tokio::time::timeout(wait, receive).await {
+            Ok(Ok(MailboxEvent::Refused { reason })) => Err(MailboxError::Refused(reason)),
+            Ok(Ok(MailboxEvent::Burned)) => Err(MailboxError::Burned),
+            Ok(result) => result,
+            Err(_) => Err(MailboxError::Timeout(wait)),
+        }
+    }
+
+    /// Says goodbye and closes the session.
+    pub async fn close(self) {
+        establish::goodbye(self.channel, "done with the mailbox").await;
+    }
+
+    async fn op(&mut self, op: MailboxOp) -> Result<(), MailboxError> {
+        let message = ControlMessage::Mailbox { op };
+        match tokio::time::timeout(
+            self.deadline,
+            control::send_control(&mut self.channel, &message),
+        )
+        .await
+        {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(error)) => Err(MailboxError::Ended(error.to_string())),
+            Err(_) => Err(MailboxError::Timeout(self.deadline)),
+        }
+    }
+}
+
+fn unexpected(event: MailboxEvent) -> MailboxError {
+    MailboxError::Ended(format!("unexpected answer from the mailbox: {event:?}"))
+}
