@@ -236,6 +236,10 @@ pub enum Target {
     Replaces,
     /// The folder already exists (for a folder entry; nothing to do).
     DirExists,
+    /// A regular file with the entry's size and modification time is there: a past run
+    /// of the same transfer finished it (it set that time), so a rerun skips it instead
+    /// of refusing. Nothing is written over it either way.
+    Same,
 }
 
 impl OutputDir {
@@ -313,6 +317,12 @@ impl OutputDir {
                         name: entry.name.escaped(),
                         at: entry.name.escaped(),
                     }),
+                    (EntryKind::File, FileType::RegularFile)
+                        if u64::try_from(stat.st_size).ok() == Some(entry.size)
+                            && i64::try_from(entry.mtime).ok() == Some(stat.st_mtime) =>
+                    {
+                        Ok(Target::Same)
+                    }
                     (EntryKind::File, FileType::RegularFile) => match self.options.overwrite {
                         Overwrite::Refuse => Err(WriteError::Exists {
                             name: entry.name.escaped(),
