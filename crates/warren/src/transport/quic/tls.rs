@@ -409,8 +409,14 @@ pub(crate) fn spki_sha256(spki_der: &[u8]) -> [u8; 32] {
 }
 
 /// The error a pin mismatch reports, carried through rustls as the certificate error.
-#[derive(Debug)]
+/// rustls shows it with `Debug`, so `Debug` says the same as `Display`.
 struct PinMismatch(Pin);
+
+impl std::fmt::Debug for PinMismatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(self, f)
+    }
+}
 
 impl std::fmt::Display for PinMismatch {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
