@@ -15,6 +15,8 @@ use warren::p2p::transfer::{
     self, Event, Events, Identity, Offer, ReceiveOptions, Sources, Summary, TransferError,
 };
 use warren::transport::quic::QuicSettings;
+use warren_proto::files::control::Decoded;
+use warren_proto::files::{ChunkHeader, ControlMessage, Entry, Manifest, Mode, SafeName};
 
 /// Every test finishes well within this.
 const TEST_LIMIT: Duration = Duration::from_secs(120);
@@ -458,6 +460,145 @@ async fn a_hostile_manifest_is_refused_and_nothing_is_written() {
             around.sort();
             assert_eq!(around, ["out", "src"]);
         }
+    })
+    .await
+    .expect("in time");
+}
+
+/// Reads one control message with the proto decoder (test sender side).
+async fn read_control(recv: &mut quinn::RecvStream, buf: &mut Vec<u8>) -> ControlMessage {
+    loop {
+        if let Ok(Decoded::Message(message, used)) = ControlMessage::decode(buf) {
+            buf.drain(..used);
+            return message;
+        }
+        let read = tokio::time::timeout(Duration::from_secs(10), recv.read_chunk(4096, true))
+            .await
+            .expect("a message in time");
+        match read {
+            Ok(chunk) => buf.extend_from_slice(&chunk.expect("not finished").bytes),
+            // A peer that cancels also puts its Cancel in the close frame.
+            Err(quinn::ReadError::ConnectionLost(quinn::ConnectionError::ApplicationClosed(
+                close,
+            ))) => {
+                let Ok(Decoded::Message(message, _)) = ControlMessage::decode(&close.reason) else {
+                    panic!("a close without a Cancel: {close:?}")
+                };
+                return message;
+            }
+            Err(e) => panic!("read: {e}"),
+        }
+    }
+}
+
+/// A hand-driven sender sends a damaged chunk `bad` times, then the right one.
+async fn damaged_chunks(bad: usize) -> (Result<Summary, TransferError>, Vec<u8>, Vec<u8>) {
+    let (_dir, _src, out) = scratch();
+    let peers = connect().await;
+    let mut payload = vec![0u8; 1000];
+    rand::rng().fill_bytes(&mut payload);
+    let manifest = Manifest::new(vec![Entry::file(
+        SafeName::new("f.bin").expect("name"),
+        1000,
+        Mode::Regular,
+        1_700_000_000,
+    )])
+    .expect("manifest");
+    let mut seen = Vec::new();
+    let sender = async {
+        let (mut send, mut recv) = peers.sender.open_bi().await.expect("bi");
+        let mut bytes = Vec::new();
+        ControlMessage::Hello { min: 1, max: 1 }.encode(&mut bytes);
+        ControlMessage::Manifest(manifest).encode(&mut bytes);
+        send.write_all(&bytes).await.expect("offer");
+        let mut buf = Vec::new();
+        assert!(matches!(
+            read_control(&mut recv, &mut buf).await,
+            ControlMessage::Hello { .. }
+        ));
+        assert!(matches!(
+            read_control(&mut recv, &mut buf).await,
+            ControlMessage::Accept(_)
+        ));
+        let mut data = peers.sender.open_uni().await.expect("uni");
+        let header = ChunkHeader {
+            file_id: 0,
+            offset: 0,
+            len: 1000,
+            hash: *blake3::hash(&payload).as_bytes(),
+        };
+        let mut frame = Vec::new();
+        header.encode(&mut frame);
+        let mut damaged = payload.clone();
+        damaged[500] ^= 1;
+        for _ in 0..bad {
+            data.write_all(&frame).await.expect("header");
+            data.write_all(&damaged).await.expect("payload");
+            let message = read_control(&mut recv, &mut buf).await;
+            let stop = !matches!(message, ControlMessage::Resend { .. });
+            seen.push(message);
+            if stop {
+                return;
+            }
+        }
+        data.write_all(&frame).await.expect("header");
+        data.write_all(&payload).await.expect("payload");
+        seen.push(read_control(&mut recv, &mut buf).await);
+        seen.push(read_control(&mut recv, &mut buf).await);
+        let _ = send.finish();
+        let _ = data.finish();
+        let _ = tokio::time::timeout(Duration::from_secs(10), peers.sender.closed()).await;
+    };
+    let no_events = Events::none();
+    let (_, received) = tokio::join!(
+        sender,
+        transfer::receive(
+            &peers.receiver,
+            &out,
+            ReceiveOptions::default(),
+            yes,
+            &no_events
+        ),
+    );
+    let written = std::fs::read(out.join("f.bin")).unwrap_or_default();
+    let kinds = seen
+        .iter()
+        .map(|m| match m {
+            ControlMessage::Resend { .. } => b'R',
+            ControlMessage::FileDone { .. } => b'F',
+            ControlMessage::Done => b'D',
+            ControlMessage::Cancel { .. } => b'C',
+            _ => b'?',
+        })
+        .collect();
+    (
+        received,
+        if written == payload {
+            b"same".to_vec()
+        } else {
+            written
+        },
+        kinds,
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_damaged_chunk_on_the_wire_is_asked_for_again() {
+    tokio::time::timeout(TEST_LIMIT, async {
+        let (received, written, seen) = damaged_chunks(1).await;
+        let summary = received.expect("received");
+        assert_eq!(summary.resent_chunks, 1);
+        assert_eq!(written, b"same");
+        assert_eq!(seen, b"RFD");
+
+        let (received, written, seen) = damaged_chunks(4).await;
+        let err = received.expect_err("gave up");
+        assert!(
+            matches!(err, TransferError::TooManyBadChunks { .. }),
+            "{err}"
+        );
+        assert!(written.is_empty(), "nothing under the final name");
+        assert_eq!(seen, b"RRRC");
     })
     .await
     .expect("in time");

@@ -911,6 +911,30 @@ mod tests {
     }
 
     #[test]
+    fn a_file_a_past_run_finished_is_recognised() {
+        let (_tmp, out) = scratch();
+        fs::write(out.join("done.txt"), b"abc").expect("file");
+        let when = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+        fs::File::options()
+            .write(true)
+            .open(out.join("done.txt"))
+            .and_then(|f| f.set_modified(when))
+            .expect("mtime");
+        let dir = OutputDir::open(&out, WriteOptions::default()).expect("open");
+        let same = Entry::file(name("done.txt"), 3, Mode::Regular, 1_700_000_000);
+        assert_eq!(dir.preflight(&same).expect("ok"), Target::Same);
+        for other in [
+            Entry::file(name("done.txt"), 4, Mode::Regular, 1_700_000_000),
+            Entry::file(name("done.txt"), 3, Mode::Regular, 1_700_000_001),
+        ] {
+            assert!(matches!(
+                dir.preflight(&other),
+                Err(WriteError::Exists { .. })
+            ));
+        }
+    }
+
+    #[test]
     fn things_in_the_way_are_named() {
         let (_tmp, out) = scratch();
         fs::write(out.join("file"), b"x").expect("file");
