@@ -337,6 +337,33 @@ impl OutputDir {
         }
     }
 
+    /// Whether a temporary file of `name` is there (a past run began it), without creating
+    /// anything: a receiver prepares resume state only for these, so a fresh transfer of
+    /// many files creates no file before its data arrives.
+    ///
+    /// # Errors
+    ///
+    /// [`WriteError`] if something that is not a folder is on the path (as
+    /// [`OutputDir::preflight`]).
+    pub fn has_partial(&self, name: &SafeName) -> Result<bool, WriteError> {
+        let mut dir: Arc<OwnedFd> = Arc::clone(&self.root);
+        let mut at = String::new();
+        for component in parent_components(name) {
+            push_component(&mut at, component);
+            match open_dir(self.walk, dir.as_fd(), component) {
+                Ok(fd) => dir = Arc::new(fd),
+                Err(Errno::NOENT) => return Ok(false),
+                Err(e) => return Err(classify(e, dir.as_fd(), component, name, &at)),
+            }
+        }
+        let part = temp_name(name.file_name(), PART_SUFFIX);
+        match rfs::statat(dir.as_fd(), part.as_str(), AtFlags::SYMLINK_NOFOLLOW) {
+            Ok(_) => Ok(true),
+            Err(Errno::NOENT) => Ok(false),
+            Err(e) => Err(WriteError::io("look up", name, e)),
+        }
+    }
+
     /// Creates the folder `name` and any missing folders above it.
     ///
     /// # Errors
@@ -923,6 +950,10 @@ mod tests {
         let dir = OutputDir::open(&out, WriteOptions::default()).expect("open");
         let same = Entry::file(name("done.txt"), 3, Mode::Regular, 1_700_000_000);
         assert_eq!(dir.preflight(&same).expect("ok"), Target::Same);
+        assert!(!dir.has_partial(&name("done.txt")).expect("ok"));
+        assert!(!dir.has_partial(&name("no/such/folder.txt")).expect("ok"));
+        fs::write(out.join(".half.txt.warren-part"), b"ab").expect("part");
+        assert!(dir.has_partial(&name("half.txt")).expect("ok"));
         for other in [
             Entry::file(name("done.txt"), 4, Mode::Regular, 1_700_000_000),
             Entry::file(name("done.txt"), 3, Mode::Regular, 1_700_000_001),

@@ -8,9 +8,11 @@
 //!    is created, and the sender is told why.
 //! 2. The caller's `confirm` sees an [`Offer`] (counts, total size, escaped top-level
 //!    names) and says yes or no.
-//! 3. Folders are created; each file's partial file and resume sidecar are opened and
-//!    checked ([`resume::prepare`]), and the Accept lists, per file, the chunks still
-//!    missing. A file already complete from a past run ([`Target::Same`]) is skipped.
+//! 3. Folders are created; empty files are created at once; the partial file and resume
+//!    sidecar of each file a past run began are checked ([`resume::prepare`]), and the
+//!    Accept lists, per file, the chunks still missing. A file already complete from a
+//!    past run ([`Target::Same`]) is skipped. Other files are created when their first
+//!    chunk arrives.
 //! 4. Frames are checked against the manifest (the right file, exactly one wanted chunk)
 //!    and against their BLAKE3 hash while they are written; a damaged chunk is not
 //!    written and is asked for again (Resend), up to [`MAX_BAD_PER_CHUNK`] times. The
@@ -21,7 +23,7 @@
 //! Writes are positioned and run on the async worker (one page-cache copy per chunk).
 //! At most [`MAX_OPEN_FILES`] partial files are open at once.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::future::Future;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
@@ -275,6 +277,8 @@ struct Receiver<'a> {
     /// By file id: the chunks still to arrive (bounded by the manifest's chunk count).
     pending: HashMap<u32, BTreeSet<u64>>,
     open: HashMap<u32, Writing>,
+    /// Files with no partial file from a past run, not opened yet.
+    fresh: HashSet<u32>,
     /// Damaged arrivals per chunk.
     bad: HashMap<(u32, u64), u32>,
     resumed_bytes: u64,
@@ -298,6 +302,7 @@ impl<'a> Receiver<'a> {
             needs: Vec::new(),
             pending: HashMap::new(),
             open: HashMap::new(),
+            fresh: HashSet::new(),
             bad: HashMap::new(),
             resumed_bytes: 0,
             received_bytes: 0,
@@ -312,16 +317,34 @@ impl<'a> Receiver<'a> {
                     receiver.resumed_bytes += entry.size;
                     receiver.file_done(file_id, entry).await;
                 }
-                (EntryKind::File, _) => {
+                (EntryKind::File, _) if entry.size == 0 => {
                     let part = out.open_part(&entry.name, entry.mode)?;
-                    let resume = resume::prepare(&part, entry, options.resume_check)?;
-                    receiver.resumed_bytes += resume.have_bytes;
-                    let missing = resume.missing(entry.size);
-                    if missing.is_empty() {
-                        finish(part, entry)?;
-                        receiver.file_done(file_id, entry).await;
-                        continue;
-                    }
+                    part.file().set_len(0).map_err(|source| WriteError::Io {
+                        op: "empty",
+                        name: entry.name.escaped(),
+                        source,
+                    })?;
+                    finish(part, entry)?;
+                    receiver.file_done(file_id, entry).await;
+                }
+                (EntryKind::File, _) => {
+                    // Only a file a past run began has resume state to check; the others
+                    // are created when their first chunk arrives.
+                    let missing = if out.has_partial(&entry.name)? {
+                        let part = out.open_part(&entry.name, entry.mode)?;
+                        let resume = resume::prepare(&part, entry, options.resume_check)?;
+                        receiver.resumed_bytes += resume.have_bytes;
+                        let missing = resume.missing(entry.size);
+                        if missing.is_empty() {
+                            finish(part, entry)?;
+                            receiver.file_done(file_id, entry).await;
+                            continue;
+                        }
+                        missing
+                    } else {
+                        receiver.fresh.insert(file_id);
+                        std::iter::once(0..chunk_count(entry.size)).collect()
+                    };
                     receiver
                         .pending
                         .insert(file_id, missing.iter().flat_map(|r| r.clone()).collect());
@@ -453,24 +476,24 @@ impl<'a> Receiver<'a> {
                 self.open.remove(&evict);
             }
             let part = out.open_part(&entry.name, entry.mode)?;
-            let resume = resume::prepare(&part, entry, ResumeCheck::Tail)?;
-            // Every chunk already written (not pending) must still be on disk: someone
-            // else touching the partial file must not end in a silently damaged file.
-            let pending = self.pending.get(&file_id);
-            let intact = (0..chunk_count(entry.size))
-                .all(|i| pending.is_some_and(|p| p.contains(&i)) || resume.have.contains_key(&i));
-            if !intact {
-                return Err(TransferError::PartChanged {
-                    name: entry.name.escaped(),
+            let sidecar = if self.fresh.remove(&file_id) {
+                resume::start(&part, entry)?
+            } else {
+                let resume = resume::prepare(&part, entry, ResumeCheck::Tail)?;
+                // Every chunk already written (not pending) must still be on disk: someone
+                // else touching the partial file must not end in a silently damaged file.
+                let pending = self.pending.get(&file_id);
+                let intact = (0..chunk_count(entry.size)).all(|i| {
+                    pending.is_some_and(|p| p.contains(&i)) || resume.have.contains_key(&i)
                 });
-            }
-            self.open.insert(
-                file_id,
-                Writing {
-                    part,
-                    sidecar: resume.sidecar,
-                },
-            );
+                if !intact {
+                    return Err(TransferError::PartChanged {
+                        name: entry.name.escaped(),
+                    });
+                }
+                resume.sidecar
+            };
+            self.open.insert(file_id, Writing { part, sidecar });
         }
         // Inserted just above when missing.
         self.open
