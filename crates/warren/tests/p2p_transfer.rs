@@ -603,3 +603,41 @@ async fn a_damaged_chunk_on_the_wire_is_asked_for_again() {
     .await
     .expect("in time");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_declined_offer_writes_nothing_and_the_sender_hears_why() {
+    tokio::time::timeout(TEST_LIMIT, async {
+        let (_dir, src, out) = scratch();
+        let tree = src.join("t");
+        random_file(&mut rand::rng(), &tree.join("x/y.bin"), 5000);
+        let peers = connect().await;
+        let sources = Sources::walk(&[tree], &[]).expect("walk");
+        let no_events = Events::none();
+        let no = |_: Offer| std::future::ready(false);
+        let (sent, received) = tokio::join!(
+            transfer::send(&peers.sender, &sources, &no_events),
+            transfer::receive(
+                &peers.receiver,
+                &out,
+                ReceiveOptions::default(),
+                no,
+                &no_events
+            ),
+        );
+        assert!(matches!(received, Err(TransferError::Declined)));
+        let err = sent.expect_err("declined");
+        assert!(
+            matches!(
+                err,
+                TransferError::PeerCancelled {
+                    reason: warren_proto::files::CancelReason::Declined,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        assert_eq!(std::fs::read_dir(&out).expect("out").count(), 0);
+    })
+    .await
+    .expect("in time");
+}
