@@ -41,6 +41,17 @@ pub use receive::{Offer, ReceiveOptions, receive};
 pub use send::send;
 pub use sources::{Skipped, SourceError, Sources};
 
+/// Runs blocking disk work from async code: on a multi-threaded runtime the worker hands
+/// its other tasks to the rest of the pool first (`block_in_place`), so a slow disk does
+/// not stall the connection's other tasks; elsewhere (a current-thread runtime, where
+/// that is not allowed) it runs inline.
+pub(crate) fn on_disk<T>(work: impl FnOnce() -> T) -> T {
+    match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
+        Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(work),
+        _ => work(),
+    }
+}
+
 /// What a finished transfer did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Summary {

@@ -20,7 +20,8 @@
 //! 5. A complete file is renamed into place ([`PartFile::finish`], never over an
 //!    existing file unless asked) and reported (FileDone); after the last one, Done.
 //!
-//! Writes are positioned and run on the async worker (one page-cache copy per chunk).
+//! Disk work (writes, flushes, re-hashing partial files) runs through
+//! [`on_disk`](super::on_disk), so the runtime moves its other tasks elsewhere meanwhile.
 //! At most [`MAX_OPEN_FILES`] partial files are open at once.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
@@ -36,11 +37,11 @@ use warren_proto::files::chunk::{CHUNK_SIZE, chunk_count};
 use warren_proto::files::control::PROTOCOL_VERSION;
 use warren_proto::files::{ControlError, ControlMessage, Entry, EntryKind, Manifest, Need};
 
-use super::Summary;
 use super::error::TransferError;
 use super::events::{Event, Events};
 use super::send::{CLOSE_TIMEOUT, HELLO_TIMEOUT, negotiate, unexpected};
 use super::stream::{self, timed};
+use super::{Summary, on_disk};
 use crate::p2p::chunks::FrameCheck;
 use crate::p2p::resume::{self, ResumeCheck, Sidecar};
 use crate::p2p::write::{OutputDir, PartFile, Target, WriteError, WriteOptions};
@@ -317,41 +318,30 @@ impl<'a> Receiver<'a> {
                     receiver.resumed_bytes += entry.size;
                     receiver.file_done(file_id, entry).await;
                 }
-                (EntryKind::File, _) if entry.size == 0 => {
-                    let part = out.open_part(&entry.name, entry.mode)?;
-                    part.file().set_len(0).map_err(|source| WriteError::Io {
-                        op: "empty",
-                        name: entry.name.escaped(),
-                        source,
-                    })?;
-                    finish(part, entry)?;
-                    receiver.file_done(file_id, entry).await;
-                }
                 (EntryKind::File, _) => {
-                    // Only a file a past run began has resume state to check; the others
-                    // are created when their first chunk arrives.
-                    let missing = if out.has_partial(&entry.name)? {
-                        let part = out.open_part(&entry.name, entry.mode)?;
-                        let resume = resume::prepare(&part, entry, options.resume_check)?;
-                        receiver.resumed_bytes += resume.have_bytes;
-                        let missing = resume.missing(entry.size);
-                        if missing.is_empty() {
-                            finish(part, entry)?;
+                    match on_disk(|| plan_file(out, entry, options.resume_check))? {
+                        Plan::Complete { have_bytes } => {
+                            receiver.resumed_bytes += have_bytes;
                             receiver.file_done(file_id, entry).await;
-                            continue;
                         }
-                        missing
-                    } else {
-                        receiver.fresh.insert(file_id);
-                        std::iter::once(0..chunk_count(entry.size)).collect()
-                    };
-                    receiver
-                        .pending
-                        .insert(file_id, missing.iter().flat_map(|r| r.clone()).collect());
-                    receiver.needs.push(Need {
-                        file_id,
-                        chunks: missing,
-                    });
+                        Plan::Need {
+                            missing,
+                            have_bytes,
+                            fresh,
+                        } => {
+                            receiver.resumed_bytes += have_bytes;
+                            if fresh {
+                                receiver.fresh.insert(file_id);
+                            }
+                            receiver
+                                .pending
+                                .insert(file_id, missing.iter().flat_map(|r| r.clone()).collect());
+                            receiver.needs.push(Need {
+                                file_id,
+                                chunks: missing,
+                            });
+                        }
+                    }
                 }
             }
         }
@@ -419,20 +409,23 @@ impl<'a> Receiver<'a> {
             let resend = ControlMessage::Resend { file_id, index };
             return stream::write_message(ctl, &resend, "asking for a chunk again").await;
         };
-        let writing = self.writing(out, file_id, entry)?;
         let io = |op| {
             let name = entry.name.escaped();
             move |source| WriteError::Io { op, name, source }
         };
-        writing
-            .part
-            .file()
-            .write_all_at(payload, index * CHUNK_SIZE)
-            .map_err(io("write"))?;
-        writing
-            .sidecar
-            .record(index, &hash)
-            .map_err(io("record the progress of"))?;
+        on_disk(|| {
+            let writing = self.writing(out, file_id, entry)?;
+            writing
+                .part
+                .file()
+                .write_all_at(payload, index * CHUNK_SIZE)
+                .map_err(io("write"))?;
+            writing
+                .sidecar
+                .record(index, &hash)
+                .map_err(io("record the progress of"))?;
+            Ok::<_, TransferError>(())
+        })?;
         self.received_bytes += payload.len() as u64;
         let pending = self.pending.get_mut(&file_id);
         let complete = pending.is_some_and(|p| {
@@ -442,12 +435,14 @@ impl<'a> Receiver<'a> {
         if complete {
             self.pending.remove(&file_id);
             if let Some(writing) = self.open.remove(&file_id) {
-                writing
-                    .part
-                    .file()
-                    .set_len(size)
-                    .map_err(io("set the size of"))?;
-                finish(writing.part, entry)?;
+                on_disk(|| {
+                    writing
+                        .part
+                        .file()
+                        .set_len(size)
+                        .map_err(io("set the size of"))?;
+                    finish(writing.part, entry)
+                })?;
             }
             stream::write_message(
                 ctl,
@@ -510,6 +505,65 @@ impl<'a> Receiver<'a> {
             })
             .await;
     }
+}
+
+/// What a file needs, worked out before the Accept.
+enum Plan {
+    /// Nothing: it is empty, or a past run left all of it.
+    Complete {
+        /// Bytes already there.
+        have_bytes: u64,
+    },
+    /// These chunks.
+    Need {
+        /// Chunk-index ranges still missing.
+        missing: Vec<std::ops::Range<u64>>,
+        /// Bytes already there.
+        have_bytes: u64,
+        /// No partial file yet: create it when the first chunk arrives.
+        fresh: bool,
+    },
+}
+
+/// Works out what `entry` needs (blocking file-system work). Empty files are created at
+/// once; only a file a past run began has resume state to check; the others are created
+/// when their first chunk arrives.
+fn plan_file(
+    out: &mut OutputDir,
+    entry: &Entry,
+    check: ResumeCheck,
+) -> Result<Plan, TransferError> {
+    if entry.size == 0 {
+        let part = out.open_part(&entry.name, entry.mode)?;
+        part.file().set_len(0).map_err(|source| WriteError::Io {
+            op: "empty",
+            name: entry.name.escaped(),
+            source,
+        })?;
+        finish(part, entry)?;
+        return Ok(Plan::Complete { have_bytes: 0 });
+    }
+    if !out.has_partial(&entry.name)? {
+        return Ok(Plan::Need {
+            missing: std::iter::once(0..chunk_count(entry.size)).collect(),
+            have_bytes: 0,
+            fresh: true,
+        });
+    }
+    let part = out.open_part(&entry.name, entry.mode)?;
+    let resume = resume::prepare(&part, entry, check)?;
+    let missing = resume.missing(entry.size);
+    if missing.is_empty() {
+        finish(part, entry)?;
+        return Ok(Plan::Complete {
+            have_bytes: resume.have_bytes,
+        });
+    }
+    Ok(Plan::Need {
+        missing,
+        have_bytes: resume.have_bytes,
+        fresh: false,
+    })
 }
 
 /// Renames a complete partial file into place with the sender's time and mode.

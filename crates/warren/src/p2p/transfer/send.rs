@@ -4,8 +4,8 @@
 //! Files go back to back in manifest order, one frame per 1 MiB chunk (a small file is
 //! one frame), each chunk hashed with BLAKE3 right after it is read, so a file that
 //! changes on disk mid-transfer is caught by the receiver's check rather than trusted.
-//! Reads are positioned (`pread`) and short: they run on the async worker, which costs a
-//! page-cache copy per chunk.
+//! Reads are positioned (`pread`), one chunk at a time, through
+//! [`on_disk`](super::on_disk).
 //!
 //! The receiver's control messages (FileDone, Resend, Done, Cancel) are read by a task of
 //! this transfer into a bounded queue, drained between frames; re-requested chunks go out
@@ -26,11 +26,11 @@ use warren_proto::files::chunk::{CHUNK_SIZE, MAX_HEADER_LEN, chunk_count, chunk_
 use warren_proto::files::control::PROTOCOL_VERSION;
 use warren_proto::files::{ChunkHeader, ControlMessage, EntryKind, Need};
 
-use super::Summary;
 use super::error::TransferError;
 use super::events::{Event, Events};
 use super::sources::Sources;
 use super::stream::{self, timed};
+use super::{Summary, on_disk};
 
 /// How long the receiver may take to say hello.
 pub(crate) const HELLO_TIMEOUT: Duration = Duration::from_secs(30);
@@ -415,7 +415,7 @@ impl Frame {
             .ok_or_else(|| TransferError::Protocol(format!("chunk {index} is past the end")))?;
         let offset = index * CHUNK_SIZE;
         let payload = &mut self.payload[..len as usize];
-        file.read_exact_at(payload, offset).map_err(|source| {
+        on_disk(|| file.read_exact_at(payload, offset)).map_err(|source| {
             if source.kind() == std::io::ErrorKind::UnexpectedEof {
                 TransferError::Changed {
                     path: path.to_owned(),
