@@ -21,7 +21,7 @@
 //!    existing file unless asked) and reported (FileDone); after the last one, Done.
 //!
 //! Disk work (writes, flushes, re-hashing partial files) runs through
-//! [`on_disk`](super::on_disk), so the runtime moves its other tasks elsewhere meanwhile.
+//! `on_disk` (`block_in_place`), so the runtime moves its other tasks elsewhere meanwhile.
 //! At most [`MAX_OPEN_FILES`] partial files are open at once.
 
 use std::collections::{BTreeSet, HashMap, HashSet};

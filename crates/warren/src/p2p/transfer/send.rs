@@ -5,7 +5,7 @@
 //! one frame), each chunk hashed with BLAKE3 right after it is read, so a file that
 //! changes on disk mid-transfer is caught by the receiver's check rather than trusted.
 //! Reads are positioned (`pread`), one chunk at a time, through
-//! [`on_disk`](super::on_disk).
+//! `on_disk` (`block_in_place`).
 //!
 //! The receiver's control messages (FileDone, Resend, Done, Cancel) are read by a task of
 //! this transfer into a bounded queue, drained between frames; re-requested chunks go out

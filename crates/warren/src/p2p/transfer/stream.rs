@@ -1,8 +1,8 @@
 //! Control messages and data frames over quinn streams: framing, bounds checked before
 //! allocation, and a timeout on every wait.
 //!
-//! Also the two ways a transfer ends on the connection: [`close_done`] after the last
-//! message, and [`cancel`], which tells the peer why (a Cancel on the control stream and
+//! Also the two ways a transfer ends on the connection: `close_done` after the last
+//! message, and `cancel`, which tells the peer why (a Cancel on the control stream and
 //! the same message as the connection's close reason, so the peer learns it whichever it
 //! reads first).
 
