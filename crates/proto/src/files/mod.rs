@@ -8,18 +8,23 @@
 //! * [`manifest`]: [`Manifest`], the entries a sender offers, and its bounded codec.
 //! * [`chunk`]: 1 MiB chunks and the data frame header that carries one.
 //! * [`pake`]: [`PakeMessage`], the SPAKE2, confirmation and fingerprint messages.
+//! * [`control`]: [`ControlMessage`], the control stream of a transfer (hello, manifest,
+//!   accept, file done, resend, done, cancel).
 //!
 //! Every decoder here is bounded (counts, lengths, sums) and never panics on any input;
-//! `fuzz/` has targets for the name checker and the manifest decoder. The formats are
+//! `fuzz/` has targets for the name checker, the manifest decoder and the control-message
+//! decoder. The formats are
 //! described in `docs/protocol.md` ("Peer-to-peer file transfer").
 
 pub mod chunk;
+pub mod control;
 pub mod manifest;
 pub mod name;
 pub mod pake;
 mod wire;
 
 pub use chunk::{CHUNK_SIZE, ChunkHash, ChunkHeader};
+pub use control::{CancelReason, ControlError, ControlMessage, Need};
 pub use manifest::{Entry, Manifest, ManifestError, Mode};
 pub use name::{EntryKind, NameError, NameSet, NameSetError, SafeName, escape_for_terminal};
 pub use pake::{PakeMessage, PakeMessageError};

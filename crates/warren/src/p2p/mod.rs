@@ -1,5 +1,5 @@
-//! Peer-to-peer file transfer (`warren send` / `warren receive`): the parts that touch the
-//! file system and the crypto, without any networking yet. The wire formats live in
+//! Peer-to-peer file transfer (`warren send` / `warren receive`): the file system, the
+//! crypto and the transfer over an established QUIC connection (no NAT traversal yet). The wire formats live in
 //! `warren_proto::files`.
 //!
 //! * [`code`]: the join code `<nameplate>-<word>-<word>-<word>`: making and parsing it.
@@ -9,6 +9,8 @@
 //! * [`resume`]: the sidecar of a partial file, and what of it can be trusted on resume.
 //! * [`write`](mod@write): creating files and folders strictly beneath the output folder, without
 //!   following links; temporary names, renamed into place when complete.
+//! * [`transfer`]: the file protocol over one QUIC connection: pinned identities, the
+//!   sender and the receiver, progress events.
 
 pub mod chunks;
 pub mod code;
@@ -16,6 +18,8 @@ pub mod mailbox;
 pub mod pake;
 #[cfg(unix)]
 pub mod resume;
+#[cfg(unix)]
+pub mod transfer;
 mod words;
 #[cfg(unix)]
 pub mod write;

@@ -221,6 +221,31 @@ pub fn prepare(part: &PartFile, entry: &Entry, check: ResumeCheck) -> Result<Res
     })
 }
 
+/// Starts `part` afresh for `entry`: empties the partial file and writes a sidecar with
+/// no records. For a file no past run began ([`prepare`] is for those), so nothing is
+/// re-hashed and nothing is flushed: a crash before the sidecar reaches the disk only
+/// means starting over, as for a missing sidecar.
+///
+/// # Errors
+///
+/// [`ResumeError`] on file-system errors.
+pub fn start(part: &PartFile, entry: &Entry) -> Result<Sidecar, ResumeError> {
+    let io_err = |op: &'static str| {
+        let name = part.name().escaped();
+        move |source: io::Error| ResumeError::Io { op, name, source }
+    };
+    let file = part.open_sidecar()?;
+    part.file().set_len(0).map_err(io_err("empty"))?;
+    let header = header_bytes(entry);
+    file.set_len(0).map_err(io_err("write the sidecar of"))?;
+    file.write_all_at(&header, 0)
+        .map_err(io_err("write the sidecar of"))?;
+    Ok(Sidecar {
+        file,
+        end: header.len() as u64,
+    })
+}
+
 fn header_bytes(entry: &Entry) -> Vec<u8> {
     let name = entry.name.as_str().as_bytes();
     let mut out = Vec::with_capacity(8 + 1 + 2 + name.len() + 8 + 8 + 32);

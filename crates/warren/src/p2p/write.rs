@@ -236,6 +236,10 @@ pub enum Target {
     Replaces,
     /// The folder already exists (for a folder entry; nothing to do).
     DirExists,
+    /// A regular file with the entry's size and modification time is there: a past run
+    /// of the same transfer finished it (it set that time), so a rerun skips it instead
+    /// of refusing. Nothing is written over it either way.
+    Same,
 }
 
 impl OutputDir {
@@ -313,6 +317,12 @@ impl OutputDir {
                         name: entry.name.escaped(),
                         at: entry.name.escaped(),
                     }),
+                    (EntryKind::File, FileType::RegularFile)
+                        if u64::try_from(stat.st_size).ok() == Some(entry.size)
+                            && i64::try_from(entry.mtime).ok() == Some(stat.st_mtime) =>
+                    {
+                        Ok(Target::Same)
+                    }
                     (EntryKind::File, FileType::RegularFile) => match self.options.overwrite {
                         Overwrite::Refuse => Err(WriteError::Exists {
                             name: entry.name.escaped(),
@@ -324,6 +334,33 @@ impl OutputDir {
                     }),
                 }
             }
+        }
+    }
+
+    /// Whether a temporary file of `name` is there (a past run began it), without creating
+    /// anything: a receiver prepares resume state only for these, so a fresh transfer of
+    /// many files creates no file before its data arrives.
+    ///
+    /// # Errors
+    ///
+    /// [`WriteError`] if something that is not a folder is on the path (as
+    /// [`OutputDir::preflight`]).
+    pub fn has_partial(&self, name: &SafeName) -> Result<bool, WriteError> {
+        let mut dir: Arc<OwnedFd> = Arc::clone(&self.root);
+        let mut at = String::new();
+        for component in parent_components(name) {
+            push_component(&mut at, component);
+            match open_dir(self.walk, dir.as_fd(), component) {
+                Ok(fd) => dir = Arc::new(fd),
+                Err(Errno::NOENT) => return Ok(false),
+                Err(e) => return Err(classify(e, dir.as_fd(), component, name, &at)),
+            }
+        }
+        let part = temp_name(name.file_name(), PART_SUFFIX);
+        match rfs::statat(dir.as_fd(), part.as_str(), AtFlags::SYMLINK_NOFOLLOW) {
+            Ok(_) => Ok(true),
+            Err(Errno::NOENT) => Ok(false),
+            Err(e) => Err(WriteError::io("look up", name, e)),
         }
     }
 
@@ -898,6 +935,34 @@ mod tests {
         assert_eq!(dir.preflight(&entry).expect("ok"), Target::Replaces);
         write_file(&mut dir, "keep.txt", b"new", Mode::Regular).expect("replaced");
         assert_eq!(fs::read(out.join("keep.txt")).expect("read"), b"new");
+    }
+
+    #[test]
+    fn a_file_a_past_run_finished_is_recognised() {
+        let (_tmp, out) = scratch();
+        fs::write(out.join("done.txt"), b"abc").expect("file");
+        let when = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+        fs::File::options()
+            .write(true)
+            .open(out.join("done.txt"))
+            .and_then(|f| f.set_modified(when))
+            .expect("mtime");
+        let dir = OutputDir::open(&out, WriteOptions::default()).expect("open");
+        let same = Entry::file(name("done.txt"), 3, Mode::Regular, 1_700_000_000);
+        assert_eq!(dir.preflight(&same).expect("ok"), Target::Same);
+        assert!(!dir.has_partial(&name("done.txt")).expect("ok"));
+        assert!(!dir.has_partial(&name("no/such/folder.txt")).expect("ok"));
+        fs::write(out.join(".half.txt.warren-part"), b"ab").expect("part");
+        assert!(dir.has_partial(&name("half.txt")).expect("ok"));
+        for other in [
+            Entry::file(name("done.txt"), 4, Mode::Regular, 1_700_000_000),
+            Entry::file(name("done.txt"), 3, Mode::Regular, 1_700_000_001),
+        ] {
+            assert!(matches!(
+                dir.preflight(&other),
+                Err(WriteError::Exists { .. })
+            ));
+        }
     }
 
     #[test]

@@ -28,6 +28,7 @@ use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, Server
 use rustls::crypto::{CryptoProvider, WebPkiSupportedAlgorithms};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 use rustls::server::WebPkiClientVerifier;
+use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
 use subtle::ConstantTimeEq;
 
 use super::certs;
@@ -201,11 +202,8 @@ impl ClientTls {
     ///
     /// [`QuicError::Tls`] if rustls refuses the config (not expected).
     pub fn psk(psk: Secret, pin: Option<[u8; 32]>) -> Result<Self, QuicError> {
-        let provider = provider();
-        let verifier: Arc<dyn ServerCertVerifier> = Arc::new(PskModeVerifier {
-            pin,
-            algorithms: provider.signature_verification_algorithms,
-        });
+        let pin = pin.map_or(Pin::Any, Pin::CertSha256);
+        let verifier: Arc<dyn ServerCertVerifier> = Arc::new(PinVerifier::new(pin));
         Self::build(verifier, None, ClientAuth::Psk(psk))
     }
 
@@ -305,7 +303,7 @@ impl ClientTls {
 /// for a session key and seals ~10 % faster (`warren doctor` shows both); without AES
 /// instructions ChaCha20-Poly1305 goes first. The client's order decides (rustls servers
 /// follow it), and both sides offer all three.
-fn provider() -> Arc<CryptoProvider> {
+pub(crate) fn provider() -> Arc<CryptoProvider> {
     use rustls::crypto::aws_lc_rs::cipher_suite::{
         TLS13_AES_128_GCM_SHA256, TLS13_AES_256_GCM_SHA384, TLS13_CHACHA20_POLY1305_SHA256,
     };
@@ -350,27 +348,90 @@ fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// The `psk` mode server check: any certificate, or exactly the pinned one. The handshake
-/// signature is always verified, so the server holds the key of what it presented.
+/// What a [`PinVerifier`] accepts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Pin {
+    /// Any certificate (`psk` mode without `server_cert_sha256`).
+    Any,
+    /// The certificate whose DER has this SHA-256 (`server_cert_sha256`).
+    CertSha256([u8; 32]),
+    /// Any certificate for the key whose SubjectPublicKeyInfo has this SHA-256: what the
+    /// peer-to-peer key exchange agreed (`p2p::pake::Outcome`).
+    SpkiSha256([u8; 32]),
+}
+
+/// Checks a peer's certificate against a [`Pin`], as a server verifier (`psk` mode, the
+/// peer-to-peer client) or a client verifier (the peer-to-peer server). The handshake
+/// signature is always verified, so the peer holds the key of what it presented.
 #[derive(Debug)]
-struct PskModeVerifier {
-    pin: Option<[u8; 32]>,
+pub(crate) struct PinVerifier {
+    pin: Pin,
     algorithms: WebPkiSupportedAlgorithms,
 }
 
+impl PinVerifier {
+    /// A verifier for `pin`, with the signature algorithms of Warren's one provider.
+    pub(crate) fn new(pin: Pin) -> PinVerifier {
+        PinVerifier {
+            pin,
+            algorithms: provider().signature_verification_algorithms,
+        }
+    }
+
+    fn check(&self, end_entity: &CertificateDer<'_>) -> Result<(), rustls::Error> {
+        let matches = match &self.pin {
+            Pin::Any => true,
+            Pin::CertSha256(pin) => bool::from(certs::sha256(end_entity).ct_eq(pin)),
+            Pin::SpkiSha256(pin) => {
+                let parsed = rustls::server::ParsedCertificate::try_from(end_entity)?;
+                let spki = parsed.subject_public_key_info();
+                bool::from(spki_sha256(spki.as_ref()).ct_eq(pin))
+            }
+        };
+        if matches {
+            Ok(())
+        } else {
+            Err(rustls::Error::InvalidCertificate(
+                rustls::CertificateError::Other(rustls::OtherError(Arc::new(PinMismatch(
+                    self.pin,
+                )))),
+            ))
+        }
+    }
+}
+
+/// SHA-256 of a DER SubjectPublicKeyInfo.
+pub(crate) fn spki_sha256(spki_der: &[u8]) -> [u8; 32] {
+    let d = aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, spki_der);
+    let mut out = [0u8; 32];
+    out.copy_from_slice(d.as_ref());
+    out
+}
+
 /// The error a pin mismatch reports, carried through rustls as the certificate error.
-#[derive(Debug)]
-struct PinMismatch;
+/// rustls shows it with `Debug`, so `Debug` says the same as `Display`.
+struct PinMismatch(Pin);
+
+impl std::fmt::Debug for PinMismatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(self, f)
+    }
+}
 
 impl std::fmt::Display for PinMismatch {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("its SHA-256 does not match server_cert_sha256")
+        match self.0 {
+            Pin::SpkiSha256(_) => f.write_str(
+                "its key is not the one agreed through the join code: someone else answered",
+            ),
+            _ => f.write_str("its SHA-256 does not match server_cert_sha256"),
+        }
     }
 }
 
 impl std::error::Error for PinMismatch {}
 
-impl ServerCertVerifier for PskModeVerifier {
+impl ServerCertVerifier for PinVerifier {
     fn verify_server_cert(
         &self,
         end_entity: &CertificateDer<'_>,
@@ -379,14 +440,7 @@ impl ServerCertVerifier for PskModeVerifier {
         _ocsp_response: &[u8],
         _now: UnixTime,
     ) -> Result<ServerCertVerified, rustls::Error> {
-        if let Some(pin) = &self.pin {
-            let actual = certs::sha256(end_entity);
-            if !bool::from(actual.ct_eq(pin)) {
-                return Err(rustls::Error::InvalidCertificate(
-                    rustls::CertificateError::Other(rustls::OtherError(Arc::new(PinMismatch))),
-                ));
-            }
-        }
+        self.check(end_entity)?;
         Ok(ServerCertVerified::assertion())
     }
 
@@ -397,6 +451,44 @@ impl ServerCertVerifier for PskModeVerifier {
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
         // Unreachable (TLS 1.3 only), but verified properly rather than assumed.
+        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.algorithms)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.algorithms)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.algorithms.supported_schemes()
+    }
+}
+
+impl ClientCertVerifier for PinVerifier {
+    fn root_hint_subjects(&self) -> &[rustls::DistinguishedName] {
+        &[]
+    }
+
+    fn verify_client_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _now: UnixTime,
+    ) -> Result<ClientCertVerified, rustls::Error> {
+        self.check(end_entity)?;
+        Ok(ClientCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
         rustls::crypto::verify_tls12_signature(message, cert, dss, &self.algorithms)
     }
 
@@ -477,7 +569,7 @@ impl ServerCertVerifier for CountingVerifier {
 mod tests {
     use super::*;
 
-    fn verify(verifier: &PskModeVerifier, cert: &CertificateDer<'_>) -> bool {
+    fn verify(verifier: &PinVerifier, cert: &CertificateDer<'_>) -> bool {
         let name = ServerName::try_from("warren").expect("valid name");
         verifier
             .verify_server_cert(cert, &[], &name, &[], UnixTime::now())
@@ -488,19 +580,30 @@ mod tests {
     fn psk_mode_verifier_accepts_any_cert_or_only_the_pinned_one() {
         let one = certs::self_signed(&["warren".into()]).expect("cert");
         let two = certs::self_signed(&["warren".into()]).expect("cert");
-        let algorithms = provider().signature_verification_algorithms;
-        let open = PskModeVerifier {
-            pin: None,
-            algorithms,
-        };
+        let open = PinVerifier::new(Pin::Any);
         assert!(verify(&open, &one.cert_der));
         assert!(verify(&open, &two.cert_der));
-        let pinned = PskModeVerifier {
-            pin: Some(certs::sha256(&one.cert_der)),
-            algorithms,
-        };
+        let pinned = PinVerifier::new(Pin::CertSha256(certs::sha256(&one.cert_der)));
         assert!(verify(&pinned, &one.cert_der));
         assert!(!verify(&pinned, &two.cert_der));
+    }
+
+    #[test]
+    fn spki_pin_accepts_only_that_key_both_ways() {
+        let one = certs::self_signed(&["warren".into()]).expect("cert");
+        let two = certs::self_signed(&["warren".into()]).expect("cert");
+        let spki = rustls::server::ParsedCertificate::try_from(&one.cert_der)
+            .expect("parses")
+            .subject_public_key_info();
+        let pinned = PinVerifier::new(Pin::SpkiSha256(spki_sha256(spki.as_ref())));
+        assert!(verify(&pinned, &one.cert_der));
+        assert!(!verify(&pinned, &two.cert_der));
+        let as_client = |cert| {
+            ClientCertVerifier::verify_client_cert(&pinned, cert, &[], UnixTime::now()).is_ok()
+        };
+        assert!(as_client(&one.cert_der));
+        assert!(!as_client(&two.cert_der));
+        assert!(!as_client(&CertificateDer::from(vec![0x30, 0x00])));
     }
 
     #[test]
