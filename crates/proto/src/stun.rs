@@ -16,7 +16,7 @@
 //!   [`Message::encode_signed`] write it; [`decode`] reads one with hard bounds and never
 //!   panics.
 //! * [`classify`]: RFC 7983 / RFC 9443 first-byte demultiplexing of STUN and QUIC sharing one
-//!   UDP port.
+//!   UDP port (0–3 STUN, 64–255 QUIC with the fixed bit set).
 //!
 //! Format (all big-endian): a 20-byte header `[type u16][length u16][magic cookie
 //! 0x2112A442][transaction id 12 bytes]`, then attributes `[type u16][length u16][value,
@@ -66,9 +66,12 @@ pub type TransactionId = [u8; TRANSACTION_ID_LEN];
 pub enum Demux {
     /// First byte 0–3: STUN.
     Stun,
-    /// First byte 64–191: QUIC (short header 64–127, long header 128–191).
+    /// First byte 64–255: QUIC with its fixed bit set (short header 64–127, long header
+    /// 192–255). RFC 9443 gives 128–191 to RTP/RTCP, which Warren never carries, so QUIC
+    /// takes it too; the endpoint must not grease the fixed bit (RFC 9287), or QUIC could
+    /// start with 0–63 and be taken for STUN.
     Quic,
-    /// Anything else (DTLS, TURN channels, RTP, garbage): nobody here wants it.
+    /// Anything else (ZRTP, DTLS, garbage): nobody here wants it.
     Other,
 }
 
@@ -76,7 +79,7 @@ pub enum Demux {
 pub fn classify(datagram: &[u8]) -> Demux {
     match datagram.first() {
         Some(0..=3) => Demux::Stun,
-        Some(64..=191) => Demux::Quic,
+        Some(64..=255) => Demux::Quic,
         _ => Demux::Other,
     }
 }
@@ -494,6 +497,7 @@ mod tests {
         assert_eq!(classify(&[4]), Demux::Other);
         assert_eq!(classify(&[64]), Demux::Quic);
         assert_eq!(classify(&[191]), Demux::Quic);
-        assert_eq!(classify(&[192]), Demux::Other);
+        assert_eq!(classify(&[0xc3]), Demux::Quic); // a long-header Initial
+        assert_eq!(classify(&[63]), Demux::Other);
     }
 }
