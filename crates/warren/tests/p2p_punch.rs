@@ -346,6 +346,8 @@ mod nat_lab {
         None,
         /// Endpoint-independent mapping and filtering.
         Full,
+        /// Endpoint-independent mapping, address-restricted filtering.
+        Restr,
         /// Endpoint-independent mapping, port-restricted filtering.
         Port,
         /// Endpoint-dependent mapping (random ports), established-only filtering.
@@ -357,6 +359,7 @@ mod nat_lab {
             match self {
                 Nat::None => "none",
                 Nat::Full => "full",
+                Nat::Restr => "restr",
                 Nat::Port => "port",
                 Nat::Symm => "symm",
             }
@@ -573,6 +576,11 @@ mod nat_lab {
                     return;
                 }
                 Nat::Full => "",
+                Nat::Restr => {
+                    "oif \"eth0\" update @contacted { ip daddr }\n    \
+                     iif \"eth0\" ct state established,related accept\n    \
+                     iif \"eth0\" ip saddr @contacted accept\n    iif \"eth0\" drop"
+                }
                 Nat::Port => {
                     "iif \"eth0\" ct state established,related accept\n    iif \"eth0\" drop"
                 }
@@ -582,6 +590,8 @@ mod nat_lab {
             let script = format!(
                 "table ip lab {{
   map fullcone {{ type inet_service : ipv4_addr . inet_service; flags dynamic,timeout; timeout 300s; size 65536;
+  }}
+  set contacted {{ type ipv4_addr; flags dynamic,timeout; timeout 300s;
   }}
   chain prer {{ type nat hook prerouting priority dstnat; policy accept;
     iif \"eth0\" meta l4proto udp dnat ip to udp dport map @fullcone
@@ -850,11 +860,14 @@ fn nat_lab() {
         .and_then(|r| r.parse().ok())
         .unwrap_or(3);
     // P2P.md's expected outcomes: none/full/restr × anything and port × port are direct;
-    // port × symm and symm × symm need the relay (no port prediction).
-    let cells: [(Nat, Nat, &str); 5] = [
+    // port × symm and symm × symm need the relay (no port prediction). restr × symm is
+    // direct only through peer-reflexive answers (the symmetric side's port towards the
+    // other peer is not the one the reflector saw).
+    let cells: [(Nat, Nat, &str); 6] = [
         (None, None, "direct"),
         (Full, Port, "direct"),
         (Port, Port, "direct"),
+        (Restr, Symm, "direct"),
         (Symm, Port, "relay"),
         (Symm, Symm, "relay"),
     ];
