@@ -153,7 +153,20 @@ impl AsyncUdpSocket for DemuxSocket {
         // Until quinn gets at least one QUIC datagram or the socket has nothing more: a
         // batch of only STUN must not look like "0 datagrams" to quinn.
         loop {
-            let count = ready!(self.inner.poll_recv(cx, bufs, meta))?;
+            let count = match ready!(self.inner.poll_recv(cx, bufs, meta)) {
+                Ok(count) => count,
+                // ICMP errors from checks to dead candidates may surface here; they must
+                // not end quinn's endpoint (quinn itself skips only ECONNRESET).
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::ConnectionRefused | io::ErrorKind::ConnectionReset
+                    ) =>
+                {
+                    continue;
+                }
+                Err(e) => return Poll::Ready(Err(e)),
+            };
             let mut kept = 0;
             for i in 0..count {
                 let m = meta[i];

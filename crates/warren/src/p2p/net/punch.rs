@@ -111,6 +111,8 @@ pub struct CheckStats {
     pub checks_in: u64,
     /// STUN datagrams ignored (bad tag, no tag, our own, unknown transaction).
     pub ignored: u64,
+    /// Datagrams the socket refused to send (e.g. no route to a candidate).
+    pub send_errors: u64,
 }
 
 /// A connectivity checker over one socket.
@@ -204,7 +206,7 @@ impl<S: StunIo> Checker<S> {
             }
             if now >= next_round {
                 for &to in &remotes {
-                    self.send_check(to, now, &mut pending, &mut packet)?;
+                    self.send_check(to, now, &mut pending, &mut packet);
                 }
                 next_round = now + self.config.interval;
             }
@@ -212,14 +214,14 @@ impl<S: StunIo> Checker<S> {
                 r = self.io.recv_from() => r?,
                 () = tokio::time::sleep_until(next_round.min(deadline)) => continue,
             };
-            match self.handle(&datagram, from, &mut packet)? {
+            match self.handle(&datagram, from, &mut packet) {
                 Input::Check => {
                     heard_peer = true;
                     // Peer-reflexive: a check from an address we did not know is the
                     // peer's NAT mapping towards us; check it at once (triggered check).
                     if !remotes.contains(&from) && remotes.len() < offered + MAX_PEER_REFLEXIVE {
                         remotes.push(from);
-                        self.send_check(from, Instant::now(), &mut pending, &mut packet)?;
+                        self.send_check(from, Instant::now(), &mut pending, &mut packet);
                     }
                 }
                 Input::Answer {
@@ -256,7 +258,7 @@ impl<S: StunIo> Checker<S> {
                 r = self.io.recv_from() => r?,
                 () = tokio::time::sleep_until(until) => return Ok(()),
             };
-            self.handle(&datagram, from, &mut packet)?;
+            self.handle(&datagram, from, &mut packet);
         }
     }
 
@@ -266,7 +268,7 @@ impl<S: StunIo> Checker<S> {
         now: Instant,
         pending: &mut VecDeque<Pending>,
         packet: &mut Vec<u8>,
-    ) -> io::Result<()> {
+    ) {
         let transaction: TransactionId = rand::random();
         Message::request(transaction)
             .with_agent(self.agent)
@@ -280,21 +282,25 @@ impl<S: StunIo> Checker<S> {
             at: now,
         });
         self.stats.sent += 1;
-        self.io.send_to(packet, to)
+        self.send(packet, to);
+    }
+
+    /// Sends, counting failures instead of stopping: one candidate being unreachable
+    /// (no route to a peer's private address, say) must not end the checks to the others.
+    fn send(&mut self, packet: &[u8], to: SocketAddr) {
+        if let Err(e) = self.io.send_to(packet, to) {
+            self.stats.send_errors += 1;
+            tracing::debug!(event = "p2p_check_send_failed", %to, error = %e, "check not sent");
+        }
     }
 
     /// Authenticates one datagram; answers it if it is the peer's check.
-    fn handle(
-        &mut self,
-        datagram: &[u8],
-        from: SocketAddr,
-        packet: &mut Vec<u8>,
-    ) -> io::Result<Input> {
+    fn handle(&mut self, datagram: &[u8], from: SocketAddr, packet: &mut Vec<u8>) -> Input {
         let decoded = match stun::decode(datagram) {
             Ok(d) => d,
             Err(_) => {
                 self.stats.ignored += 1;
-                return Ok(Input::Ignored);
+                return Input::Ignored;
             }
         };
         let authentic = decoded
@@ -304,7 +310,7 @@ impl<S: StunIo> Checker<S> {
         let message = decoded.message;
         if !authentic {
             self.stats.ignored += 1;
-            return Ok(Input::Ignored);
+            return Input::Ignored;
         }
         match message.class {
             Class::Request if message.agent.is_some_and(|a| a != self.agent) => {
@@ -312,19 +318,19 @@ impl<S: StunIo> Checker<S> {
                 Message::success(message.transaction, from)
                     .with_agent(self.agent)
                     .encode_signed(packet, |b| self.key.sign(b));
-                self.io.send_to(packet, from)?;
-                Ok(Input::Check)
+                self.send(packet, from);
+                Input::Check
             }
             Class::Success if message.agent.is_some_and(|a| a != self.agent) => {
                 self.stats.answers += 1;
-                Ok(Input::Answer {
+                Input::Answer {
                     transaction: message.transaction,
                     seen_as: message.mapped,
-                })
+                }
             }
             _ => {
                 self.stats.ignored += 1;
-                Ok(Input::Ignored)
+                Input::Ignored
             }
         }
     }
