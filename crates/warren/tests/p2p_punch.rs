@@ -937,3 +937,18 @@ fn nat_lab() {
     );
     assert!(failures.is_empty(), "{}\n{table}", failures.join("\n\n"));
 }
+
+/// b offers only an address where nobody answers (as a symmetric NAT's reflexive address
+/// is, for a peer): a learns b's real address from b's checks (peer-reflexive), checks it
+/// at once, and both finish direct.
+#[tokio::test]
+async fn a_peer_reflexive_address_is_learnt_from_the_peers_checks() {
+    let mut a = Peer::bind("127.0.0.1:0", None);
+    let mut b = Peer::bind("127.0.0.1:0", None);
+    let dead = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    let b_offers = Candidates::gather(dead.local_addr().unwrap(), None);
+    let (ca, cb) = (a.candidates(), b.candidates());
+    let (ra, rb) = tokio::join!(a.checker.punch(&ca, &b_offers), b.checker.punch(&cb, &ca));
+    assert_eq!(ra.expect("a punched").remote, b.local);
+    assert_eq!(rb.expect("b punched").remote, a.local);
+}
