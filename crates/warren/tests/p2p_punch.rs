@@ -339,6 +339,15 @@ mod nat_lab {
 
     use tokio::time::Instant;
 
+    /// Where the peers sit.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub enum Layout {
+        /// Each behind its own router.
+        Separate,
+        /// Both behind one router (two LAN ports): host candidates must win.
+        Shared,
+    }
+
     /// A router's NAT behaviour (P2P.md's names).
     #[derive(Debug, Clone, Copy, PartialEq, Eq)]
     pub enum Nat {
@@ -450,7 +459,9 @@ mod nat_lab {
     pub const REFLECTOR2: &str = "203.0.113.2:3478";
 
     impl Lab {
-        pub fn new(left: Nat, right: Nat) -> Lab {
+        /// Two peers, each behind its own router (`Shared`: both behind the first router,
+        /// on two LAN ports, `right` ignored).
+        pub fn new(left: Nat, right: Nat, layout: Layout) -> Lab {
             static NEXT: AtomicU32 = AtomicU32::new(0);
             let n = NEXT.fetch_add(1, Ordering::Relaxed);
             let prefix = format!("wp{}x{n}", std::process::id() % 100_000);
@@ -480,7 +491,10 @@ mod nat_lab {
             lab.exec(&public, &["ip", "link", "set", "br0", "up"]);
             let mut public_lans = Vec::new();
             for (i, nat) in [(1, left), (2, right)] {
-                let router = lab.ns(&format!("nat{i}"));
+                // The second peer on the first router's second LAN port.
+                let second_port = layout == Layout::Shared && i == 2;
+                let router = lab.ns(&format!("nat{}", if second_port { 1 } else { i }));
+                let lan_if = if second_port { "eth2" } else { "eth1" };
                 let peer = lab.ns(&format!("peer{i}"));
                 let wan = format!("203.0.113.1{i}");
                 let (lan_gw, lan_peer, lan_net) = if i == 1 {
@@ -490,32 +504,34 @@ mod nat_lab {
                 };
                 // WAN: a veth from the bridge to the router's eth0.
                 let up = format!("up{i}");
-                lab.exec(
-                    &public,
-                    &[
-                        "ip", "link", "add", &up, "type", "veth", "peer", "name", "eth0", "netns",
+                if !second_port {
+                    lab.exec(
+                        &public,
+                        &[
+                            "ip", "link", "add", &up, "type", "veth", "peer", "name", "eth0",
+                            "netns", &router,
+                        ],
+                    );
+                    lab.exec(&public, &["ip", "link", "set", &up, "master", "br0", "up"]);
+                    lab.exec(
                         &router,
-                    ],
-                );
-                lab.exec(&public, &["ip", "link", "set", &up, "master", "br0", "up"]);
-                lab.exec(
-                    &router,
-                    &["ip", "addr", "add", &format!("{wan}/24"), "dev", "eth0"],
-                );
-                lab.exec(&router, &["ip", "link", "set", "eth0", "up"]);
-                // LAN: router's eth1 to the peer's eth0.
+                        &["ip", "addr", "add", &format!("{wan}/24"), "dev", "eth0"],
+                    );
+                    lab.exec(&router, &["ip", "link", "set", "eth0", "up"]);
+                }
+                // LAN: router's eth1 (or eth2) to the peer's eth0.
                 lab.exec(
                     &router,
                     &[
-                        "ip", "link", "add", "eth1", "type", "veth", "peer", "name", "eth0",
+                        "ip", "link", "add", lan_if, "type", "veth", "peer", "name", "eth0",
                         "netns", &peer,
                     ],
                 );
                 lab.exec(
                     &router,
-                    &["ip", "addr", "add", &format!("{lan_gw}/25"), "dev", "eth1"],
+                    &["ip", "addr", "add", &format!("{lan_gw}/25"), "dev", lan_if],
                 );
-                lab.exec(&router, &["ip", "link", "set", "eth1", "up"]);
+                lab.exec(&router, &["ip", "link", "set", lan_if, "up"]);
                 lab.exec(&router, &["sysctl", "-qw", "net.ipv4.ip_forward=1"]);
                 lab.exec(
                     &peer,
@@ -530,6 +546,9 @@ mod nat_lab {
                 );
                 lab.exec(&peer, &["ip", "link", "set", "eth0", "up"]);
                 lab.exec(&peer, &["ip", "route", "add", "default", "via", lan_gw]);
+                if second_port {
+                    continue;
+                }
                 lab.set_nat(&router, nat, &wan);
                 if nat == Nat::None {
                     public_lans.push((lan_net, wan, lab.ns(&format!("nat{}", 3 - i))));
@@ -851,6 +870,7 @@ async fn quic_server_checked(endpoint: &quinn::Endpoint) {
 
 #[test]
 fn nat_lab() {
+    use nat_lab::Layout::{self, Separate, Shared};
     use nat_lab::Nat::{self, *};
     if std::env::var("WARREN_LAB_SIDE").is_ok() || nat_lab::skip("nat_lab") {
         return;
@@ -863,20 +883,22 @@ fn nat_lab() {
     // port × symm and symm × symm need the relay (no port prediction). restr × symm is
     // direct only through peer-reflexive answers (the symmetric side's port towards the
     // other peer is not the one the reflector saw).
-    let cells: [(Nat, Nat, &str); 6] = [
-        (None, None, "direct"),
-        (Full, Port, "direct"),
-        (Port, Port, "direct"),
-        (Restr, Symm, "direct"),
-        (Symm, Port, "relay"),
-        (Symm, Symm, "relay"),
+    let cells: [(Nat, Nat, Layout, &str); 7] = [
+        (None, None, Separate, "direct"),
+        (Full, Port, Separate, "direct"),
+        (Port, Port, Separate, "direct"),
+        (Restr, Symm, Separate, "direct"),
+        (Symm, Port, Separate, "relay"),
+        (Symm, Symm, Separate, "relay"),
+        // Both behind one symmetric NAT without hairpinning: only host candidates work.
+        (Symm, Symm, Shared, "direct"),
     ];
     let mut table =
         String::from("| cell | expected | outcomes | punch ms (each run) |\n|---|---|---|---|\n");
     let mut failures = Vec::new();
     let started = Instant::now();
-    for (left, right, expected) in cells {
-        let mut lab = nat_lab::Lab::new(left, right);
+    for (left, right, layout, expected) in cells {
+        let mut lab = nat_lab::Lab::new(left, right, layout);
         let reflector = lab.spawn(&lab.ns("pub"), &[("WARREN_LAB_SIDE", "reflector".into())]);
         std::thread::sleep(Duration::from_millis(200));
         let mut outcomes = Vec::new();
@@ -887,7 +909,7 @@ fn nat_lab() {
             let b = lab.spawn(&lab.ns("peer2"), &[("WARREN_LAB_SIDE", "b".into())]);
             let (out_a, err_a) = lab.wait(a, Duration::from_secs(25));
             let (out_b, err_b) = lab.wait(b, Duration::from_secs(25));
-            let cell = format!("{} × {}", left.name(), right.name());
+            let cell = cell_name(left, right, layout);
             // The NAT must be what the cell says, or a typo would pass as "punching failed".
             for (nat, out) in [(left, &out_a), (right, &out_b)] {
                 let want = if nat == Symm {
@@ -918,14 +940,20 @@ fn nat_lab() {
                     "{cell} run {run}: expected {expected}, got a: {oa}, b: {ob}, quic ok: {quic}\n--- a\n{out_a}{err_a}\n--- b\n{out_b}{err_b}"
                 ));
             }
+            // Behind one NAT the winner must be a host address, not the NAT's.
+            let result_line = out_a.lines().find(|l| l.starts_with("RESULT direct"));
+            if layout == Shared && !result_line.is_some_and(|l| l.contains(" 198.51.100.")) {
+                failures.push(format!(
+                    "{cell} run {run}: not a host candidate: {result_line:?}"
+                ));
+            }
             outcomes.push(kind_a);
             times.push(oa.split_whitespace().nth(1).unwrap_or("?").to_string());
         }
         let _ = reflector;
         table.push_str(&format!(
-            "| {} × {} | {expected} | {} | {} |\n",
-            left.name(),
-            right.name(),
+            "| {} | {expected} | {} | {} |\n",
+            cell_name(left, right, layout),
             outcomes.join(", "),
             times.join(", ")
         ));
@@ -951,4 +979,11 @@ async fn a_peer_reflexive_address_is_learnt_from_the_peers_checks() {
     let (ra, rb) = tokio::join!(a.checker.punch(&ca, &b_offers), b.checker.punch(&cb, &ca));
     assert_eq!(ra.expect("a punched").remote, b.local);
     assert_eq!(rb.expect("b punched").remote, a.local);
+}
+
+fn cell_name(left: nat_lab::Nat, right: nat_lab::Nat, layout: nat_lab::Layout) -> String {
+    match layout {
+        nat_lab::Layout::Separate => format!("{} × {}", left.name(), right.name()),
+        nat_lab::Layout::Shared => format!("both behind one {}", left.name()),
+    }
 }
