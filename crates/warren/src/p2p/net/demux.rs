@@ -70,7 +70,11 @@ impl DemuxSocket {
     ///
     /// quinn cannot set the socket up (options refused by the system).
     pub fn wrap(socket: std::net::UdpSocket) -> io::Result<(Arc<Self>, StunChannel)> {
-        let inner = quinn::TokioRuntime.wrap_udp_socket(socket)?;
+        Ok(Self::over(quinn::TokioRuntime.wrap_udp_socket(socket)?))
+    }
+
+    /// Wraps any quinn socket (tests use a scripted one).
+    fn over(inner: Arc<dyn AsyncUdpSocket>) -> (Arc<Self>, StunChannel) {
         let (tx, rx) = mpsc::channel(STUN_QUEUE);
         let socket = Arc::new(Self {
             inner,
@@ -81,7 +85,7 @@ impl DemuxSocket {
             socket: socket.clone(),
             rx,
         };
-        Ok((socket, channel))
+        (socket, channel)
     }
 
     /// What the socket sorted so far.
@@ -260,4 +264,79 @@ pub fn endpoint(
     let mut config = quinn::EndpointConfig::default();
     config.grease_quic_bit(false);
     quinn::Endpoint::new_with_abstract_socket(config, server, socket, Arc::new(quinn::TokioRuntime))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+    use std::task::Waker;
+
+    use super::*;
+
+    /// A quinn socket that returns one scripted batch of datagrams, then nothing.
+    #[derive(Debug)]
+    struct Scripted(Mutex<Vec<Vec<u8>>>);
+
+    impl AsyncUdpSocket for Scripted {
+        fn create_io_poller(self: Arc<Self>) -> Pin<Box<dyn UdpPoller>> {
+            unimplemented!("not used by the test")
+        }
+        fn try_send(&self, _: &Transmit) -> io::Result<()> {
+            Ok(())
+        }
+        fn poll_recv(
+            &self,
+            _: &mut Context,
+            bufs: &mut [IoSliceMut<'_>],
+            meta: &mut [RecvMeta],
+        ) -> Poll<io::Result<usize>> {
+            let batch = std::mem::take(&mut *self.0.lock().unwrap());
+            if batch.is_empty() {
+                return Poll::Pending;
+            }
+            for (i, d) in batch.iter().enumerate() {
+                bufs[i][..d.len()].copy_from_slice(d);
+                meta[i] = RecvMeta {
+                    addr: "192.0.2.7:9".parse().unwrap(),
+                    len: d.len(),
+                    stride: d.len(),
+                    ..RecvMeta::default()
+                };
+            }
+            Poll::Ready(Ok(batch.len()))
+        }
+        fn local_addr(&self) -> io::Result<SocketAddr> {
+            Ok("127.0.0.1:1".parse().unwrap())
+        }
+    }
+
+    #[tokio::test]
+    async fn a_mixed_batch_is_sorted_and_quic_compacted() {
+        let mut stun = Vec::new();
+        warren_proto::stun::Message::request([1; 12]).encode(&mut stun);
+        let batch = vec![
+            stun.clone(),
+            vec![0xc3, 1, 1],
+            vec![20, 2],
+            stun.clone(),
+            vec![0x41, 3, 3, 3],
+        ];
+        let (socket, mut channel) = DemuxSocket::over(Arc::new(Scripted(Mutex::new(batch))));
+        let mut storage = vec![[0u8; 64]; 5];
+        let mut bufs: Vec<IoSliceMut> = storage.iter_mut().map(|b| IoSliceMut::new(b)).collect();
+        let mut meta = vec![RecvMeta::default(); 5];
+        let mut cx = Context::from_waker(Waker::noop());
+        let Poll::Ready(Ok(count)) = socket.poll_recv(&mut cx, &mut bufs, &mut meta) else {
+            panic!("the QUIC datagrams are delivered");
+        };
+        assert_eq!(count, 2);
+        assert_eq!(&bufs[0][..meta[0].len], &[0xc3, 1, 1]);
+        assert_eq!(&bufs[1][..meta[1].len], &[0x41, 3, 3, 3]);
+        assert_eq!(socket.stats().stun.load(Ordering::Relaxed), 2);
+        assert_eq!(socket.stats().other_dropped.load(Ordering::Relaxed), 1);
+        let (got, from) = channel.recv_from().await.unwrap();
+        assert_eq!((got, from.port()), (stun, 9));
+        // A batch of only STUN or junk is not "0 datagrams" to quinn: it waits for more.
+        assert!(socket.poll_recv(&mut cx, &mut bufs, &mut meta).is_pending());
+    }
 }
