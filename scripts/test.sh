@@ -3,7 +3,7 @@
 # tests against the release binary. CI runs it through .ci/run.
 #
 # On a fresh Debian machine it first installs what is missing (iperf3, dnsmasq-base,
-# dnsutils, microsocks, tinyproxy, haproxy, curl, wrk, nginx and chromium via apt-get; the rustfmt
+# dnsutils, microsocks, tinyproxy, haproxy, nftables, curl, wrk, nginx and chromium via apt-get; the rustfmt
 # and clippy components via rustup; playwright in a venv under target/); on a machine that has
 # everything it installs nothing. Usage: scripts/test.sh
 set -euo pipefail
@@ -33,6 +33,7 @@ command -v microsocks >/dev/null 2>&1 || missing_packages+=(microsocks)
 command -v tinyproxy >/dev/null 2>&1 || missing_packages+=(tinyproxy)
 command -v haproxy >/dev/null 2>&1 || missing_packages+=(haproxy)
 command -v iptables >/dev/null 2>&1 || missing_packages+=(iptables)
+command -v nft >/dev/null 2>&1 || missing_packages+=(nftables)
 command -v ip >/dev/null 2>&1 || missing_packages+=(iproute2)
 command -v prlimit >/dev/null 2>&1 || missing_packages+=(util-linux)
 command -v tshark >/dev/null 2>&1 || missing_packages+=(tshark)
@@ -60,7 +61,7 @@ if [ "${#missing_packages[@]}" -gt 0 ]; then
         as_root rm -f /usr/sbin/policy-rc.d
     fi
 else
-    echo "have: iperf3 dnsmasq dig sockperf microsocks tinyproxy haproxy iptables ip prlimit tshark curl wrk nginx chromium"
+    echo "have: iperf3 dnsmasq dig sockperf microsocks tinyproxy haproxy iptables nft ip prlimit tshark curl wrk nginx chromium"
 fi
 for component in rustfmt clippy; do
     if ! cargo "${component/rustfmt/fmt}" --version >/dev/null 2>&1; then

@@ -16,6 +16,8 @@
 //! * [`liveness`]: heartbeat and reconnect backoff state machines.
 //! * [`proxy_header`]: PROXY protocol v1/v2 headers towards a service's target.
 //! * [`sni`]: the server name of a TLS ClientHello, peeked for TLS passthrough.
+//! * [`stun`]: STUN Binding messages for address discovery and peer-to-peer checks, and
+//!   first-byte demultiplexing of STUN and QUIC on one port.
 //!
 //! The wire format is described in `docs/protocol.md`.
 
@@ -29,5 +31,6 @@ pub mod message;
 pub mod proxy_header;
 pub mod sni;
 pub mod speed_ext;
+pub mod stun;
 
 pub use cipher::{CipherChoice, CipherPolicy, CipherSuite, SuiteSpeed};

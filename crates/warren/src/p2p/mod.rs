@@ -1,12 +1,14 @@
 //! Peer-to-peer file transfer (`warren send` / `warren receive`): the file system, the
-//! crypto and the transfer over an established QUIC connection (no NAT traversal yet). The wire formats live in
-//! `warren_proto::files`.
+//! crypto, the server's mailbox, connectivity and the transfer over one QUIC connection.
+//! The wire formats live in `warren_proto::files` and `warren_proto::stun`.
 //!
 //! * [`code`]: the join code `<nameplate>-<word>-<word>-<word>`: making and parsing it.
 //! * [`pake`]: SPAKE2 over the code, key confirmation, the sealed certificate-fingerprint
 //!   exchange and the derived keys, as a sans-IO state machine.
 //! * [`chunks`]: BLAKE3 per 1 MiB chunk, computed as bytes go by.
 //! * [`resume`]: the sidecar of a partial file, and what of it can be trusted on resume.
+//! * [`mailbox`]: the client's side of the server's mailbox, where the two peers meet.
+//! * [`net`]: connectivity: the shared UDP socket, address discovery, hole punching.
 //! * [`write`](mod@write): creating files and folders strictly beneath the output folder, without
 //!   following links; temporary names, renamed into place when complete.
 //! * [`transfer`]: the file protocol over one QUIC connection: pinned identities, the
@@ -15,6 +17,7 @@
 pub mod chunks;
 pub mod code;
 pub mod mailbox;
+pub mod net;
 pub mod pake;
 #[cfg(unix)]
 pub mod resume;

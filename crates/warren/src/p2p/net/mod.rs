@@ -1,0 +1,74 @@
+//! Peer-to-peer connectivity: the layer under file transfer and P2P tunnels.
+//!
+//! One UDP socket per peer carries both the connectivity checks (STUN Binding messages,
+//! `warren_proto::stun`) and the QUIC connection that follows, so the NAT mapping the checks
+//! open is the one QUIC uses. The flow, for each side:
+//!
+//! 1. [`demux::DemuxSocket::bind`] a socket and make a quinn endpoint on it
+//!    ([`demux::endpoint`]); the endpoint's driver reads the socket and hands STUN to a
+//!    [`demux::StunChannel`].
+//! 2. [`reflector::discover`] the socket's server-reflexive address from the Warren server's
+//!    [`reflector`].
+//! 3. [`candidates::Candidates::gather`] and exchange them through the mailbox.
+//! 4. [`punch::Checker::punch`] with the PAKE-derived [`key::CheckKey`]: checks both ways,
+//!    peer-reflexive answers, the first working pair wins or the deadline sends the caller
+//!    to the relay.
+//! 5. QUIC on the chosen address, over the same endpoint.
+//!
+//! Modules:
+//! * [`candidates`]: the addresses a peer can be reached at, serialisable for the mailbox.
+//! * [`demux`]: the shared socket (a `quinn::AsyncUdpSocket` splitting STUN from QUIC).
+//! * [`key`]: the check key and the integrity tag of a check.
+//! * [`punch`]: the connectivity checker.
+//! * [`reflector`]: the server's STUN Binding responder and the client's discovery call.
+//!
+//! The wire format and the rules are in `docs/protocol.md`, "P2P connectivity".
+
+use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
+
+pub mod candidates;
+pub mod demux;
+pub mod key;
+pub mod punch;
+pub mod reflector;
+
+/// Sending and receiving STUN messages: what the checker and the discovery call need from
+/// a socket. Implemented by the shared [`demux::StunChannel`] and by a plain
+/// `tokio::net::UdpSocket` (the reflector's socket, tests).
+pub trait StunIo: Send {
+    /// Sends one datagram without waiting: a full socket buffer drops it (checks are
+    /// repeated, so a lost one costs nothing but a later success).
+    ///
+    /// # Errors
+    ///
+    /// The socket's error other than "would block".
+    fn send_to(&self, packet: &[u8], to: SocketAddr) -> io::Result<()>;
+
+    /// The next STUN datagram and its source. Cancel-safe: dropping the future loses
+    /// nothing.
+    ///
+    /// # Errors
+    ///
+    /// The socket's error, or `BrokenPipe` when the shared socket is gone.
+    fn recv_from(&mut self) -> impl Future<Output = io::Result<(Vec<u8>, SocketAddr)>> + Send;
+}
+
+impl StunIo for tokio::net::UdpSocket {
+    fn send_to(&self, packet: &[u8], to: SocketAddr) -> io::Result<()> {
+        match self.try_send_to(packet, to) {
+            Ok(_) => Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn recv_from(&mut self) -> io::Result<(Vec<u8>, SocketAddr)> {
+        // One byte more than any accepted message, so an oversized one is seen as such.
+        let mut buf = vec![0u8; warren_proto::stun::MAX_MESSAGE_LEN + 1];
+        let (len, from) = tokio::net::UdpSocket::recv_from(self, &mut buf).await?;
+        buf.truncate(len);
+        Ok((buf, from))
+    }
+}
