@@ -97,6 +97,10 @@ async fn a_sender_and_a_receiver_meet_at_a_nameplate_and_agree_on_each_others_ce
     assert!(sent.peer_fingerprint.matches(&fingerprint(2)));
     assert!(received.peer_fingerprint.matches(&fingerprint(1)));
     assert_eq!(sent.relay_key.expose(), received.relay_key.expose());
+    // Both can now sign and verify each other's connectivity checks.
+    let ours = warren::p2p::net::key::CheckKey::new(*sent.check_key.expose());
+    let theirs = warren::p2p::net::key::CheckKey::new(*received.check_key.expose());
+    assert_eq!(ours.sign(b"a check"), theirs.sign(b"a check"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

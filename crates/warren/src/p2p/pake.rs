@@ -141,20 +141,20 @@ impl fmt::Debug for CertFingerprint {
     }
 }
 
-/// A 32-byte key for the relay, with a masked `Debug`.
+/// A 32-byte derived key (the relay's, the checks'), with a masked `Debug`.
 #[derive(Clone, PartialEq, Eq)]
-pub struct RelayKey([u8; 32]);
+pub struct DerivedKey([u8; 32]);
 
-impl RelayKey {
+impl DerivedKey {
     /// The key bytes.
     pub fn expose(&self) -> &[u8; 32] {
         &self.0
     }
 }
 
-impl fmt::Debug for RelayKey {
+impl fmt::Debug for DerivedKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("RelayKey(****)")
+        f.write_str("DerivedKey(****)")
     }
 }
 
@@ -164,7 +164,10 @@ pub struct Outcome {
     /// The peer's certificate fingerprint: pin the QUIC handshake to it.
     pub peer_fingerprint: CertFingerprint,
     /// Key for the relay of last resort.
-    pub relay_key: RelayKey,
+    pub relay_key: DerivedKey,
+    /// Key of the connectivity checks (`p2p::net::CheckKey::new(check_key.expose())`):
+    /// a stranger cannot make either side pick its address.
+    pub check_key: DerivedKey,
 }
 
 impl Outcome {
@@ -249,6 +252,7 @@ struct Keys {
     seal_sender: [u8; 32],
     seal_receiver: [u8; 32],
     relay: [u8; 32],
+    check: [u8; 32],
 }
 
 impl Keys {
@@ -400,7 +404,8 @@ impl Pake {
                 let peer_fingerprint = open_fingerprint(keys.seal(peer), peer, &sealed)?;
                 self.outcome = Some(Outcome {
                     peer_fingerprint,
-                    relay_key: RelayKey(keys.relay),
+                    relay_key: DerivedKey(keys.relay),
+                    check_key: DerivedKey(keys.check),
                 });
                 State::Done
             }
@@ -443,6 +448,7 @@ fn derive_keys(
         seal_sender: derive(b"seal sender")?,
         seal_receiver: derive(b"seal receiver")?,
         relay: derive(b"relay")?,
+        check: derive(b"check")?,
         transcript,
     })
 }
@@ -592,6 +598,8 @@ mod tests {
         assert_eq!(so.peer_fingerprint, fp(2));
         assert_eq!(ro.peer_fingerprint, fp(1));
         assert_eq!(so.relay_key, ro.relay_key);
+        assert_eq!(so.check_key, ro.check_key);
+        assert_ne!(so.check_key, so.relay_key, "each use has its own key");
         so.verify_peer_spki(&[2; 91])
             .expect("receiver's certificate");
         ro.verify_peer_spki(&[1; 91]).expect("sender's certificate");
@@ -600,7 +608,7 @@ mod tests {
             s.handle_message(&PakeMessage::Confirm([0; 32]).encode()),
             Err(PakeError::AlreadyDone)
         );
-        assert_eq!(format!("{:?}", so.relay_key), "RelayKey(****)");
+        assert_eq!(format!("{:?}", so.relay_key), "DerivedKey(****)");
     }
 
     #[test]
