@@ -114,25 +114,8 @@ where
     Fut: Future<Output = bool>,
 {
     let mut control = None;
-    match run(connection, out_dir, options, confirm, events, &mut control).await {
-        Ok(summary) => {
-            events.emit(Event::Finished(summary.clone())).await;
-            Ok(summary)
-        }
-        Err(error) => {
-            let error = stream::explain(connection, error);
-            if !matches!(error, TransferError::PeerCancelled { .. }) {
-                let detail = error.to_string();
-                stream::cancel(connection, control.as_mut(), error.cancel_reason(), &detail).await;
-            }
-            events
-                .emit(Event::Failed {
-                    error: error.to_string(),
-                })
-                .await;
-            Err(error)
-        }
-    }
+    let result = run(connection, out_dir, options, confirm, events, &mut control).await;
+    stream::conclude(connection, control.as_mut(), events, result).await
 }
 
 async fn run<F, Fut>(

@@ -272,3 +272,33 @@ pub(crate) fn cancelled(reason: CancelReason, detail: &str) -> TransferError {
         detail: escape_for_terminal(detail),
     }
 }
+
+/// How either side ends a transfer: the summary announced, or the failure explained (the
+/// peer's own reason when it cancelled), told to the peer unless it cancelled, and announced.
+pub(crate) async fn conclude(
+    connection: &quinn::Connection,
+    control: Option<&mut SendStream>,
+    events: &super::events::Events,
+    result: Result<super::Summary, TransferError>,
+) -> Result<super::Summary, TransferError> {
+    use super::events::Event;
+    match result {
+        Ok(summary) => {
+            events.emit(Event::Finished(summary.clone())).await;
+            Ok(summary)
+        }
+        Err(error) => {
+            let error = explain(connection, error);
+            if !matches!(error, TransferError::PeerCancelled { .. }) {
+                let detail = error.to_string();
+                cancel(connection, control, error.cancel_reason(), &detail).await;
+            }
+            events
+                .emit(Event::Failed {
+                    error: error.to_string(),
+                })
+                .await;
+            Err(error)
+        }
+    }
+}
