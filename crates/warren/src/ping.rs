@@ -9,7 +9,6 @@
 use std::time::Duration;
 
 use serde::Serialize;
-use warren_proto::message::HelloMode;
 use warren_proto::{CipherChoice, CipherSuite};
 
 use crate::client::establish::{self, EstablishError};
@@ -54,34 +53,14 @@ pub struct PingTarget {
 /// # Errors
 /// The step that failed.
 pub async fn probe(target: &PingTarget, seq: u64) -> Result<Probe, EstablishError> {
-    let mut session = match &target.quic {
-        Some(quic) => {
-            let (session, _) = establish::establish_quic_once(
-                quic,
-                &target.psk,
-                &target.server,
-                crate::transport::tcp::Family::Any,
-                (&[], HelloMode::Probe),
-                target.deadline,
-            )
-            .await?;
-            session
-        }
-        None => {
-            let policy =
-                crate::crypto::speed::policy_measured(&target.ciphers, target.cipher_choice).await;
-            establish::establish(
-                crate::transport::tcp::connect(&target.server, target.deadline),
-                &target.server.to_string(),
-                &target.psk,
-                &policy,
-                &[],
-                HelloMode::Probe,
-                target.deadline,
-            )
-            .await?
-        }
-    };
+    let mut session = establish::probe_session(
+        &target.server,
+        &target.psk,
+        (&target.ciphers, target.cipher_choice),
+        target.quic.as_ref(),
+        target.deadline,
+    )
+    .await?;
     let rtt = establish::ping(&mut session.channel, seq, target.deadline).await?;
     let probe = Probe {
         connect: session.connect_time,

@@ -412,6 +412,46 @@ pub async fn ping(
         .unwrap_or(Err(EstablishError::HelloTimeout))
 }
 
+/// A probe session (a hello claiming nothing) with `server`, over QUIC when `quic` is given
+/// and over TCP offering `ciphers` otherwise: what `warren ping` and the peer-to-peer
+/// mailbox open. `deadline` bounds each step.
+///
+/// # Errors
+/// [`EstablishError`], naming the step that failed.
+pub async fn probe_session(
+    server: &crate::config::HostPort,
+    psk: &Secret,
+    (ciphers, choice): (&[warren_proto::CipherSuite], warren_proto::CipherChoice),
+    quic: Option<&crate::config::quic::QuicConfig>,
+    deadline: Duration,
+) -> Result<EstablishedSession, EstablishError> {
+    match quic {
+        Some(quic) => Ok(establish_quic_once(
+            quic,
+            psk,
+            server,
+            crate::transport::tcp::Family::Any,
+            (&[], HelloMode::Probe),
+            deadline,
+        )
+        .await?
+        .0),
+        None => {
+            let policy = crate::crypto::speed::policy_measured(ciphers, choice).await;
+            establish(
+                crate::transport::tcp::connect(server, deadline),
+                &server.to_string(),
+                psk,
+                &policy,
+                &[],
+                HelloMode::Probe,
+                deadline,
+            )
+            .await
+        }
+    }
+}
+
 /// Says goodbye on an established session and closes it (best effort, bounded).
 pub async fn goodbye(mut channel: Stream, reason: &str) {
     let message = ControlMessage::Goodbye {

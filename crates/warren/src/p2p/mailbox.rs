@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use warren_proto::message::{ControlMessage, HelloMode, MAX_MAILBOX_BODY, MailboxEvent, MailboxOp};
+use warren_proto::message::{ControlMessage, MAX_MAILBOX_BODY, MailboxEvent, MailboxOp};
 
 use crate::client::establish::{self, EstablishError};
 use crate::config::HostPort;
@@ -72,39 +72,16 @@ impl Mailbox {
     /// # Errors
     /// [`MailboxError::Connect`], naming the step that failed.
     pub async fn connect(target: &MailboxServer) -> Result<Mailbox, MailboxError> {
-        let session = match &target.quic {
-            Some(quic) => {
-                establish::establish_quic_once(
-                    quic,
-                    &target.psk,
-                    &target.server,
-                    crate::transport::tcp::Family::Any,
-                    (&[], HelloMode::Probe),
-                    target.deadline,
-                )
-                .await?
-                .0
-            }
-            None => {
-                let policy = crate::crypto::speed::policy_measured(
-                    &warren_proto::CipherSuite::default_preference(
-                        crate::config::has_aes_hardware(),
-                    ),
-                    warren_proto::CipherChoice::default(),
-                )
-                .await;
-                establish::establish(
-                    crate::transport::tcp::connect(&target.server, target.deadline),
-                    &target.server.to_string(),
-                    &target.psk,
-                    &policy,
-                    &[],
-                    HelloMode::Probe,
-                    target.deadline,
-                )
-                .await?
-            }
-        };
+        let ciphers =
+            warren_proto::CipherSuite::default_preference(crate::config::has_aes_hardware());
+        let session = establish::probe_session(
+            &target.server,
+            &target.psk,
+            (&ciphers, warren_proto::CipherChoice::default()),
+            target.quic.as_ref(),
+            target.deadline,
+        )
+        .await?;
         Ok(Mailbox {
             channel: session.channel,
             deadline: target.deadline,
