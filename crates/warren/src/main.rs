@@ -22,6 +22,8 @@ Examples:
   warren doctor client.toml        # diagnose a setup: config, ports, targets, handshake
   warren ping client.toml -n 10    # connect / handshake / round-trip times to the server
   warren completions bash > /etc/bash_completion.d/warren
+  warren send photos/ -r tunnel.example.com:7000   # prints a code; then on the other machine:
+  warren receive -r tunnel.example.com:7000        # and type the code
   warren cert ca --out ca          # certificates for QUIC mtls (then cert server / cert client)
   WARREN_PSK=... WARREN_TOKEN=... warren expose 3000 --to tunnel.example.com:7000
   WARREN_PSK=... WARREN_TOKEN=... warren forward -l 5000 -r tunnel.example.com:7000 -t 10.0.0.5:80";
@@ -222,6 +224,23 @@ enum Command {
     Cert {
         #[command(subcommand)]
         command: cli::cert::CertCommand,
+    },
+    /// Send files and folders to another machine, peer to peer through NATs: prints a code
+    /// to give the receiver. Needs a Warren server with [server.p2p] and its PSK.
+    #[command(
+        after_help = "Examples:\n  WARREN_PSK=... warren send photos/ notes.txt --server tunnel.example.com:7000\n  warren send big.iso --max-receivers 3 --exclude '*.tmp'\n\nWARREN_SERVER and WARREN_PSK stand in for --server and the PSK."
+    )]
+    Send {
+        #[command(flatten)]
+        args: cli::files::SendArgs,
+    },
+    /// Receive what `warren send` offers: type the code it printed.
+    #[command(
+        after_help = "Examples:\n  WARREN_PSK=... warren receive --server tunnel.example.com:7000     # then type the code\n  WARREN_CODE=1234-acid-acorn-acre warren receive --out downloads --yes\n\nRunning the same transfer again resumes it."
+    )]
+    Receive {
+        #[command(flatten)]
+        args: cli::files::ReceiveArgs,
     },
     /// Print a shell completion script.
     #[command(
@@ -572,7 +591,24 @@ async fn run(command: Command) -> Outcome {
                 Outcome::Failed
             }
         },
+        Command::Send { args } => files_outcome(cli::files::send(args).await),
+        Command::Receive { args } => files_outcome(cli::files::receive(args).await),
         Command::Completions { .. } => Outcome::Clean,
+    }
+}
+
+/// Exit code and message of `warren send` / `warren receive`.
+fn files_outcome(result: Result<(), cli::files::Failure>) -> Outcome {
+    match result {
+        Ok(()) => Outcome::Clean,
+        Err(cli::files::Failure::Usage(message)) => {
+            eprintln!("error: {message}");
+            Outcome::BadConfig
+        }
+        Err(cli::files::Failure::Failed(message)) => {
+            eprintln!("error: {message}");
+            Outcome::Failed
+        }
     }
 }
 

@@ -5,11 +5,13 @@
 //! * `warren forward -l PORT -r HOST:7000 -t TARGET`: a forward service selecting the
 //!   server's forward service by its target.
 //! * `-x URL`, `-r`, `-l`, `-t`, `-p`: override a config file's values.
+//! * [`files`]: `warren send` / `warren receive`.
 //!
 //! Secrets come from `WARREN_PSK` / `WARREN_TOKEN`, from `--psk-file` / `--token-file`, or
 //! (with a warning: the value shows in `ps`) from `--psk` / `--token`. They are never logged.
 
 pub mod cert;
+pub mod files;
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
@@ -74,6 +76,14 @@ impl SecretArgs {
         )?;
         Ok((psk, token))
     }
+}
+
+/// The PSK alone, from `--psk-file` or `WARREN_PSK` (`warren send` / `warren receive`).
+///
+/// # Errors
+/// A message saying the PSK is missing or the file cannot be read.
+pub fn psk(psk_file: Option<&Path>) -> Result<Secret, String> {
+    secret("PSK", None, psk_file, "WARREN_PSK", "--psk-file")
 }
 
 fn secret(

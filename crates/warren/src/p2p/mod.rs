@@ -11,6 +11,8 @@
 //! * [`net`]: connectivity: the shared UDP socket, address discovery, hole punching.
 //! * [`write`](mod@write): creating files and folders strictly beneath the output folder, without
 //!   following links; temporary names, renamed into place when complete.
+//! * [`session`]: from a join code to a pinned QUIC connection with the peer: mailbox,
+//!   PAKE, checks or relay.
 //! * [`transfer`]: the file protocol over one QUIC connection: pinned identities, the
 //!   sender and the receiver, progress events.
 
@@ -19,6 +21,8 @@ pub mod code;
 pub mod mailbox;
 pub mod net;
 pub mod pake;
+#[cfg(unix)]
+pub mod session;
 #[cfg(unix)]
 pub mod resume;
 #[cfg(unix)]

@@ -261,7 +261,20 @@ pub fn endpoint(
     socket: Arc<DemuxSocket>,
     server: Option<quinn::ServerConfig>,
 ) -> io::Result<quinn::Endpoint> {
-    let mut config = quinn::EndpointConfig::default();
+    endpoint_with(socket, server, quinn::EndpointConfig::default())
+}
+
+/// As [`endpoint`], with the caller's endpoint settings (the largest UDP payload, from
+/// `QuicSettings::endpoint_config`); the QUIC bit is never greased whatever `config` says.
+///
+/// # Errors
+///
+/// quinn refuses the socket.
+pub fn endpoint_with(
+    socket: Arc<DemuxSocket>,
+    server: Option<quinn::ServerConfig>,
+    mut config: quinn::EndpointConfig,
+) -> io::Result<quinn::Endpoint> {
     config.grease_quic_bit(false);
     quinn::Endpoint::new_with_abstract_socket(config, server, socket, Arc::new(quinn::TokioRuntime))
 }

@@ -180,7 +180,7 @@ fn build(
 }
 
 /// A UDP socket with the settings' buffers, bound and non-blocking, and what it got.
-fn bind_socket(
+pub(crate) fn bind_socket(
     addr: SocketAddr,
     settings: &QuicSettings,
 ) -> Result<(std::net::UdpSocket, SocketInfo), QuicError> {

@@ -1,0 +1,531 @@
+//! `warren send` and `warren receive`: the command line over `warren::p2p` — the code,
+//! the prompts, progress bars (indicatif) or JSON events, and exit codes.
+//!
+//! Output: people read stderr (the code, the offer, progress bars, summaries); scripts
+//! read stdout with `--json`, one event per line (`code`, `connected`, `offer`, `started`,
+//! `progress`, `file_done`, `finished`, `failed`, `notice`). Names are escaped for the
+//! terminal by the library before they get here.
+
+use std::io::{BufRead, IsTerminal, Write};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::Args;
+use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
+use serde_json::json;
+use tokio::sync::mpsc;
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+use warren::config::HostPort;
+use warren::p2p::code::Code;
+use warren::p2p::mailbox::MailboxServer;
+use warren::p2p::session::{self, Connected, Offering, Options, SessionError};
+use warren::p2p::transfer::{
+    self, Event, Events, Offer, ReceiveOptions, Sources, Summary, TransferError,
+};
+use warren::p2p::write::{Overwrite, WriteOptions};
+
+/// Events a transfer may queue before progress updates are dropped.
+const EVENT_QUEUE: usize = 64;
+/// JSON progress lines at most this often (a bar redraws on its own schedule).
+const JSON_PROGRESS_EVERY: Duration = Duration::from_millis(250);
+/// How long a finished side waits for the peer to see the connection close.
+const CLOSE_WAIT: Duration = Duration::from_secs(3);
+/// Receivers one `warren send` may serve.
+const MAX_RECEIVERS: u32 = 64;
+
+/// Where the server is and how to prove we may use it (both commands).
+#[derive(Debug, Clone, Args)]
+pub struct ServerArgs {
+    /// The Warren server with a [server.p2p] section, HOST:PORT.
+    #[arg(long, short = 'r', env = "WARREN_SERVER", value_name = "HOST:PORT")]
+    pub server: String,
+    /// Read the server's PSK from this file (first line). Default: WARREN_PSK.
+    #[arg(long, value_name = "FILE")]
+    pub psk_file: Option<PathBuf>,
+    /// Skip the direct path and go through the server's relay.
+    #[arg(long)]
+    pub relay: bool,
+    /// Print JSON events on stdout, one per line, instead of progress bars.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `warren send`.
+#[derive(Debug, Clone, Args)]
+pub struct SendArgs {
+    /// Files and folders to send; folders keep their tree.
+    #[arg(required = true, value_name = "PATH")]
+    pub paths: Vec<PathBuf>,
+    /// Leave out paths matching GLOB (e.g. `*.tmp`, `target/**`); repeat for several.
+    #[arg(long, value_name = "GLOB")]
+    pub exclude: Vec<String>,
+    /// How many receivers may use the code, one after another or at the same time.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=MAX_RECEIVERS as i64))]
+    pub max_receivers: u32,
+    /// Ask before sending to each receiver (shows its fingerprint).
+    #[arg(long)]
+    pub confirm: bool,
+    #[command(flatten)]
+    pub server: ServerArgs,
+}
+
+/// `warren receive`.
+#[derive(Debug, Clone, Args)]
+pub struct ReceiveArgs {
+    /// The code from the sender. Other users can see arguments in `ps`: prefer
+    /// WARREN_CODE or typing it at the prompt.
+    #[arg(value_name = "CODE")]
+    pub code: Option<String>,
+    /// The folder to write into (created if missing).
+    #[arg(long, short = 'o', default_value = ".", value_name = "DIR")]
+    pub out: PathBuf,
+    /// Accept the offer without asking.
+    #[arg(long, short = 'y')]
+    pub yes: bool,
+    /// Replace files that already exist (never done without this).
+    #[arg(long)]
+    pub overwrite: bool,
+    #[command(flatten)]
+    pub server: ServerArgs,
+}
+
+/// How a command failed.
+#[derive(Debug)]
+pub enum Failure {
+    /// Bad usage or input (exit 2).
+    Usage(String),
+    /// It ran and failed (exit 1).
+    Failed(String),
+}
+
+/// `warren send`: shows the code at once, then serves up to `--max-receivers`.
+///
+/// # Errors
+///
+/// [`Failure`] with the reason.
+pub async fn send(args: SendArgs) -> Result<(), Failure> {
+    for path in &args.paths {
+        // A typo should fail now, not after the receiver typed the code. This looks at
+        // the named paths only; the walk of folders runs while the code is shown.
+        std::fs::symlink_metadata(path).map_err(|e| {
+            Failure::Usage(format!(
+                "cannot send {}: {e}: check the path",
+                path.display()
+            ))
+        })?;
+    }
+    let out = Output::new(args.server.json);
+    let options = options(&args.server)?;
+    let walking = {
+        let (paths, excludes) = (args.paths.clone(), args.exclude.clone());
+        tokio::task::spawn_blocking(move || Sources::walk(&paths, &excludes))
+    };
+    let mut offering = Offering::open(options)
+        .await
+        .map_err(|e| Failure::Failed(e.to_string()))?;
+    let code = offering.code().reveal();
+    out.event(json!({"event": "code", "code": code}));
+    out.say(&format!(
+        "Code: {code}\nOn the other machine: warren receive   (then type the code; or WARREN_CODE={code} warren receive)"
+    ));
+    let sources = match walking.await {
+        Ok(Ok(sources)) => Arc::new(sources),
+        Ok(Err(error)) => {
+            offering.close().await;
+            return Err(Failure::Usage(error.to_string()));
+        }
+        Err(error) => {
+            offering.close().await;
+            return Err(Failure::Failed(format!("walking the files failed: {error}")));
+        }
+    };
+    for skipped in sources.skipped() {
+        out.notice(&format!(
+            "left out {} ({:?}: only files and folders are sent)",
+            skipped.path.display(),
+            skipped.reason
+        ));
+    }
+    let mut transfers = JoinSet::new();
+    let mut served = 0;
+    let mut last_error = None;
+    while served < args.max_receivers {
+        let connected = tokio::select! {
+            connected = offering.next_receiver() => connected,
+            Some(done) = transfers.join_next(), if !transfers.is_empty() => {
+                if let Ok(Err(error)) = done {
+                    last_error = Some(error);
+                }
+                continue;
+            }
+        };
+        let connected = match connected {
+            Ok(connected) => connected,
+            Err(SessionError::Pake(error)) => {
+                out.notice(&format!("a receiver failed the key exchange: {error}"));
+                continue;
+            }
+            Err(error @ SessionError::PeerLeft(_)) | Err(error @ SessionError::NoPath(_)) => {
+                out.notice(&format!("a receiver could not be served: {error}"));
+                last_error = Some(error.to_string());
+                continue;
+            }
+            Err(error) => {
+                last_error = Some(error.to_string());
+                break;
+            }
+        };
+        served += 1;
+        let who = connected.peer.short();
+        out.connected(&connected);
+        if args.confirm && !ask(&format!("Send to receiver {who}? [y/N] ")).await {
+            connected
+                .connection
+                .close(transfer::stream::CLOSE_CANCEL, b"the sender declined");
+            out.notice(&format!("not sending to {who}"));
+            continue;
+        }
+        let out = out.clone();
+        let sources = Arc::clone(&sources);
+        transfers.spawn(async move {
+            let (events, progress) = out.progress(&who, true);
+            let result = transfer::send(&connected.connection, &sources, &events).await;
+            drop(events);
+            let _ = progress.await;
+            finish(connected, result, &out, "Sent", &who).await
+        });
+    }
+    offering.close().await;
+    while let Some(done) = transfers.join_next().await {
+        if let Ok(Err(error)) = done {
+            last_error = Some(error);
+        }
+    }
+    match (served, last_error) {
+        (_, Some(error)) => Err(Failure::Failed(error)),
+        (0, None) => Err(Failure::Failed("no receiver came".into())),
+        _ => Ok(()),
+    }
+}
+
+/// `warren receive`: the code from the argument, WARREN_CODE or a prompt.
+///
+/// # Errors
+///
+/// [`Failure`] with the reason.
+pub async fn receive(args: ReceiveArgs) -> Result<(), Failure> {
+    let typed = match (&args.code, std::env::var("WARREN_CODE")) {
+        (Some(code), _) => code.clone(),
+        (None, Ok(code)) if !code.trim().is_empty() => code,
+        (None, _) => prompt_code().await?,
+    };
+    let code = Code::parse(&typed).map_err(|e| Failure::Usage(e.to_string()))?;
+    let out = Output::new(args.server.json);
+    let options = options(&args.server)?;
+    std::fs::create_dir_all(&args.out).map_err(|e| {
+        Failure::Usage(format!(
+            "cannot create the output folder {}: {e}",
+            args.out.display()
+        ))
+    })?;
+    let connected = session::join(&code, &options)
+        .await
+        .map_err(|e| Failure::Failed(e.to_string()))?;
+    out.connected(&connected);
+    let who = connected.peer.short();
+    let receive_options = ReceiveOptions {
+        write: WriteOptions {
+            overwrite: if args.overwrite {
+                Overwrite::Replace
+            } else {
+                Overwrite::Refuse
+            },
+            ..WriteOptions::default()
+        },
+        ..ReceiveOptions::default()
+    };
+    let yes = args.yes;
+    let confirm = {
+        let out = out.clone();
+        move |offer: Offer| async move {
+            out.offer(&offer);
+            if yes {
+                return true;
+            }
+            if !std::io::stdin().is_terminal() {
+                out.notice("not accepted: run with --yes to accept without a prompt");
+                return false;
+            }
+            ask("Accept? [y/N] ").await
+        }
+    };
+    let (events, progress) = out.progress(&who, false);
+    let result = transfer::receive(
+        &connected.connection,
+        &args.out,
+        receive_options,
+        confirm,
+        &events,
+    )
+    .await;
+    drop(events);
+    let _ = progress.await;
+    finish(connected, result, &out, "Received", &who)
+        .await
+        .map_err(Failure::Failed)
+}
+
+/// The session options from the command line.
+fn options(args: &ServerArgs) -> Result<Options, Failure> {
+    let server = crate::cli::server_addr(&args.server).map_err(Failure::Usage)?;
+    let psk = crate::cli::psk(args.psk_file.as_deref()).map_err(Failure::Usage)?;
+    let mut options = Options::new(MailboxServer {
+        server: HostPort::from(server),
+        psk,
+        quic: None,
+        deadline: Duration::from_secs(10),
+    });
+    options.relay_only = args.relay;
+    Ok(options)
+}
+
+/// Reports the end of one transfer and closes its connection cleanly.
+async fn finish(
+    connected: Connected,
+    result: Result<Summary, TransferError>,
+    out: &Output,
+    verb: &str,
+    who: &str,
+) -> Result<(), String> {
+    let route = connected.route.word();
+    let outcome = match result {
+        Ok(summary) => {
+            let secs = summary.elapsed.as_secs_f64().max(1e-6);
+            out.event(json!({
+                "event": "finished", "peer": who, "route": route,
+                "files": summary.files, "bytes": summary.bytes,
+                "sent_bytes": summary.sent_bytes, "resumed_bytes": summary.resumed_bytes,
+                "resent_chunks": summary.resent_chunks, "seconds": secs,
+            }));
+            let mut line = format!(
+                "{verb} {} files, {} in {:.1} s ({}/s, {route}, peer {who})",
+                summary.files,
+                indicatif::HumanBytes(summary.bytes),
+                secs,
+                indicatif::HumanBytes((summary.sent_bytes as f64 / secs) as u64),
+            );
+            if summary.resumed_bytes > 0 {
+                line.push_str(&format!(
+                    "; {} were already there",
+                    indicatif::HumanBytes(summary.resumed_bytes)
+                ));
+            }
+            out.say(&line);
+            Ok(())
+        }
+        Err(error) => {
+            out.event(json!({"event": "failed", "peer": who, "error": error.to_string()}));
+            out.say(&format!("error: {error}"));
+            Err(error.to_string())
+        }
+    };
+    // The transfer closed the connection; wait a moment for the close to reach the peer.
+    let _ = tokio::time::timeout(CLOSE_WAIT, connected.endpoint.wait_idle()).await;
+    outcome
+}
+
+/// Asks a yes/no question on the terminal.
+async fn ask(question: &str) -> bool {
+    let question = question.to_owned();
+    tokio::task::spawn_blocking(move || {
+        eprint!("{question}");
+        let _ = std::io::stderr().flush();
+        let mut answer = String::new();
+        if std::io::stdin().lock().read_line(&mut answer).is_err() {
+            return false;
+        }
+        matches!(answer.trim().to_ascii_lowercase().as_str(), "y" | "yes")
+    })
+    .await
+    .unwrap_or(false)
+}
+
+/// Reads the code from the terminal.
+async fn prompt_code() -> Result<String, Failure> {
+    if !std::io::stdin().is_terminal() {
+        return Err(Failure::Usage(
+            "no code: give it as WARREN_CODE=... or as the argument".into(),
+        ));
+    }
+    tokio::task::spawn_blocking(|| {
+        eprint!("Code: ");
+        let _ = std::io::stderr().flush();
+        let mut line = String::new();
+        std::io::stdin()
+            .lock()
+            .read_line(&mut line)
+            .map_err(|e| Failure::Usage(format!("cannot read the code: {e}")))?;
+        Ok(line.trim().to_owned())
+    })
+    .await
+    .map_err(|e| Failure::Failed(e.to_string()))?
+}
+
+/// Where the commands' output goes: bars and lines on stderr, or JSON on stdout.
+#[derive(Clone)]
+struct Output {
+    json: bool,
+    bars: MultiProgress,
+}
+
+impl Output {
+    fn new(json: bool) -> Output {
+        let target = if json {
+            ProgressDrawTarget::hidden()
+        } else {
+            ProgressDrawTarget::stderr()
+        };
+        Output {
+            json,
+            bars: MultiProgress::with_draw_target(target),
+        }
+    }
+
+    /// A line for people (stderr, above any bars).
+    fn say(&self, line: &str) {
+        if self.json {
+            return;
+        }
+        if self.bars.is_hidden() {
+            eprintln!("{line}");
+        } else {
+            let _ = self.bars.println(line);
+        }
+    }
+
+    /// A line for scripts (stdout, `--json` only).
+    fn event(&self, value: serde_json::Value) {
+        if self.json {
+            let mut stdout = std::io::stdout().lock();
+            let _ = writeln!(stdout, "{value}");
+            let _ = stdout.flush();
+        }
+    }
+
+    fn notice(&self, message: &str) {
+        self.event(json!({"event": "notice", "message": message}));
+        self.say(message);
+    }
+
+    fn connected(&self, connected: &Connected) {
+        let route = match connected.route {
+            session::Route::Direct(addr) | session::Route::Relayed(addr) => addr,
+        };
+        self.event(json!({
+            "event": "connected",
+            "peer": connected.peer.short(),
+            "route": connected.route.word(),
+            "address": route.to_string(),
+            "agreed_ms": connected.agreed_in.as_millis() as u64,
+            "connected_ms": connected.connected_in.as_millis() as u64,
+        }));
+        self.say(&format!(
+            "Connected to {} ({}, via {route}) after {} ms",
+            connected.peer.short(),
+            connected.route.word(),
+            (connected.agreed_in + connected.connected_in).as_millis()
+        ));
+    }
+
+    fn offer(&self, offer: &Offer) {
+        self.event(json!({
+            "event": "offer", "files": offer.files, "folders": offer.folders,
+            "bytes": offer.bytes, "top_level": offer.top_level,
+            "replaces": offer.replaces, "complete": offer.complete,
+        }));
+        let mut text = format!(
+            "The sender offers {} files ({}) in {} folders:",
+            offer.files,
+            indicatif::HumanBytes(offer.bytes),
+            offer.folders
+        );
+        for name in offer.top_level.iter().take(10) {
+            text.push_str(&format!("\n  {name}"));
+        }
+        if offer.top_level.len() > 10 {
+            text.push_str(&format!("\n  ... and {} more", offer.top_level.len() - 10));
+        }
+        if offer.complete > 0 {
+            text.push_str(&format!(
+                "\n  {} already here from an earlier run",
+                offer.complete
+            ));
+        }
+        if offer.replaces > 0 {
+            text.push_str(&format!(
+                "\n  {} will replace existing files (--overwrite)",
+                offer.replaces
+            ));
+        }
+        self.say(&text);
+    }
+
+    /// An event queue for one transfer with `peer` and the task that renders it; `label`
+    /// puts the peer on the bar (a sender with several receivers).
+    fn progress(&self, peer: &str, label: bool) -> (Events, tokio::task::JoinHandle<()>) {
+        let (tx, rx) = mpsc::channel(EVENT_QUEUE);
+        let task = tokio::spawn(render(self.clone(), rx, peer.to_owned(), label));
+        (Events::new(tx), task)
+    }
+}
+
+/// Draws one transfer's events as a bar (or JSON lines) until its queue closes.
+async fn render(out: Output, mut rx: mpsc::Receiver<Event>, peer: String, label: bool) {
+    let bar = out.bars.add(ProgressBar::new(0));
+    bar.set_style(
+        ProgressStyle::with_template(
+            "{msg} [{bar:30}] {binary_bytes}/{binary_total_bytes} {binary_bytes_per_sec} ETA {eta}",
+        )
+        .unwrap_or_else(|_| ProgressStyle::default_bar())
+        .progress_chars("=> "),
+    );
+    let label = if label {
+        format!("{peer} ")
+    } else {
+        String::new()
+    };
+    let mut files = 0;
+    let mut last_json = Instant::now() - JSON_PROGRESS_EVERY;
+    while let Some(event) = rx.recv().await {
+        match event {
+            Event::Started {
+                files: n,
+                bytes,
+                resumed_bytes,
+            } => {
+                files = n;
+                bar.set_length(bytes);
+                bar.set_position(resumed_bytes);
+                bar.reset_eta();
+                bar.set_message(format!("{label}files 0/{files}"));
+                out.event(json!({"event": "started", "peer": peer, "files": n, "bytes": bytes, "resumed_bytes": resumed_bytes}));
+            }
+            Event::Progress { bytes, files_done } => {
+                bar.set_position(bytes);
+                bar.set_message(format!("{label}files {files_done}/{files}"));
+                if last_json.elapsed() >= JSON_PROGRESS_EVERY {
+                    last_json = Instant::now();
+                    out.event(json!({"event": "progress", "peer": peer, "bytes": bytes, "files_done": files_done}));
+                }
+            }
+            Event::FileDone { name, .. } => {
+                out.event(json!({"event": "file_done", "peer": peer, "name": name}));
+            }
+            Event::Finished(_) | Event::Failed { .. } => {}
+            _ => {}
+        }
+    }
+    bar.finish_and_clear();
+}

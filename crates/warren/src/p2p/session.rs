@@ -1,0 +1,748 @@
+//! From a join code to a pinned QUIC connection with the peer: every step a transfer takes
+//! before its first byte, in one place, for `warren send` / `warren receive` (and tests).
+//!
+//! ```text
+//! sender (Offering)                     server                     receiver (join)
+//!   allocate a nameplate, show the code ──▶ mailbox ◀─────────────────── claim it
+//!   Spake, Confirm, Fingerprint  ◀──────── mailbox ─────────▶ Spake, Confirm, Fingerprint
+//!   (meanwhile: bind the UDP socket, ask the reflector for our public address)
+//!   PathOffer {candidates, relay_only} ◀── mailbox ──▶ PathOffer; the receiver leaves
+//!   connectivity checks  ◀────────────── direct ───────────────▶ connectivity checks
+//!   accept QUIC (pinned) ◀──── the punched path, or the server's relay ──── dial QUIC
+//! ```
+//!
+//! The sender listens and the receiver dials, whichever path won: the sender accepts the
+//! first connection whose certificate is the peer's (the pin is in the TLS config), so a
+//! receiver that went to the relay while the sender found a direct path still gets in once
+//! the sender's wait for a direct dial runs out and it joins the relay too.
+//!
+//! One sender serves several receivers, one after another at the mailbox: each gets its
+//! own PAKE, identity, socket and connection ([`Offering::next_receiver`]), so several
+//! transfers run at once once connected.
+//!
+//! Mailbox bodies are the PAKE's messages (`warren_proto::files::pake`, first byte = its
+//! version, 1) and one [`PathOffer`] per side: [`PATH_OFFER_TAG`] then JSON.
+
+use std::io;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use tokio::time::Instant;
+use warren_proto::message::MailboxEvent;
+
+use super::code::{Code, Nameplate};
+use super::mailbox::{Mailbox, MailboxError, MailboxServer};
+use super::net::candidates::Candidates;
+use super::net::demux::{self, DemuxSocket, StunChannel};
+use super::net::key::CheckKey;
+use super::net::punch::{Checker, PunchConfig};
+use super::net::reflector::{self, DiscoverConfig};
+use super::net::relay::{self, JoinConfig, RelayAuth, RelayToken};
+use super::pake::{CertFingerprint, Outcome, Pake, PakeError, Role};
+use super::transfer::identity::{self, Identity, SERVER_NAME};
+use crate::transport::quic::error::QuicError;
+use crate::transport::quic::settings::QuicSettings;
+use crate::transport::tcp::{Family, resolve};
+
+/// First byte of a mailbox body holding a [`PathOffer`] (PAKE messages start with their
+/// version, 1).
+pub const PATH_OFFER_TAG: u8 = b'P';
+/// How long each mailbox step may take once both peers are there (no human waits here: the
+/// receiver typed the code before it claimed the nameplate).
+const STEP_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a sender waits for its receiver: the server's nameplate TTL ends it sooner.
+const RECEIVER_WAIT: Duration = Duration::from_secs(24 * 3600);
+/// After a punch, how long the sender waits for the receiver's direct dial before it
+/// also joins the relay (the receiver's checker may have given up while ours succeeded).
+const DIRECT_DIAL_WAIT: Duration = Duration::from_secs(2);
+/// The QUIC handshake, on whichever path.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(15);
+/// After its punch succeeded, how long a peer keeps answering checks so the other finishes.
+const ANSWER_AFTER: Duration = Duration::from_secs(3);
+
+/// How to meet the peer.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// The server: mailbox, reflector and relay.
+    pub server: MailboxServer,
+    /// Skip the checks and go through the relay (`--relay`): for networks that drop
+    /// unsolicited UDP, and for measuring the relayed path.
+    pub relay_only: bool,
+    /// Pacing and deadline of the checks.
+    pub punch: PunchConfig,
+    /// The peers' QUIC settings.
+    pub quic: QuicSettings,
+    /// The peer socket's address. `None`: loopback when the server is on loopback (both
+    /// peers are on this machine), else the unspecified address of the server's family.
+    pub bind: Option<SocketAddr>,
+}
+
+impl Options {
+    /// The defaults for `server`: checks for ~3 s, then the relay.
+    pub fn new(server: MailboxServer) -> Options {
+        Options {
+            server,
+            relay_only: false,
+            punch: PunchConfig::default(),
+            quic: QuicSettings::internet(),
+            bind: None,
+        }
+    }
+}
+
+/// Which path the connection took.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Route {
+    /// Peer to peer, to this address.
+    Direct(SocketAddr),
+    /// Through the server's relay at this address.
+    Relayed(SocketAddr),
+}
+
+impl Route {
+    /// `direct` or `relayed`, as the progress line says it.
+    pub fn word(&self) -> &'static str {
+        match self {
+            Route::Direct(_) => "direct",
+            Route::Relayed(_) => "relayed",
+        }
+    }
+}
+
+/// A pinned QUIC connection to the peer.
+#[derive(Debug)]
+pub struct Connected {
+    /// The connection (the transfer runs over it).
+    pub connection: quinn::Connection,
+    /// Its endpoint, which drives the socket: keep it as long as the connection.
+    pub endpoint: quinn::Endpoint,
+    /// The path it took.
+    pub route: Route,
+    /// The peer's certificate fingerprint (its short form identifies a receiver).
+    pub peer: CertFingerprint,
+    /// From the peer joining the mailbox to the key agreed.
+    pub agreed_in: Duration,
+    /// From the key agreed to the QUIC connection up.
+    pub connected_in: Duration,
+}
+
+/// Why the peers could not be connected.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SessionError {
+    /// The mailbox failed or refused.
+    #[error(transparent)]
+    Mailbox(#[from] MailboxError),
+    /// The key exchange failed: almost always a mistyped code.
+    #[error("{0}")]
+    Pake(#[from] PakeError),
+    /// The other side left the mailbox before the exchange finished.
+    #[error("the other side left before the connection was set up: {0}")]
+    PeerLeft(&'static str),
+    /// The peer's path offer is unreadable.
+    #[error("the other side sent an unreadable path offer ({0}): use the same Warren version on both sides")]
+    BadOffer(String),
+    /// A step took too long.
+    #[error("no answer from the other side within {secs} s while {during}")]
+    Timeout {
+        /// The step.
+        during: &'static str,
+        /// Its limit.
+        secs: u64,
+    },
+    /// The server could not be resolved, or the peer socket not opened.
+    #[error("{0}")]
+    Io(#[from] io::Error),
+    /// The QUIC configuration could not be built (not expected).
+    #[error(transparent)]
+    Quic(#[from] QuicError),
+    /// Neither a direct path nor the relay worked.
+    #[error("could not reach the other side: {0}")]
+    NoPath(String),
+}
+
+/// The sender's place at the mailbox: one code, any number of receivers in turn.
+pub struct Offering {
+    mailbox: Mailbox,
+    code: Code,
+    udp: Option<SocketAddr>,
+    options: Options,
+    /// A receiver is at the nameplate (joined, not yet left).
+    receiver_present: bool,
+}
+
+impl std::fmt::Debug for Offering {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Offering")
+            .field("nameplate", &self.code.nameplate())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Offering {
+    /// Connects to the server's mailbox and takes a nameplate: the code exists when this
+    /// returns (nothing about the files has been read).
+    ///
+    /// # Errors
+    ///
+    /// The mailbox could not be reached or refused (no `[server.p2p]`, rate limit).
+    pub async fn open(options: Options) -> Result<Offering, SessionError> {
+        let mut mailbox = Mailbox::connect(&options.server).await?;
+        let (nameplate, udp_port) = mailbox.allocate().await?;
+        let nameplate = Nameplate::new(nameplate).ok_or_else(|| {
+            MailboxError::Ended(format!(
+                "the server gave nameplate {nameplate}, which is not a valid code number"
+            ))
+        })?;
+        let code = Code::generate(nameplate, &mut rand::rng());
+        let udp = server_udp(&options.server, udp_port).await;
+        Ok(Offering {
+            mailbox,
+            code,
+            udp,
+            options,
+            receiver_present: false,
+        })
+    }
+
+    /// The code to give the receiver.
+    pub fn code(&self) -> &Code {
+        &self.code
+    }
+
+    /// Waits for the next receiver (as long as the nameplate lives), agrees on keys with
+    /// it and connects.
+    ///
+    /// # Errors
+    ///
+    /// [`SessionError::Pake`] when someone tried a wrong code (call again: the nameplate
+    /// stays until the server burns it), [`SessionError::PeerLeft`] when a receiver left
+    /// half way (call again), others when the mailbox is gone.
+    pub async fn next_receiver(&mut self) -> Result<Connected, SessionError> {
+        if self.receiver_present {
+            self.wait_for_leaving().await?;
+        }
+        let identity = Identity::generate()?;
+        let mut pake = Pake::new(
+            Role::Sender,
+            &self.code,
+            identity.fingerprint(),
+            rand::random(),
+        );
+        // Our first message waits at the server for the receiver.
+        flush(&mut self.mailbox, &mut pake).await?;
+        let early = self.wait_for_receiver().await?;
+        let joined = Instant::now();
+        self.receiver_present = true;
+        let mut socket = PeerSocket::open(&self.options, self.udp).await?;
+        let (reflexive, agreed) = tokio::join!(
+            socket.discover(self.udp),
+            exchange(&mut self.mailbox, &mut pake, early, Role::Sender)
+        );
+        let outcome = match agreed {
+            Ok(outcome) => outcome,
+            Err(error) => {
+                if matches!(error, SessionError::PeerLeft(_)) {
+                    self.receiver_present = false;
+                }
+                return Err(error);
+            }
+        };
+        let agreed_in = joined.elapsed();
+        let ours = PathOffer {
+            candidates: Candidates::gather(socket.local, reflexive),
+            relay_only: self.options.relay_only,
+        };
+        let theirs = swap_offers(&mut self.mailbox, &ours).await?;
+        let started = Instant::now();
+        let (connection, route) = socket
+            .accept(
+                &identity,
+                &outcome,
+                &ours,
+                &theirs,
+                self.udp,
+                &self.options,
+            )
+            .await?;
+        Ok(Connected {
+            connection,
+            endpoint: socket.endpoint,
+            route,
+            peer: outcome.peer_fingerprint,
+            agreed_in,
+            connected_in: started.elapsed(),
+        })
+    }
+
+    /// Leaves the mailbox (the nameplate is freed).
+    pub async fn close(self) {
+        self.mailbox.close().await;
+    }
+
+    /// Waits for a receiver to join; returns a message that came with it, if any.
+    async fn wait_for_receiver(&mut self) -> Result<Option<Vec<u8>>, SessionError> {
+        loop {
+            match self.mailbox.next(RECEIVER_WAIT).await? {
+                MailboxEvent::PeerJoined => return Ok(None),
+                MailboxEvent::Message { body } => return Ok(Some(body)),
+                // A receiver that left before we saw it join: wait for the next one.
+                _ => {}
+            }
+        }
+    }
+
+    /// Waits for the last receiver to leave the nameplate (it does once it has our path
+    /// offer, or when its exchange failed), so our next first message goes to the next.
+    async fn wait_for_leaving(&mut self) -> Result<(), SessionError> {
+        let until = Instant::now() + STEP_TIMEOUT;
+        loop {
+            let left = until.saturating_duration_since(Instant::now());
+            match self.mailbox.next(left).await {
+                Ok(MailboxEvent::PeerLeft) => break,
+                Ok(_) => {}
+                Err(MailboxError::Timeout(_)) => {
+                    return Err(SessionError::Timeout {
+                        during: "waiting for the last receiver to leave the code",
+                        secs: STEP_TIMEOUT.as_secs(),
+                    });
+                }
+                Err(error) => return Err(error.into()),
+            }
+        }
+        self.receiver_present = false;
+        Ok(())
+    }
+}
+
+/// The receiver's side: claims the code's nameplate, agrees on keys with the sender and
+/// connects.
+///
+/// # Errors
+///
+/// [`SessionError::Pake`] for a wrong code (the server is told, and burns the nameplate
+/// after a few), the mailbox's refusal (no such code), no path to the sender.
+pub async fn join(code: &Code, options: &Options) -> Result<Connected, SessionError> {
+    let mut mailbox = Mailbox::connect(&options.server).await?;
+    let udp_port = mailbox.claim(code.nameplate().get()).await?;
+    let joined = Instant::now();
+    let udp = server_udp(&options.server, udp_port).await;
+    let identity = Identity::generate()?;
+    let mut pake = Pake::new(Role::Receiver, code, identity.fingerprint(), rand::random());
+    let mut socket = PeerSocket::open(options, udp).await?;
+    let (reflexive, agreed) = tokio::join!(
+        socket.discover(udp),
+        exchange(&mut mailbox, &mut pake, None, Role::Receiver)
+    );
+    let outcome = match agreed {
+        Ok(outcome) => outcome,
+        Err(error) => {
+            let failed = matches!(error, SessionError::Pake(_));
+            let _ = mailbox.release(failed).await;
+            mailbox.close().await;
+            return Err(error);
+        }
+    };
+    let agreed_in = joined.elapsed();
+    let ours = PathOffer {
+        candidates: Candidates::gather(socket.local, reflexive),
+        relay_only: options.relay_only,
+    };
+    let theirs = swap_offers(&mut mailbox, &ours).await;
+    // Done with the mailbox either way: the nameplate is free for the next receiver.
+    let _ = mailbox.release(false).await;
+    mailbox.close().await;
+    let theirs = theirs?;
+    let started = Instant::now();
+    let (connection, route) = socket
+        .dial(&identity, &outcome, &ours, &theirs, udp, options)
+        .await?;
+    Ok(Connected {
+        connection,
+        endpoint: socket.endpoint,
+        route,
+        peer: outcome.peer_fingerprint,
+        agreed_in,
+        connected_in: started.elapsed(),
+    })
+}
+
+/// What a peer tells the other about reaching it, after the key is agreed.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PathOffer {
+    /// Its addresses.
+    pub candidates: Candidates,
+    /// It wants the relay without checks.
+    pub relay_only: bool,
+}
+
+impl PathOffer {
+    fn encode(&self) -> Vec<u8> {
+        let mut body = vec![PATH_OFFER_TAG];
+        // Invariant: a struct of addresses and a bool always serialises.
+        body.extend(serde_json::to_vec(self).unwrap_or_default());
+        body
+    }
+
+    fn decode(body: &[u8]) -> Result<PathOffer, SessionError> {
+        match body.split_first() {
+            Some((&PATH_OFFER_TAG, json)) => {
+                serde_json::from_slice(json).map_err(|e| SessionError::BadOffer(e.to_string()))
+            }
+            _ => Err(SessionError::BadOffer(
+                "expected a path offer, got another message".into(),
+            )),
+        }
+    }
+}
+
+/// The resolved address of the server's UDP port (reflector and relay), if it has one.
+async fn server_udp(server: &MailboxServer, port: Option<u16>) -> Option<SocketAddr> {
+    let port = port?;
+    let found = tokio::time::timeout(
+        server.deadline,
+        resolve(&server.server, Family::PreferIpv4),
+    )
+    .await;
+    match found {
+        Ok(Ok(addrs)) => addrs.first().map(|a| SocketAddr::new(a.ip(), port)),
+        _ => None,
+    }
+}
+
+/// Sends everything the PAKE has to send.
+async fn flush(mailbox: &mut Mailbox, pake: &mut Pake) -> Result<(), SessionError> {
+    while let Some(message) = pake.poll_transmit() {
+        mailbox.send(message).await?;
+    }
+    Ok(())
+}
+
+/// Runs the PAKE to its end over the mailbox. `early` is a message already received.
+async fn exchange(
+    mailbox: &mut Mailbox,
+    pake: &mut Pake,
+    mut early: Option<Vec<u8>>,
+    role: Role,
+) -> Result<Outcome, SessionError> {
+    loop {
+        flush(mailbox, pake).await?;
+        if let Some(outcome) = pake.outcome() {
+            return Ok(outcome.clone());
+        }
+        let body = match early.take() {
+            Some(body) => body,
+            None => match mailbox.next(STEP_TIMEOUT).await {
+                Ok(MailboxEvent::Message { body }) => body,
+                Ok(MailboxEvent::PeerLeft) => {
+                    return Err(SessionError::PeerLeft(match role {
+                        Role::Sender => "the receiver left during the key exchange",
+                        Role::Receiver => "the sender left during the key exchange",
+                    }));
+                }
+                Ok(_) => continue,
+                Err(MailboxError::Timeout(_)) => {
+                    return Err(SessionError::Timeout {
+                        during: "agreeing on a key",
+                        secs: STEP_TIMEOUT.as_secs(),
+                    });
+                }
+                Err(error) => return Err(error.into()),
+            },
+        };
+        if let Err(error) = pake.handle_message(&body) {
+            // Whatever the machine still has (nothing, after a failure) goes out, so the
+            // peer fails at the same step instead of waiting.
+            let _ = flush(mailbox, pake).await;
+            return Err(error.into());
+        }
+    }
+}
+
+/// Sends our path offer and reads the peer's.
+async fn swap_offers(mailbox: &mut Mailbox, ours: &PathOffer) -> Result<PathOffer, SessionError> {
+    mailbox.send(ours.encode()).await?;
+    loop {
+        match mailbox.next(STEP_TIMEOUT).await {
+            Ok(MailboxEvent::Message { body }) => return PathOffer::decode(&body),
+            Ok(MailboxEvent::PeerLeft) => {
+                return Err(SessionError::PeerLeft(
+                    "it left before telling where it can be reached",
+                ));
+            }
+            Ok(_) => {}
+            Err(MailboxError::Timeout(_)) => {
+                return Err(SessionError::Timeout {
+                    during: "exchanging addresses",
+                    secs: STEP_TIMEOUT.as_secs(),
+                });
+            }
+            Err(error) => return Err(error.into()),
+        }
+    }
+}
+
+/// One peer's UDP socket: the quinn endpoint that drives it and the STUN side of it.
+struct PeerSocket {
+    endpoint: quinn::Endpoint,
+    channel: Option<StunChannel>,
+    local: SocketAddr,
+}
+
+impl PeerSocket {
+    async fn open(options: &Options, udp: Option<SocketAddr>) -> Result<PeerSocket, SessionError> {
+        let bind = match options.bind {
+            Some(bind) => bind,
+            None => {
+                let server_ip = match udp {
+                    Some(addr) => Some(addr.ip()),
+                    None => tokio::time::timeout(
+                        options.server.deadline,
+                        resolve(&options.server.server, Family::PreferIpv4),
+                    )
+                    .await
+                    .ok()
+                    .and_then(Result::ok)
+                    .and_then(|addrs| addrs.first().map(SocketAddr::ip)),
+                };
+                SocketAddr::new(default_bind_ip(server_ip), 0)
+            }
+        };
+        let (std_socket, _) =
+            crate::transport::quic::endpoint::bind_socket(bind, &options.quic)?;
+        let (socket, channel) = DemuxSocket::wrap(std_socket)?;
+        let local = socket.local_addr()?;
+        let config = options.quic.endpoint_config().map_err(QuicError::from)?;
+        let endpoint = demux::endpoint_with(socket, None, config)?;
+        Ok(PeerSocket {
+            endpoint,
+            channel: Some(channel),
+            local,
+        })
+    }
+
+    /// Our address as the server's reflector sees it; `None` when there is no reflector
+    /// or it does not answer (host candidates and the relay still work).
+    async fn discover(&mut self, udp: Option<SocketAddr>) -> Option<SocketAddr> {
+        let (udp, channel) = (udp?, self.channel.as_mut()?);
+        match reflector::discover(channel, udp, &DiscoverConfig::default()).await {
+            Ok(seen) => Some(seen),
+            Err(error) => {
+                tracing::debug!(event = "p2p_discover_failed", %error, "no public address");
+                None
+            }
+        }
+    }
+
+    /// The receiver's side: checks, then dials the peer directly or through the relay.
+    async fn dial(
+        &mut self,
+        identity: &Identity,
+        outcome: &Outcome,
+        ours: &PathOffer,
+        theirs: &PathOffer,
+        relay: Option<SocketAddr>,
+        options: &Options,
+    ) -> Result<(quinn::Connection, Route), SessionError> {
+        let client = identity::client_config(identity, outcome, &options.quic)?;
+        let mut channel = self.take_channel()?;
+        let mut punch_note = String::from("the checks were skipped (--relay)");
+        if !(ours.relay_only || theirs.relay_only) {
+            let mut checker = Checker::new(
+                channel,
+                CheckKey::new(*outcome.check_key.expose()),
+                options.punch.clone(),
+            );
+            match checker.punch(&ours.candidates, &theirs.candidates).await {
+                Ok(punched) => {
+                    // Keep answering for a moment so the sender's checker finishes too.
+                    tokio::spawn(async move {
+                        let _ = checker.answer_for(ANSWER_AFTER).await;
+                    });
+                    let connection = handshake(self.endpoint.connect_with(
+                        client,
+                        punched.remote,
+                        SERVER_NAME,
+                    ))
+                    .await
+                    .map_err(SessionError::NoPath)?;
+                    return Ok((connection, Route::Direct(punched.remote)));
+                }
+                Err(error) => {
+                    punch_note = error.to_string();
+                    channel = checker.into_inner();
+                }
+            }
+        }
+        let relay = relay.ok_or_else(|| no_relay(&punch_note))?;
+        relay::join(
+            &mut channel,
+            relay,
+            &RelayToken::from_key(&outcome.relay_key),
+            &RelayAuth::from_psk(&options.server.psk),
+            &JoinConfig::default(),
+        )
+        .await
+        .map_err(|e| SessionError::NoPath(format!("{punch_note}; the relay: {e}")))?;
+        let connection = handshake(self.endpoint.connect_with(client, relay, SERVER_NAME))
+            .await
+            .map_err(|e| SessionError::NoPath(format!("{punch_note}; through the relay: {e}")))?;
+        Ok((connection, Route::Relayed(relay)))
+    }
+
+    /// The sender's side: checks, then accepts the receiver's dial, direct or relayed.
+    async fn accept(
+        &mut self,
+        identity: &Identity,
+        outcome: &Outcome,
+        ours: &PathOffer,
+        theirs: &PathOffer,
+        relay: Option<SocketAddr>,
+        options: &Options,
+    ) -> Result<(quinn::Connection, Route), SessionError> {
+        // Listening before the checks: a receiver that finishes first dials at once.
+        self.endpoint.set_server_config(Some(identity::server_config(
+            identity,
+            outcome,
+            &options.quic,
+        )?));
+        let channel = self.take_channel()?;
+        let token = RelayToken::from_key(&outcome.relay_key);
+        let auth = RelayAuth::from_psk(&options.server.psk);
+        let skip_checks = ours.relay_only || theirs.relay_only;
+        let mut note = String::from("the checks were skipped (--relay)");
+        let endpoint = self.endpoint.clone();
+        // Everything but the accepting: checks, answering, the relay when needed. It never
+        // ends on its own; the accept (or its deadline) ends it.
+        let side = async {
+            let mut channel = channel;
+            if !skip_checks {
+                let mut checker = Checker::new(
+                    channel,
+                    CheckKey::new(*outcome.check_key.expose()),
+                    options.punch.clone(),
+                );
+                match checker.punch(&ours.candidates, &theirs.candidates).await {
+                    Ok(_) => {
+                        let _ = checker.answer_for(DIRECT_DIAL_WAIT).await;
+                        note = "the receiver did not dial the direct path".into();
+                    }
+                    Err(error) => note = error.to_string(),
+                }
+                channel = checker.into_inner();
+            }
+            if let Some(relay) = relay {
+                if let Err(error) =
+                    relay::join(&mut channel, relay, &token, &auth, &JoinConfig::default()).await
+                {
+                    note = format!("{note}; the relay: {error}");
+                }
+            } else {
+                note = format!("{note}; the server has no relay");
+            }
+            std::future::pending::<()>().await;
+        };
+        let deadline = options.punch.deadline + DIRECT_DIAL_WAIT + 2 * HANDSHAKE_TIMEOUT;
+        let accepted = tokio::select! {
+            accepted = tokio::time::timeout(deadline, accept_peer(&endpoint)) => accepted,
+            () = side => unreachable!("the side work never ends"),
+        };
+        match accepted {
+            Ok(Some(connection)) => {
+                let remote = connection.remote_address();
+                let route = if Some(remote) == relay {
+                    Route::Relayed(remote)
+                } else {
+                    Route::Direct(remote)
+                };
+                Ok((connection, route))
+            }
+            Ok(None) => Err(SessionError::NoPath("the local endpoint closed".into())),
+            Err(_) => Err(SessionError::NoPath(format!(
+                "the receiver never connected in {deadline:?}: {note}"
+            ))),
+        }
+    }
+
+    fn take_channel(&mut self) -> Result<StunChannel, SessionError> {
+        self.channel
+            .take()
+            .ok_or_else(|| SessionError::NoPath("the peer socket was already used".into()))
+    }
+}
+
+/// The first incoming connection whose handshake succeeds (the TLS config admits only the
+/// peer); `None` when the endpoint closed.
+async fn accept_peer(endpoint: &quinn::Endpoint) -> Option<quinn::Connection> {
+    while let Some(incoming) = endpoint.accept().await {
+        match tokio::time::timeout(HANDSHAKE_TIMEOUT, incoming).await {
+            Ok(Ok(connection)) => return Some(connection),
+            Ok(Err(error)) => {
+                tracing::debug!(event = "p2p_handshake_refused", %error, "a dial that was not the peer's");
+            }
+            Err(_) => {}
+        }
+    }
+    None
+}
+
+/// Finishes a dial within [`HANDSHAKE_TIMEOUT`].
+async fn handshake(
+    connecting: Result<quinn::Connecting, quinn::ConnectError>,
+) -> Result<quinn::Connection, String> {
+    let connecting = connecting.map_err(|e| format!("cannot dial: {e}"))?;
+    match tokio::time::timeout(HANDSHAKE_TIMEOUT, connecting).await {
+        Ok(Ok(connection)) => Ok(connection),
+        Ok(Err(error)) => Err(format!("the QUIC handshake failed: {error}")),
+        Err(_) => Err(format!(
+            "the QUIC handshake did not finish within {HANDSHAKE_TIMEOUT:?}"
+        )),
+    }
+}
+
+fn no_relay(punch_note: &str) -> SessionError {
+    SessionError::NoPath(format!(
+        "{punch_note}; and the server offers no relay (its [server.p2p] has no UDP port)"
+    ))
+}
+
+/// Both peers on this machine talk over loopback; elsewhere the socket listens on every
+/// address of the server's family.
+fn default_bind_ip(server: Option<IpAddr>) -> IpAddr {
+    match server {
+        Some(ip) if ip.is_loopback() => ip,
+        Some(IpAddr::V6(_)) => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
+        _ => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_path_offer_round_trips_and_other_bodies_are_refused() {
+        let offer = PathOffer {
+            candidates: Candidates::gather("127.0.0.1:4000".parse().unwrap(), None),
+            relay_only: true,
+        };
+        let back = PathOffer::decode(&offer.encode()).unwrap();
+        assert_eq!(back.candidates, offer.candidates);
+        assert!(back.relay_only);
+        assert!(PathOffer::decode(&[1, 1, 0]).is_err());
+        assert!(PathOffer::decode(b"P{not json").is_err());
+        assert!(PathOffer::decode(&[]).is_err());
+    }
+
+    #[test]
+    fn peers_on_a_loopback_server_bind_loopback() {
+        assert_eq!(
+            default_bind_ip(Some("127.0.0.1".parse().unwrap())),
+            "127.0.0.1".parse::<IpAddr>().unwrap()
+        );
+        assert!(default_bind_ip(Some("203.0.113.1".parse().unwrap())).is_unspecified());
+        assert!(default_bind_ip(Some("2001:db8::1".parse().unwrap())).is_ipv6());
+        assert!(default_bind_ip(None).is_ipv4());
+    }
+}
