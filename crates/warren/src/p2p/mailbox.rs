@@ -93,10 +93,10 @@ impl Mailbox {
     /// # Errors
     /// Refused (no `[server.p2p]`, the table is full, too many requests), or the session
     /// failed.
-    pub async fn allocate(&mut self) -> Result<(u32, Option<u16>), MailboxError> {
+    pub async fn allocate(&mut self) -> Result<u32, MailboxError> {
         self.op(MailboxOp::Allocate).await?;
         match self.next(self.deadline).await? {
-            MailboxEvent::Allocated { nameplate } => Ok((nameplate, None)),
+            MailboxEvent::Allocated { nameplate } => Ok(nameplate),
             other => Err(unexpected(other)),
         }
     }
@@ -106,10 +106,10 @@ impl Mailbox {
     ///
     /// # Errors
     /// Refused (no such nameplate, another receiver holds it), or the session failed.
-    pub async fn claim(&mut self, nameplate: u32) -> Result<Option<u16>, MailboxError> {
+    pub async fn claim(&mut self, nameplate: u32) -> Result<(), MailboxError> {
         self.op(MailboxOp::Claim { nameplate }).await?;
         match self.next(self.deadline).await? {
-            MailboxEvent::Claimed => Ok(None),
+            MailboxEvent::Claimed => Ok(()),
             other => Err(unexpected(other)),
         }
     }

@@ -33,7 +33,6 @@ pub mod demux;
 pub mod key;
 pub mod punch;
 pub mod reflector;
-pub mod relay;
 
 /// Sending and receiving STUN messages: what the checker and the discovery call need from
 /// a socket. Implemented by the shared [`demux::StunChannel`] and by a plain
