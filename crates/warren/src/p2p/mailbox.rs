@@ -88,28 +88,34 @@ impl Mailbox {
         })
     }
 
-    /// Takes a fresh nameplate (the sender's side).
+    /// Takes a fresh nameplate (the sender's side). Also returns the server's UDP port for
+    /// P2P (address reflector and relay), on the host this session reached the server at;
+    /// `None` when the server runs neither.
     ///
     /// # Errors
     /// Refused (no `[server.p2p]`, the table is full, too many requests), or the session
     /// failed.
-    pub async fn allocate(&mut self) -> Result<u32, MailboxError> {
+    pub async fn allocate(&mut self) -> Result<(u32, Option<u16>), MailboxError> {
         self.op(MailboxOp::Allocate).await?;
         match self.next(self.deadline).await? {
-            MailboxEvent::Allocated { nameplate } => Ok(nameplate),
+            MailboxEvent::Allocated {
+                nameplate,
+                udp_port,
+            } => Ok((nameplate, udp_port)),
             other => Err(unexpected(other)),
         }
     }
 
     /// Joins `nameplate` (the receiver's side); messages the sender already sent follow as
-    /// [`MailboxEvent::Message`]s.
+    /// [`MailboxEvent::Message`]s. Returns the server's UDP port for P2P, as
+    /// [`Mailbox::allocate`] does.
     ///
     /// # Errors
     /// Refused (no such nameplate, another receiver holds it), or the session failed.
-    pub async fn claim(&mut self, nameplate: u32) -> Result<(), MailboxError> {
+    pub async fn claim(&mut self, nameplate: u32) -> Result<Option<u16>, MailboxError> {
         self.op(MailboxOp::Claim { nameplate }).await?;
         match self.next(self.deadline).await? {
-            MailboxEvent::Claimed => Ok(()),
+            MailboxEvent::Claimed { udp_port } => Ok(udp_port),
             other => Err(unexpected(other)),
         }
     }

@@ -86,6 +86,23 @@ pub(super) async fn apply(shared: &Arc<Shared>, mut new: ServerConfig) -> Reload
         }
     }
 
+    // The P2P UDP port stays as bound at start (see `Server::bind`); its relay's limits
+    // and key (the PSK) follow the new config.
+    let udp_bind = |config: &ServerConfig| config.p2p.as_ref().map(|p2p| p2p.udp_bind);
+    if udp_bind(&new) != udp_bind(old) {
+        summary.needs_restart.push(
+            "[server.p2p] added, removed or udp_bind moved (the P2P UDP port stays as it was)"
+                .to_owned(),
+        );
+    }
+    if let Some(settings) = &shared.p2p_settings {
+        let mut next =
+            super::relay_settings(&new.p2p.unwrap_or(old.p2p.unwrap_or_default()), &new.psk);
+        // Without the section the mailbox refuses everything; the relay stops pairing too.
+        next.config.enabled &= new.p2p.is_some();
+        settings.send_replace(next);
+    }
+
     let http_ports =
         |config: &ServerConfig| config.http.as_ref().map(|http| (http.bind, http.tls_bind));
     if http_ports(&new) != http_ports(old) {
