@@ -439,7 +439,12 @@ impl Relay {
                 w.seen = now;
                 self.answer(transaction, from, RelayState::Waiting);
             }
-            Some(w) if now.saturating_duration_since(w.seen) <= ttl => {
+            // (A waiting address that has since become a leg of another pair is stale:
+            // the new address takes its place below, so no address is in two pairs.)
+            Some(w)
+                if now.saturating_duration_since(w.seen) <= ttl
+                    && !self.legs.contains_key(&w.leg) =>
+            {
                 if self.pairs.len() >= self.config.max_pairs {
                     self.handle_timeout(now);
                 }
@@ -696,7 +701,7 @@ pub struct JoinConfig {
 
 impl Default for JoinConfig {
     fn default() -> Self {
-        // Binds at 0, 50, 150, 350, 750 ms, then every second: a lost bind costs little,
+        // Binds at 0, 50, 150, 350, 750, 1550 ms, then every second: a lost bind costs little,
         // and the peer, whose punch failed at about the same time, comes within seconds.
         Self {
             first_wait: Duration::from_millis(50),
@@ -950,6 +955,17 @@ mod tests {
         assert_eq!(
             relay.handle_input(now, addr(2), &quic(10)),
             Verdict::Forward(addr(1))
+        );
+        // An address waiting under two tokens pairs under the first to find its peer;
+        // the other token's peer then waits instead of joining it to a second pair.
+        relay.handle_input(now, addr(5), &bind([3; 32]));
+        relay.handle_input(now, addr(5), &bind([4; 32]));
+        paired(&mut relay, now, [3; 32], addr(5), addr(6));
+        relay.handle_input(now, addr(7), &bind([4; 32]));
+        assert_eq!(answers(&mut relay), [(RelayState::Waiting, addr(7))]);
+        assert_eq!(
+            relay.handle_input(now, addr(5), &quic(10)),
+            Verdict::Forward(addr(6))
         );
     }
 
