@@ -20,7 +20,7 @@ use warren::p2p::mailbox::{Mailbox, MailboxServer};
 use warren::p2p::net::demux::{self, DemuxSocket, StunChannel};
 use warren::p2p::net::reflector::{self, DiscoverConfig};
 use warren::p2p::net::relay::{self, JoinConfig, RelayAuth, RelayError, RelayToken};
-use warren::{Server, ServerConfig};
+use warren::{Reloader, Server, ServerConfig};
 
 /// A running server with `[server.p2p]` plus `extra` keys; its control address, its P2P
 /// UDP address (as the mailbox told it), its telemetry and its stop token.
@@ -28,6 +28,9 @@ struct P2pServer {
     control: SocketAddr,
     udp: SocketAddr,
     telemetry: Arc<Telemetry>,
+    /// The config it started with, and its reloader.
+    config: ServerConfig,
+    reloader: Reloader<ServerConfig>,
     _stop: StopOnDrop,
 }
 
@@ -50,8 +53,13 @@ async fn server(extra: &str) -> P2pServer {
     );
     let mut config = ServerConfig::from_toml_str(&text, "server.toml").expect("valid config");
     config.p2p.as_mut().unwrap().udp_bind = "127.0.0.1:0".parse().unwrap();
-    let bound = Server::from_config(config).unwrap().bind().await.unwrap();
+    let bound = Server::from_config(config.clone())
+        .unwrap()
+        .bind()
+        .await
+        .unwrap();
     let control = bound.local_addr();
+    let reloader = bound.reloader();
     let bound_udp = bound.p2p_udp_addr().expect("the P2P UDP port is bound");
     let telemetry = bound.telemetry();
     let stop = StopOnDrop(bound.shutdown_token());
@@ -77,6 +85,8 @@ async fn server(extra: &str) -> P2pServer {
         control,
         udp,
         telemetry,
+        config,
+        reloader,
         _stop: stop,
     }
 }
@@ -296,4 +306,67 @@ async fn the_byte_cap_cuts_a_relayed_transfer() {
     let relayed = metric(&server.telemetry, "warren_p2p_relay_bytes_total");
     assert!(relayed <= 1 << 20, "no more than the cap: {relayed}");
     assert!(relayed > 100_000, "the transfer started: {relayed}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_gives_the_relay_the_new_psk_and_limits() {
+    let server = server("").await;
+    let new_psk = "the-rotated-pre-shared-key-0123456789";
+    let mut config = server.config.clone();
+    config.psk = Secret::new(new_psk);
+    let summary = server
+        .reloader
+        .apply(config.clone())
+        .await
+        .expect("applied");
+    assert!(
+        !summary
+            .needs_restart
+            .iter()
+            .any(|line| line.contains("p2p")),
+        "the UDP port stays: {summary:?}"
+    );
+    let token = RelayToken::from_bytes(rand::random());
+    let old = RelayAuth::from_psk(&Secret::new(PSK));
+    let new = RelayAuth::from_psk(&Secret::new(new_psk));
+    let short = JoinConfig {
+        first_wait: Duration::from_millis(20),
+        timeout: Duration::from_millis(500),
+    };
+    let mut a = peer(None);
+    let mut b = peer(None);
+    let stale = relay::join(&mut a.stun, server.udp, &token, &old, &short).await;
+    assert!(
+        matches!(stale, Err(RelayError::NoAnswer { .. })),
+        "{stale:?}"
+    );
+    let join = quick_join();
+    let (ja, jb) = tokio::join!(
+        relay::join(&mut a.stun, server.udp, &token, &new, &join),
+        relay::join(&mut b.stun, server.udp, &token, &new, &join),
+    );
+    ja.expect("a joined under the new PSK");
+    jb.expect("b joined under the new PSK");
+
+    // relay = false: binds go unanswered; the reflector still answers.
+    let mut off = config.clone();
+    off.p2p.as_mut().unwrap().relay = false;
+    server.reloader.apply(off).await.expect("applied");
+    let mut c = peer(None);
+    let refused = relay::join(
+        &mut c.stun,
+        server.udp,
+        &RelayToken::from_bytes(rand::random()),
+        &new,
+        &short,
+    )
+    .await;
+    assert!(
+        matches!(refused, Err(RelayError::NoAnswer { .. })),
+        "{refused:?}"
+    );
+    let mut plain = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    reflector::discover(&mut plain, server.udp, &DiscoverConfig::default())
+        .await
+        .expect("the reflector still answers");
 }

@@ -16,6 +16,10 @@
 //!
 //! A session holds at most one nameplate. When it ends, its side leaves: a sender's leaving
 //! frees the nameplate, a receiver's lets another receiver claim it.
+//!
+//! `Allocated` and `Claimed` tell the client the bound port of the server's P2P UDP socket
+//! (address reflector and relay, [`crate::p2p::net::relay`]), which the client reaches at
+//! the host it reached the server at.
 
 use std::collections::{HashMap, VecDeque};
 use std::net::IpAddr;

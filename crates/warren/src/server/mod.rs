@@ -6,7 +6,10 @@
 //! nobody. Service ports are bound at start and stay bound: a visitor arriving while no
 //! client serves the service is reset at once, and the service works again the moment its
 //! client reconnects. UDP services bind one socket each and carry every visitor's datagrams
-//! over one datagram channel per session ([`udp`]).
+//! over one datagram channel per session ([`udp`]). With `[server.p2p]`, one more UDP socket
+//! serves peer-to-peer transfers: the address reflector and the relay of last resort, in
+//! one task ([`crate::p2p::net::relay::serve_udp_with`]); the [`mailbox`] tells clients its
+//! port.
 //!
 //! A running server takes a new config through its [`Reloader`] (`SIGHUP`, a file change or
 //! the admin API, see [`crate::reload`]); [`reload`] says what a reload touches.

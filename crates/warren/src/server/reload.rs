@@ -102,6 +102,11 @@ pub(super) async fn apply(shared: &Arc<Shared>, mut new: ServerConfig) -> Reload
         next.config.enabled &= new.p2p.is_some();
         settings.send_replace(next);
     }
+    if new.p2p.is_some() && old.p2p.is_some() && new.p2p != old.p2p {
+        summary
+            .applied
+            .push("[server.p2p]: the mailbox's and the relay's limits updated".to_owned());
+    }
 
     let http_ports =
         |config: &ServerConfig| config.http.as_ref().map(|http| (http.bind, http.tls_bind));

@@ -613,22 +613,18 @@ pub async fn serve_udp_with(
         let mut received = Some(first);
         let mut batch = 0;
         while let Some(result) = received.take() {
-            let (len, from) = match result {
-                Ok(r) => r,
+            match result {
+                Ok((len, from)) => {
+                    handle(socket, &mut relay, &mut reflector, &buf[..len], from).await;
+                }
                 // ICMP errors from earlier sends surface here on some systems: not ours to
                 // stop for.
                 Err(e)
                     if matches!(
                         e.kind(),
                         io::ErrorKind::ConnectionRefused | io::ErrorKind::ConnectionReset
-                    ) =>
-                {
-                    (0, from_none())
-                }
+                    ) => {}
                 Err(e) => return Err(e),
-            };
-            if len > 0 {
-                handle(socket, &mut relay, &mut reflector, &buf[..len], from).await;
             }
             batch += 1;
             if batch < BATCH {
@@ -640,11 +636,6 @@ pub async fn serve_udp_with(
         }
         report(&relay, &meter, &mut reported);
     }
-}
-
-/// Placeholder source for a receive that failed with an ICMP error (nothing is handled).
-fn from_none() -> SocketAddr {
-    SocketAddr::from(([0, 0, 0, 0], 0))
 }
 
 /// One datagram through the relay (and the reflector), sending what comes out.
