@@ -370,3 +370,36 @@ async fn a_reload_gives_the_relay_the_new_psk_and_limits() {
         .await
         .expect("the reflector still answers");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_quic_the_p2p_port_is_a_port_of_its_own() {
+    let mut config = ServerConfig::new("127.0.0.1:0".parse().unwrap(), Secret::new(PSK));
+    config.transport = warren::config::Transport::Quic;
+    config.quic = quic_config();
+    config.p2p = Some(warren::config::p2p::P2pConfig {
+        udp_bind: "127.0.0.1:0".parse().unwrap(),
+        ..Default::default()
+    });
+    let bound = Server::from_config(config).unwrap().bind().await.unwrap();
+    let control = bound.local_addr();
+    let udp = bound.p2p_udp_addr().unwrap();
+    assert_ne!(udp, control, "QUIC keeps the server port's UDP side");
+    let _stop = StopOnDrop(bound.shutdown_token());
+    tokio::spawn(bound.run());
+    let mut mailbox = Mailbox::connect(&MailboxServer {
+        server: HostPort::from(control),
+        psk: Secret::new(PSK),
+        quic: Some(quic_config()),
+        deadline: Duration::from_secs(5),
+    })
+    .await
+    .expect("the mailbox over QUIC");
+    let (_, udp_port) = mailbox.allocate().await.unwrap();
+    assert_eq!(udp_port, Some(udp.port()));
+    let mut plain = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    let seen = reflector::discover(&mut plain, udp, &DiscoverConfig::default())
+        .await
+        .expect("the reflector answers on its own port");
+    assert_eq!(seen, plain.local_addr().unwrap());
+    mailbox.close().await;
+}
