@@ -75,12 +75,10 @@ async fn server(extra: &str) -> P2pServer {
     .await
     .unwrap();
     let (_, udp_port) = mailbox.allocate().await.unwrap();
+    let udp = mailbox.udp_addr(udp_port.expect("the mailbox tells the UDP port"));
+    assert_eq!(udp, SocketAddr::new(control.ip(), bound_udp.port()));
+    assert_eq!(mailbox.server_addr(), control);
     mailbox.close().await;
-    let udp = SocketAddr::new(
-        control.ip(),
-        udp_port.expect("the mailbox tells the UDP port"),
-    );
-    assert_eq!(udp, bound_udp);
     P2pServer {
         control,
         udp,

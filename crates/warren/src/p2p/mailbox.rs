@@ -5,6 +5,7 @@
 //! The session answers the server's heartbeat pings while it waits for an event, so a
 //! sender can wait for its receiver as long as the nameplate lives.
 
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use warren_proto::message::{ControlMessage, MAX_MAILBOX_BODY, MailboxEvent, MailboxOp};
@@ -58,6 +59,8 @@ pub enum MailboxError {
 pub struct Mailbox {
     channel: Stream,
     deadline: Duration,
+    /// The address the session reached (the server's name resolved).
+    server_addr: SocketAddr,
 }
 
 impl std::fmt::Debug for Mailbox {
@@ -85,7 +88,20 @@ impl Mailbox {
         Ok(Mailbox {
             channel: session.channel,
             deadline: target.deadline,
+            server_addr: session.server_addr,
         })
+    }
+
+    /// The address this session reached the server at.
+    pub fn server_addr(&self) -> SocketAddr {
+        self.server_addr
+    }
+
+    /// Where the server's P2P UDP port (reflector and relay) is: the `udp_port` that
+    /// [`Mailbox::allocate`] or [`Mailbox::claim`] returned, on the IP this session reached
+    /// (so a name that resolves to several addresses gives the one that works).
+    pub fn udp_addr(&self, udp_port: u16) -> SocketAddr {
+        SocketAddr::new(self.server_addr.ip(), udp_port)
     }
 
     /// Takes a fresh nameplate (the sender's side). Also returns the server's UDP port for
