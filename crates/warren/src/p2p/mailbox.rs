@@ -5,6 +5,7 @@
 //! The session answers the server's heartbeat pings while it waits for an event, so a
 //! sender can wait for its receiver as long as the nameplate lives.
 
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use warren_proto::message::{ControlMessage, MAX_MAILBOX_BODY, MailboxEvent, MailboxOp};
@@ -58,6 +59,8 @@ pub enum MailboxError {
 pub struct Mailbox {
     channel: Stream,
     deadline: Duration,
+    /// The address the session reached (the server's name resolved).
+    server_addr: SocketAddr,
 }
 
 impl std::fmt::Debug for Mailbox {
@@ -85,31 +88,50 @@ impl Mailbox {
         Ok(Mailbox {
             channel: session.channel,
             deadline: target.deadline,
+            server_addr: session.server_addr,
         })
     }
 
-    /// Takes a fresh nameplate (the sender's side).
+    /// The address this session reached the server at.
+    pub fn server_addr(&self) -> SocketAddr {
+        self.server_addr
+    }
+
+    /// Where the server's P2P UDP port (reflector and relay) is: the `udp_port` that
+    /// [`Mailbox::allocate`] or [`Mailbox::claim`] returned, on the IP this session reached
+    /// (so a name that resolves to several addresses gives the one that works).
+    pub fn udp_addr(&self, udp_port: u16) -> SocketAddr {
+        SocketAddr::new(self.server_addr.ip(), udp_port)
+    }
+
+    /// Takes a fresh nameplate (the sender's side). Also returns the server's UDP port for
+    /// P2P (address reflector and relay), on the host this session reached the server at;
+    /// `None` when the server runs neither.
     ///
     /// # Errors
     /// Refused (no `[server.p2p]`, the table is full, too many requests), or the session
     /// failed.
-    pub async fn allocate(&mut self) -> Result<u32, MailboxError> {
+    pub async fn allocate(&mut self) -> Result<(u32, Option<u16>), MailboxError> {
         self.op(MailboxOp::Allocate).await?;
         match self.next(self.deadline).await? {
-            MailboxEvent::Allocated { nameplate } => Ok(nameplate),
+            MailboxEvent::Allocated {
+                nameplate,
+                udp_port,
+            } => Ok((nameplate, udp_port)),
             other => Err(unexpected(other)),
         }
     }
 
     /// Joins `nameplate` (the receiver's side); messages the sender already sent follow as
-    /// [`MailboxEvent::Message`]s.
+    /// [`MailboxEvent::Message`]s. Returns the server's UDP port for P2P, as
+    /// [`Mailbox::allocate`] does.
     ///
     /// # Errors
     /// Refused (no such nameplate, another receiver holds it), or the session failed.
-    pub async fn claim(&mut self, nameplate: u32) -> Result<(), MailboxError> {
+    pub async fn claim(&mut self, nameplate: u32) -> Result<Option<u16>, MailboxError> {
         self.op(MailboxOp::Claim { nameplate }).await?;
         match self.next(self.deadline).await? {
-            MailboxEvent::Claimed => Ok(()),
+            MailboxEvent::Claimed { udp_port } => Ok(udp_port),
             other => Err(unexpected(other)),
         }
     }
