@@ -341,6 +341,9 @@ pub enum MailboxEvent {
     },
     /// Too many failed exchanges: the nameplate is gone; start again with a new code.
     Burned,
+    /// Another receiver is at the nameplate now (the sender serves receivers one at a
+    /// time at the mailbox): try again in a moment. Not counted against the rate limit.
+    Busy,
 }
 
 /// First record on a data channel: which service this stream belongs to.
@@ -763,6 +766,7 @@ mod tests {
                 Just(MailboxEvent::PeerLeft),
                 ".{0,100}".prop_map(|reason| MailboxEvent::Refused { reason }),
                 Just(MailboxEvent::Burned),
+                Just(MailboxEvent::Busy),
             ]
             .prop_map(|event| ControlMessage::MailboxEvent { event }),
         ]

@@ -53,7 +53,10 @@ impl FileServer {
     }
 
     fn env(&self) -> Vec<(&'static str, String)> {
-        vec![("WARREN_PSK", PSK.into()), ("WARREN_SERVER", self.addr.clone())]
+        vec![
+            ("WARREN_PSK", PSK.into()),
+            ("WARREN_SERVER", self.addr.clone()),
+        ]
     }
 
     /// `warren send ARGS --json`, and the code it printed.
@@ -63,9 +66,7 @@ impl FileServer {
         let env = self.env();
         let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
         let mut proc = Proc::warren(dir, name, &all, &env);
-        let out = proc
-            .wait_stdout("\"code\"", Duration::from_secs(10))
-            .await;
+        let out = proc.wait_stdout("\"code\"", Duration::from_secs(10)).await;
         let code = events(&out)
             .into_iter()
             .find(|e| e["event"] == "code")
@@ -180,7 +181,12 @@ async fn a_tree_arrives_byte_exact_over_the_direct_path() {
     succeeds(&mut sender).await;
     same_tree(&dir.path().join("src"), &out);
     for side in [&sender, &receiver] {
-        assert_eq!(event(side, "connected")["route"], "direct", "{}", side.logs());
+        assert_eq!(
+            event(side, "connected")["route"],
+            "direct",
+            "{}",
+            side.logs()
+        );
         assert_eq!(event(side, "finished")["files"], 303);
     }
     let offer = event(&receiver, "offer");
@@ -210,8 +216,15 @@ async fn a_wrong_code_fails_cleanly_and_the_right_one_still_works() {
         "the error names the code: {}",
         guesser.logs()
     );
-    assert!(std::fs::read_dir(&out).unwrap().next().is_none(), "nothing written");
-    assert!(sender.is_running(), "the sender waits on: {}", sender.logs());
+    assert!(
+        std::fs::read_dir(&out).unwrap().next().is_none(),
+        "nothing written"
+    );
+    assert!(
+        sender.is_running(),
+        "the sender waits on: {}",
+        sender.logs()
+    );
     let mut receiver = server.receive(&dir, "receive", &code, &out, &[]);
     succeeds(&mut receiver).await;
     succeeds(&mut sender).await;
@@ -320,4 +333,65 @@ async fn a_tree_of_1000_files_of_1_mib_arrives_byte_exact() {
     succeeds(&mut receiver).await;
     succeeds(&mut sender).await;
     same_tree(&dir.path().join("src"), &out);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn relay_carries_the_transfer_when_asked_for() {
+    let dir = TestDir::new("files-relay");
+    let server = FileServer::start(&dir).await;
+    let src = dir.path().join("src/data");
+    random_file(&src.join("a.bin"), 8 * 1024 * 1024 + 5);
+    random_file(&src.join("b/c.bin"), 70_000);
+    let (mut sender, code) = server
+        .send(&dir, "send", &["--relay", src.to_str().unwrap()])
+        .await;
+    let out = dir.path().join("out");
+    let mut receiver = server.receive(&dir, "receive", &code, &out, &[]);
+    succeeds(&mut receiver).await;
+    succeeds(&mut sender).await;
+    same_tree(&dir.path().join("src"), &out);
+    for side in [&sender, &receiver] {
+        let connected = event(side, "connected");
+        assert_eq!(connected["route"], "relayed", "{}", side.logs());
+        assert_eq!(
+            connected["address"], server.addr,
+            "through the server's UDP port"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_receivers_of_one_code_get_the_files_at_the_same_time() {
+    let dir = TestDir::new("files-three");
+    let server = FileServer::start(&dir).await;
+    let src = dir.path().join("src/set");
+    random_file(&src.join("one.bin"), 6 * 1024 * 1024);
+    random_file(&src.join("two/three.bin"), 123_457);
+    let (mut sender, code) = server
+        .send(
+            &dir,
+            "send",
+            &["--max-receivers", "3", src.to_str().unwrap()],
+        )
+        .await;
+    let outs: Vec<PathBuf> = (0..3).map(|i| dir.path().join(format!("out{i}"))).collect();
+    let mut receivers: Vec<Proc> = outs
+        .iter()
+        .enumerate()
+        .map(|(i, out)| server.receive(&dir, &format!("receive{i}"), &code, out, &[]))
+        .collect();
+    for receiver in &mut receivers {
+        succeeds(receiver).await;
+    }
+    succeeds(&mut sender).await;
+    for out in &outs {
+        same_tree(&dir.path().join("src"), out);
+    }
+    // Each receiver had its own key exchange, identity and connection.
+    let peers: std::collections::BTreeSet<String> = events(&sender.stdout())
+        .into_iter()
+        .filter(|e| e["event"] == "finished")
+        .map(|e| e["peer"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(peers.len(), 3, "{}", sender.logs());
 }

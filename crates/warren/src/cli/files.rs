@@ -17,7 +17,6 @@ use serde_json::json;
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
-use warren::config::HostPort;
 use warren::p2p::code::Code;
 use warren::p2p::mailbox::MailboxServer;
 use warren::p2p::session::{self, Connected, Offering, Options, SessionError};
@@ -138,7 +137,9 @@ pub async fn send(args: SendArgs) -> Result<(), Failure> {
         }
         Err(error) => {
             offering.close().await;
-            return Err(Failure::Failed(format!("walking the files failed: {error}")));
+            return Err(Failure::Failed(format!(
+                "walking the files failed: {error}"
+            )));
         }
     };
     for skipped in sources.skipped() {
@@ -152,16 +153,10 @@ pub async fn send(args: SendArgs) -> Result<(), Failure> {
     let mut served = 0;
     let mut last_error = None;
     while served < args.max_receivers {
-        let connected = tokio::select! {
-            connected = offering.next_receiver() => connected,
-            Some(done) = transfers.join_next(), if !transfers.is_empty() => {
-                if let Ok(Err(error)) = done {
-                    last_error = Some(error);
-                }
-                continue;
-            }
-        };
-        let connected = match connected {
+        // Not raced against the running transfers: `next_receiver` is not cancel-safe (a
+        // receiver half way through its key exchange would be dropped). Their results are
+        // collected at the end.
+        let connected = match offering.next_receiver().await {
             Ok(connected) => connected,
             Err(SessionError::Pake(error)) => {
                 out.notice(&format!("a receiver failed the key exchange: {error}"));
@@ -282,7 +277,7 @@ fn options(args: &ServerArgs) -> Result<Options, Failure> {
     let server = crate::cli::server_addr(&args.server).map_err(Failure::Usage)?;
     let psk = crate::cli::psk(args.psk_file.as_deref()).map_err(Failure::Usage)?;
     let mut options = Options::new(MailboxServer {
-        server: HostPort::from(server),
+        server,
         psk,
         quic: None,
         deadline: Duration::from_secs(10),

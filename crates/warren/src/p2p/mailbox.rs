@@ -44,6 +44,9 @@ pub enum MailboxError {
         "the code was used with wrong words too many times and is gone: start again with a new code"
     )]
     Burned,
+    /// Another receiver is at the nameplate now: claim again in a moment.
+    #[error("another receiver is using this code right now; try again when it has connected")]
+    Busy,
     /// The session ended.
     #[error("the connection to the server's mailbox ended: {0}")]
     Ended(String),
@@ -183,6 +186,7 @@ impl Mailbox {
         match tokio::time::timeout(wait, receive).await {
             Ok(Ok(MailboxEvent::Refused { reason })) => Err(MailboxError::Refused(reason)),
             Ok(Ok(MailboxEvent::Burned)) => Err(MailboxError::Burned),
+            Ok(Ok(MailboxEvent::Busy)) => Err(MailboxError::Busy),
             Ok(result) => result,
             Err(_) => Err(MailboxError::Timeout(wait)),
         }

@@ -148,6 +148,16 @@ impl Mailbox {
                 }
             }
             MailboxOp::Claim { nameplate } => {
+                // Checked before the rate limit, so receivers waiting their turn at a
+                // sender with several do not spend their address's budget. All it tells a
+                // guesser is that a receiver is at a nameplate right now.
+                if table
+                    .plates
+                    .get(&nameplate)
+                    .is_some_and(|plate| plate.receiver.is_some())
+                {
+                    return answer(MailboxEvent::Busy);
+                }
                 if !table.within_rate(config, caller.ip) {
                     return answer(slow_down(config));
                 }
