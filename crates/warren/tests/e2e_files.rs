@@ -395,3 +395,57 @@ async fn three_receivers_of_one_code_get_the_files_at_the_same_time() {
         .collect();
     assert_eq!(peers.len(), 3, "{}", sender.logs());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stdin_goes_to_the_receivers_stdout() {
+    let dir = TestDir::new("files-stdio");
+    let server = FileServer::start(&dir).await;
+    let src = dir.path().join("piped.bin");
+    random_file(&src, 2 * 1024 * 1024 + 3);
+    let spawn = |args: &[&str], stdin: std::process::Stdio, stdout: &str, env: &[(&str, &str)]| {
+        std::process::Command::new(e2e_support::WARREN)
+            .args(args)
+            .envs(env.iter().copied())
+            .env("WARREN_PSK", PSK)
+            .env("WARREN_SERVER", &server.addr)
+            .stdin(stdin)
+            .stdout(std::fs::File::create(dir.path().join(stdout)).unwrap())
+            .stderr(std::fs::File::create(dir.path().join(format!("{stdout}.err"))).unwrap())
+            .spawn()
+            .unwrap()
+    };
+    let mut sender = spawn(
+        &["send", "--json", "--name", "piped.bin", "-"],
+        std::fs::File::open(&src).unwrap().into(),
+        "send.out",
+        &[],
+    );
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let code = loop {
+        let out = std::fs::read_to_string(dir.path().join("send.out")).unwrap();
+        if let Some(code) = events(&out)
+            .into_iter()
+            .find_map(|e| e["code"].as_str().map(str::to_owned))
+        {
+            break code;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "no code");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let receiver = spawn(
+        &["receive", "--yes", "--out", "-"],
+        std::process::Stdio::null(),
+        "received.bin",
+        &[("WARREN_CODE", code.as_str())],
+    );
+    let received = tokio::task::spawn_blocking(move || receiver.wait_with_output().unwrap())
+        .await
+        .unwrap();
+    assert!(received.status.success(), "receive failed");
+    assert!(sender.wait().unwrap().success(), "send failed");
+    assert_eq!(
+        hash_file(&dir.path().join("received.bin")),
+        hash_file(&src),
+        "stdout holds exactly the bytes of stdin"
+    );
+}

@@ -70,8 +70,9 @@ pub struct Options {
     pub relay_only: bool,
     /// Pacing and deadline of the checks.
     pub punch: PunchConfig,
-    /// The peers' QUIC settings.
-    pub quic: QuicSettings,
+    /// The peers' QUIC settings. `None`: [`QuicSettings::loopback`] when the peer socket
+    /// is on loopback (bigger packets), else [`QuicSettings::internet`].
+    pub quic: Option<QuicSettings>,
     /// The peer socket's address. `None`: loopback when the server is on loopback (both
     /// peers are on this machine), else the unspecified address of the server's family.
     pub bind: Option<SocketAddr>,
@@ -84,7 +85,7 @@ impl Options {
             server,
             relay_only: false,
             punch: PunchConfig::default(),
-            quic: QuicSettings::internet(),
+            quic: None,
             bind: None,
         }
     }
@@ -496,6 +497,8 @@ async fn swap_offers(mailbox: &mut Mailbox, ours: &PathOffer) -> Result<PathOffe
 /// One peer's UDP socket: the quinn endpoint that drives it and the STUN side of it.
 struct PeerSocket {
     endpoint: quinn::Endpoint,
+    /// The settings it was made with (the connection's transport settings too).
+    quic: QuicSettings,
     channel: Option<StunChannel>,
     local: SocketAddr,
 }
@@ -505,13 +508,21 @@ impl PeerSocket {
         let bind = options
             .bind
             .unwrap_or_else(|| SocketAddr::new(default_bind_ip(server.ip()), 0));
-        let (std_socket, _) = crate::transport::quic::endpoint::bind_socket(bind, &options.quic)?;
+        let quic = options.quic.clone().unwrap_or_else(|| {
+            if bind.ip().is_loopback() {
+                QuicSettings::loopback()
+            } else {
+                QuicSettings::internet()
+            }
+        });
+        let (std_socket, _) = crate::transport::quic::endpoint::bind_socket(bind, &quic)?;
         let (socket, channel) = DemuxSocket::wrap(std_socket)?;
         let local = socket.local_addr()?;
-        let config = options.quic.endpoint_config().map_err(QuicError::from)?;
+        let config = quic.endpoint_config().map_err(QuicError::from)?;
         let endpoint = demux::endpoint_with(socket, None, config)?;
         Ok(PeerSocket {
             endpoint,
+            quic,
             channel: Some(channel),
             local,
         })
@@ -540,7 +551,7 @@ impl PeerSocket {
         relay: Option<SocketAddr>,
         options: &Options,
     ) -> Result<(quinn::Connection, Route), SessionError> {
-        let client = identity::client_config(identity, outcome, &options.quic)?;
+        let client = identity::client_config(identity, outcome, &self.quic)?;
         let mut channel = self.take_channel()?;
         let mut punch_note = String::from("the checks were skipped (--relay)");
         if !(ours.relay_only || theirs.relay_only) {
@@ -599,9 +610,7 @@ impl PeerSocket {
         // Listening before the checks: a receiver that finishes first dials at once.
         self.endpoint
             .set_server_config(Some(identity::server_config(
-                identity,
-                outcome,
-                &options.quic,
+                identity, outcome, &self.quic,
             )?));
         let channel = self.take_channel()?;
         let token = RelayToken::from_key(&outcome.relay_key);
