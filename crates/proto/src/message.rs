@@ -281,7 +281,17 @@ pub enum ControlMessage {
         /// What happened.
         event: MailboxEvent,
     },
+    /// Either way: one datagram of a peer-to-peer transfer relayed over this session
+    /// instead of UDP (a peer whose UDP is blocked). The server's relay treats the session
+    /// as one leg; the bytes are the QUIC packets and relay binds the UDP leg would carry.
+    P2pDatagram {
+        /// The datagram, at most [`MAX_P2P_DATAGRAM`] bytes.
+        bytes: Vec<u8>,
+    },
 }
+
+/// Most bytes of one [`ControlMessage::P2pDatagram`] (the largest UDP payload).
+pub const MAX_P2P_DATAGRAM: usize = 65_527;
 
 /// Most bytes of one mailbox message body (PAKE messages and candidates are far smaller).
 pub const MAX_MAILBOX_BODY: usize = 4096;
@@ -451,6 +461,9 @@ pub fn decode_control(bytes: &[u8]) -> Result<ControlMessage, DecodeError> {
         ControlMessage::MailboxEvent {
             event: MailboxEvent::Refused { reason },
         } => check_len("reason", reason.len(), MAX_REASON_LEN)?,
+        ControlMessage::P2pDatagram { bytes } => {
+            check_len("p2p datagram", bytes.len(), MAX_P2P_DATAGRAM)?
+        }
         _ => {}
     }
     Ok(message)
@@ -769,6 +782,8 @@ mod tests {
                 Just(MailboxEvent::Busy),
             ]
             .prop_map(|event| ControlMessage::MailboxEvent { event }),
+            prop::collection::vec(any::<u8>(), 0..300)
+                .prop_map(|bytes| ControlMessage::P2pDatagram { bytes }),
         ]
     }
 

@@ -39,6 +39,7 @@ use super::net::key::CheckKey;
 use super::net::punch::{Checker, PunchConfig};
 use super::net::reflector::{self, DiscoverConfig};
 use super::net::relay::{self, JoinConfig, RelayAuth, RelayToken};
+use super::net::tcp_leg::PipeSocket;
 use super::pake::{CertFingerprint, Outcome, Pake, PakeError, Role};
 use super::transfer::identity::{self, Identity, SERVER_NAME};
 use crate::transport::quic::error::QuicError;
@@ -255,12 +256,16 @@ impl Offering {
             }
         };
         let agreed_in = joined.elapsed();
+        let blocked = udp_blocked(self.udp, reflexive);
         let ours = PathOffer {
             candidates: Candidates::gather(socket.local, reflexive),
-            relay_only: self.options.relay_only,
+            relay_only: self.options.relay_only || blocked,
         };
         let theirs = swap_offers(&mut self.mailbox, &ours).await?;
         let started = Instant::now();
+        if let (true, Some(relay)) = (blocked, self.udp) {
+            socket = PeerSocket::over_tcp(&self.options, relay).await?;
+        }
         let (connection, route) = socket
             .accept(&identity, &outcome, &ours, &theirs, self.udp, &self.options)
             .await?;
@@ -343,9 +348,10 @@ pub async fn join(code: &Code, options: &Options) -> Result<Connected, SessionEr
         }
     };
     let agreed_in = joined.elapsed();
+    let blocked = udp_blocked(udp, reflexive);
     let ours = PathOffer {
         candidates: Candidates::gather(socket.local, reflexive),
-        relay_only: options.relay_only,
+        relay_only: options.relay_only || blocked,
     };
     let theirs = swap_offers(&mut mailbox, &ours).await;
     // Done with the mailbox either way: the nameplate is free for the next receiver.
@@ -353,6 +359,9 @@ pub async fn join(code: &Code, options: &Options) -> Result<Connected, SessionEr
     mailbox.close().await;
     let theirs = theirs?;
     let started = Instant::now();
+    if let (true, Some(relay)) = (blocked, udp) {
+        socket = PeerSocket::over_tcp(options, relay).await?;
+    }
     let (connection, route) = socket
         .dial(&identity, &outcome, &ours, &theirs, udp, options)
         .await?;
@@ -391,6 +400,20 @@ async fn claim_in_turn(
             other => return Ok(other?),
         }
     }
+}
+
+/// Whether this side's UDP looks blocked: the server has a UDP port and it never answered
+/// the discovery. Such a side relays over its session with the server
+/// ([`super::net::tcp_leg`]) and asks the other side to skip the checks.
+fn udp_blocked(udp: Option<SocketAddr>, reflexive: Option<SocketAddr>) -> bool {
+    let blocked = udp.is_some() && reflexive.is_none();
+    if blocked {
+        tracing::info!(
+            event = "p2p_udp_blocked",
+            "the server's UDP port did not answer: relaying this transfer over the TCP session"
+        );
+    }
+    blocked
 }
 
 /// What a peer tells the other about reaching it, after the key is agreed.
@@ -518,6 +541,36 @@ impl PeerSocket {
         let (std_socket, _) = crate::transport::quic::endpoint::bind_socket(bind, &quic)?;
         let (socket, channel) = DemuxSocket::wrap(std_socket)?;
         let local = socket.local_addr()?;
+        let config = quic.endpoint_config().map_err(QuicError::from)?;
+        let endpoint = demux::endpoint_with(socket, None, config)?;
+        Ok(PeerSocket {
+            endpoint,
+            quic,
+            channel: Some(channel),
+            local,
+        })
+    }
+
+    /// A socket whose datagrams ride a new session with the server to its relay at `relay`
+    /// (UDP is blocked here): the relay join and QUIC run on it as on UDP.
+    async fn over_tcp(options: &Options, relay: SocketAddr) -> Result<PeerSocket, SessionError> {
+        let ciphers =
+            warren_proto::CipherSuite::default_preference(crate::config::has_aes_hardware());
+        let session = crate::client::establish::probe_session(
+            &options.server.server,
+            &options.server.psk,
+            (&ciphers, warren_proto::CipherChoice::default()),
+            options.server.quic.as_ref(),
+            options.server.deadline,
+        )
+        .await
+        .map_err(MailboxError::from)?;
+        let local = SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 0);
+        let pipe = PipeSocket::new(session.channel, relay, local);
+        let (socket, channel) = DemuxSocket::over(pipe);
+        // Internet settings: the path is a TCP connection of unknown reach, and packets no
+        // bigger than the smallest QUIC allows are the cheapest to carry in records.
+        let quic = options.quic.clone().unwrap_or_else(QuicSettings::internet);
         let config = quic.endpoint_config().map_err(QuicError::from)?;
         let endpoint = demux::endpoint_with(socket, None, config)?;
         Ok(PeerSocket {

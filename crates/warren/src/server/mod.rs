@@ -338,6 +338,7 @@ impl Server {
             }
             None => (None, None),
         };
+        let (tcp_legs, tcp_leg_inbound) = crate::p2p::net::tcp_leg::TcpLegs::new();
         let telemetry = Telemetry::new(Side::Server);
         let captures = crate::http::capture::Captures::new(Arc::clone(&telemetry));
         let cancel = CancellationToken::new();
@@ -363,6 +364,7 @@ impl Server {
             declared_http: Mutex::new(HashMap::new()),
             captures,
             mailbox: mailbox::Mailbox::new(udp_port),
+            tcp_legs,
             p2p_settings,
         });
         http::rebuild_front(&shared);
@@ -373,6 +375,7 @@ impl Server {
             admin_listener,
             http_ports,
             p2p_udp: p2p_udp.zip(p2p_updates),
+            tcp_leg_inbound,
             reloader,
             reloads,
             source: None,
@@ -427,6 +430,8 @@ pub struct BoundServer {
         UdpSocket,
         tokio::sync::watch::Receiver<crate::p2p::net::relay::RelaySettings>,
     )>,
+    /// Datagrams of relay legs over TCP sessions, for the P2P UDP port's loop.
+    tcp_leg_inbound: tokio::sync::mpsc::Receiver<(SocketAddr, Vec<u8>)>,
     reloader: Reloader<ServerConfig>,
     reloads: Requests<ServerConfig>,
     /// The config file, when the server reloads from one.
@@ -512,6 +517,7 @@ impl BoundServer {
             admin_listener,
             http_ports,
             p2p_udp,
+            tcp_leg_inbound,
             reloader,
             reloads,
             source,
@@ -571,12 +577,14 @@ impl BoundServer {
             );
             let meter = shared.telemetry.metrics.p2p_relay();
             let cancel = shared.cancel.clone();
+            let tcp_legs = (Arc::clone(&shared.tcp_legs), tcp_leg_inbound);
             shared.tasks.spawn(async move {
                 let served = crate::p2p::net::relay::serve_udp_with(
                     &socket,
                     crate::p2p::net::reflector::ReflectorConfig::default(),
                     settings,
                     meter,
+                    tcp_legs,
                     cancel,
                 )
                 .await;
@@ -702,6 +710,8 @@ struct Shared {
     captures: Arc<crate::http::capture::Captures>,
     /// Where the two clients of a peer-to-peer join code meet (`[server.p2p]`).
     mailbox: mailbox::Mailbox,
+    /// Sessions that carry a relay leg for a peer whose UDP is blocked.
+    tcp_legs: Arc<crate::p2p::net::tcp_leg::TcpLegs>,
     /// The P2P UDP task's relay limits and key, when it runs (a reload sends new ones).
     p2p_settings: Option<tokio::sync::watch::Sender<crate::p2p::net::relay::RelaySettings>>,
 }
@@ -1228,6 +1238,7 @@ fn unregister(shared: &Arc<Shared>, session: &Arc<ServerSession>) {
     session.cancel.cancel();
     session.link.close();
     shared.mailbox.session_ended(&session.id());
+    shared.tcp_legs.session_ended(&session.id());
     shared
         .sessions
         .lock()
@@ -1307,6 +1318,14 @@ async fn run_session(shared: &Arc<Shared>, session: Arc<ServerSession>, channel:
                 },
                 op,
             ),
+            // Only a probe session of a server with [server.p2p] can be a relay leg.
+            ControlMessage::P2pDatagram { bytes }
+                if session.probe && shared.live().config.p2p.is_some() =>
+            {
+                shared
+                    .tcp_legs
+                    .from_session(session.id(), &control_queue, bytes)
+            }
             message => debug!(
                 event = "control_ignored",
                 ?message,

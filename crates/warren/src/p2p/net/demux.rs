@@ -73,8 +73,9 @@ impl DemuxSocket {
         Ok(Self::over(quinn::TokioRuntime.wrap_udp_socket(socket)?))
     }
 
-    /// Wraps any quinn socket (tests use a scripted one).
-    fn over(inner: Arc<dyn AsyncUdpSocket>) -> (Arc<Self>, StunChannel) {
+    /// Wraps any quinn socket: a relay leg over TCP ([`super::tcp_leg::PipeSocket`]), a
+    /// scripted one in tests.
+    pub fn over(inner: Arc<dyn AsyncUdpSocket>) -> (Arc<Self>, StunChannel) {
         let (tx, rx) = mpsc::channel(STUN_QUEUE);
         let socket = Arc::new(Self {
             inner,

@@ -24,6 +24,7 @@
 //! * [`reflector`]: the server's STUN Binding responder and the client's discovery call.
 //! * [`relay`]: the relay of last resort (the server forwards QUIC between two legs) and the
 //!   client's call to join it; its serve loop also runs the reflector, on one UDP port.
+//! * [`tcp_leg`]: a relay leg over the peer's session with the server, for blocked UDP.
 //!
 //! The wire format and the rules are in `docs/protocol.md`, "P2P connectivity".
 
@@ -37,6 +38,7 @@ pub mod key;
 pub mod punch;
 pub mod reflector;
 pub mod relay;
+pub mod tcp_leg;
 
 /// Sending and receiving STUN messages: what the checker and the discovery call need from
 /// a socket. Implemented by the shared [`demux::StunChannel`] and by a plain

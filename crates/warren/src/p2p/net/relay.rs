@@ -39,11 +39,12 @@ use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::io;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use thiserror::Error;
 use tokio::net::UdpSocket;
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use warren_proto::stun::{self, Class, Demux, Message, RELAY_TOKEN_LEN, RelayState};
@@ -51,6 +52,7 @@ use warren_proto::stun::{self, Class, Demux, Message, RELAY_TOKEN_LEN, RelayStat
 use super::StunIo;
 use super::key::CheckKey;
 use super::reflector::{Reflector, ReflectorConfig};
+use super::tcp_leg::TcpLegs;
 use crate::config::p2p::P2pConfig;
 use crate::crypto::secret::Secret;
 use crate::metrics::P2pRelayMeter;
@@ -556,11 +558,13 @@ pub async fn serve_udp(
         config: relay,
         auth,
     });
+    let (legs, inbound) = TcpLegs::new();
     serve_udp_with(
         socket,
         reflector,
         settings,
         P2pRelayMeter::default(),
+        (legs, inbound),
         cancel,
     )
     .await
@@ -578,8 +582,10 @@ pub async fn serve_udp_with(
     reflector: ReflectorConfig,
     mut settings: watch::Receiver<RelaySettings>,
     meter: P2pRelayMeter,
+    tcp: (Arc<TcpLegs>, mpsc::Receiver<(SocketAddr, Vec<u8>)>),
     cancel: CancellationToken,
 ) -> io::Result<()> {
+    let (legs, mut inbound) = tcp;
     let mut reflector = Reflector::new(reflector);
     let initial = settings.borrow_and_update().clone();
     let mut relay = Relay::new(initial.config, initial.auth);
@@ -608,6 +614,11 @@ pub async fn serve_udp_with(
                 report(&relay, &meter, &mut reported);
                 continue;
             }
+            Some((from, datagram)) = inbound.recv() => {
+                handle(socket, &legs, &mut relay, &mut reflector, &datagram, from).await;
+                report(&relay, &meter, &mut reported);
+                continue;
+            }
             r = socket.recv_from(&mut buf) => r,
         };
         let mut received = Some(first);
@@ -615,7 +626,7 @@ pub async fn serve_udp_with(
         while let Some(result) = received.take() {
             match result {
                 Ok((len, from)) => {
-                    handle(socket, &mut relay, &mut reflector, &buf[..len], from).await;
+                    handle(socket, &legs, &mut relay, &mut reflector, &buf[..len], from).await;
                 }
                 // ICMP errors from earlier sends surface here on some systems: not ours to
                 // stop for.
@@ -641,6 +652,7 @@ pub async fn serve_udp_with(
 /// One datagram through the relay (and the reflector), sending what comes out.
 async fn handle(
     socket: &UdpSocket,
+    legs: &TcpLegs,
     relay: &mut Relay,
     reflector: &mut Reflector,
     datagram: &[u8],
@@ -650,18 +662,24 @@ async fn handle(
     match relay.handle_input(now, from, datagram) {
         Verdict::Forward(to) => {
             // Waits only while the socket's send buffer is full: that is backpressure on
-            // the one loop, and QUIC sees it as delay.
-            let _ = socket.send_to(datagram, to).await;
+            // the one loop, and QUIC sees it as delay. A leg over TCP takes it at once.
+            if !legs.send_to(to, datagram) {
+                let _ = socket.send_to(datagram, to).await;
+            }
         }
         Verdict::Reflect => {
-            if let Some(answer) = reflector.handle(now, from, datagram) {
+            if let Some(answer) = reflector.handle(now, from, datagram)
+                && !legs.send_to(from, &answer)
+            {
                 let _ = socket.try_send_to(&answer, from);
             }
         }
         Verdict::Done => {}
     }
     while let Some((answer, to)) = relay.poll_transmit() {
-        let _ = socket.try_send_to(&answer, to);
+        if !legs.send_to(to, &answer) {
+            let _ = socket.try_send_to(&answer, to);
+        }
     }
 }
 
