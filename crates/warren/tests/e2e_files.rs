@@ -449,3 +449,20 @@ async fn stdin_goes_to_the_receivers_stdout() {
         "stdout holds exactly the bytes of stdin"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_text_is_printed_by_the_receiver_and_nothing_is_written() {
+    let dir = TestDir::new("files-text");
+    let server = FileServer::start(&dir).await;
+    let text = "two lines\nand a \u{1b}[31m colour";
+    let (mut sender, code) = server.send(&dir, "send", &["--text", text]).await;
+    let out = dir.path().join("out");
+    let mut receiver = server.receive(&dir, "receive", &code, &out, &[]);
+    succeeds(&mut receiver).await;
+    succeeds(&mut sender).await;
+    assert_eq!(event(&receiver, "text")["text"], text);
+    assert!(
+        std::fs::read_dir(&out).unwrap().next().is_none(),
+        "nothing written"
+    );
+}

@@ -27,7 +27,11 @@
 //! Resend    0x05  file_id(varint) chunk_index(varint)
 //! Done      0x06  (empty)
 //! Cancel    0x07  reason(u8) detail(UTF-8, ≤ MAX_DETAIL_LEN bytes)
+//! Text      0x08  UTF-8, ≤ MAX_TEXT_LEN bytes
 //! ```
+//!
+//! A text transfer (`warren send --text`) sends Text in place of the Manifest; the
+//! receiver shows it and answers Done (no Accept, no data stream).
 //!
 //! Integers are QUIC varints in their shortest form. Each type has its own body bound
 //! ([`max_body_len`]), checked against the length prefix before anything is allocated.
@@ -47,6 +51,8 @@ pub const PROTOCOL_VERSION: u8 = 1;
 
 /// The longest Cancel detail, in bytes.
 pub const MAX_DETAIL_LEN: usize = 1024;
+/// The longest text of a text transfer, in bytes.
+pub const MAX_TEXT_LEN: usize = 64 * 1024;
 
 /// The longest Accept body: a million files with a few ranges each.
 pub const MAX_ACCEPT_LEN: usize = 32 << 20;
@@ -61,6 +67,7 @@ const TYPE_FILE_DONE: u8 = 0x04;
 const TYPE_RESEND: u8 = 0x05;
 const TYPE_DONE: u8 = 0x06;
 const TYPE_CANCEL: u8 = 0x07;
+const TYPE_TEXT: u8 = 0x08;
 
 /// Why a peer stops the transfer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -167,6 +174,8 @@ pub enum ControlMessage {
         /// Details for people (untrusted: escape before showing).
         detail: String,
     },
+    /// The sender's text, instead of a manifest (untrusted: escape before showing).
+    Text(String),
 }
 
 /// What [`ControlMessage::decode`] found at the start of a buffer.
@@ -227,6 +236,7 @@ pub fn max_body_len(kind: u8) -> Result<usize, ControlError> {
         TYPE_MANIFEST => Ok(MAX_MANIFEST_LEN),
         TYPE_ACCEPT => Ok(MAX_ACCEPT_LEN),
         TYPE_CANCEL => Ok(1 + MAX_DETAIL_LEN),
+        TYPE_TEXT => Ok(MAX_TEXT_LEN),
         TYPE_HELLO | TYPE_FILE_DONE | TYPE_RESEND | TYPE_DONE => Ok(MAX_SMALL_LEN),
         kind => Err(ControlError::UnknownType { kind }),
     }
@@ -242,12 +252,14 @@ impl ControlMessage {
             ControlMessage::Resend { .. } => TYPE_RESEND,
             ControlMessage::Done => TYPE_DONE,
             ControlMessage::Cancel { .. } => TYPE_CANCEL,
+            ControlMessage::Text(_) => TYPE_TEXT,
         }
     }
 
     /// Appends the framed message.
     ///
-    /// A Cancel detail is cut to [`MAX_DETAIL_LEN`] bytes (at a character boundary).
+    /// A Cancel detail is cut to [`MAX_DETAIL_LEN`] bytes and a Text to [`MAX_TEXT_LEN`]
+    /// (at a character boundary).
     ///
     /// # Panics
     ///
@@ -282,6 +294,13 @@ impl ControlMessage {
                     cut -= 1;
                 }
                 body.extend_from_slice(&detail.as_bytes()[..cut]);
+            }
+            ControlMessage::Text(text) => {
+                let mut cut = text.len().min(MAX_TEXT_LEN);
+                while !text.is_char_boundary(cut) {
+                    cut -= 1;
+                }
+                body.extend_from_slice(&text.as_bytes()[..cut]);
             }
         }
         out.push(self.kind());
@@ -378,6 +397,13 @@ impl ControlMessage {
                     .map_err(|_| malformed("detail is not UTF-8"))?
                     .to_owned();
                 ControlMessage::Cancel { reason, detail }
+            }
+            TYPE_TEXT => {
+                let rest = r.bytes(r.remaining()).map_err(wire)?;
+                let text = std::str::from_utf8(rest)
+                    .map_err(|_| malformed("text is not UTF-8"))?
+                    .to_owned();
+                ControlMessage::Text(text)
             }
             kind => return Err(ControlError::UnknownType { kind }),
         };
@@ -488,6 +514,20 @@ mod tests {
             reason: CancelReason::Other(200),
             detail: "nope \u{1b}[31m".into(),
         });
+        round_trip(ControlMessage::Text("hello \u{1b}[31m wörld".into()));
+        round_trip(ControlMessage::Text(String::new()));
+    }
+
+    #[test]
+    fn text_is_cut_at_a_character_and_must_be_utf8() {
+        let mut out = Vec::new();
+        ControlMessage::Text("é".repeat(MAX_TEXT_LEN)).encode(&mut out);
+        let Ok(Decoded::Message(ControlMessage::Text(text), _)) = ControlMessage::decode(&out)
+        else {
+            panic!("decodes")
+        };
+        assert_eq!(text.len(), MAX_TEXT_LEN);
+        assert!(ControlMessage::decode(&frame(TYPE_TEXT, &[0xff])).is_err());
     }
 
     #[test]

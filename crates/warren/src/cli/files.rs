@@ -56,8 +56,11 @@ pub struct ServerArgs {
 pub struct SendArgs {
     /// Files and folders to send; folders keep their tree. `-` sends what arrives on
     /// stdin, as one file (named by --name).
-    #[arg(required = true, value_name = "PATH")]
+    #[arg(required_unless_present = "text", value_name = "PATH")]
     pub paths: Vec<PathBuf>,
+    /// Send this text instead of files: the receiver prints it (up to 64 KiB).
+    #[arg(long, conflicts_with_all = ["paths", "exclude", "name"], value_name = "TEXT")]
+    pub text: Option<String>,
     /// The file name the receiver gets for `-` (stdin).
     #[arg(long, default_value = "stdin", value_name = "NAME")]
     pub name: String,
@@ -93,6 +96,12 @@ pub struct ReceiveArgs {
     pub overwrite: bool,
     #[command(flatten)]
     pub server: ServerArgs,
+}
+
+/// What `warren send` offers.
+enum Payload {
+    Files(Sources),
+    Text(String),
 }
 
 /// How a command failed.
@@ -134,15 +143,18 @@ pub async fn send(args: SendArgs) -> Result<(), Failure> {
     // types it.
     let walking = {
         let (paths, excludes, name) = (args.paths.clone(), args.exclude.clone(), args.name.clone());
+        let text = args.text.clone();
         tokio::task::spawn_blocking(
-            move || -> Result<(Sources, Option<tempfile::TempDir>), String> {
-                if stdin {
+            move || -> Result<(Payload, Option<tempfile::TempDir>), String> {
+                if let Some(text) = text {
+                    Ok((Payload::Text(text), None))
+                } else if stdin {
                     let (scratch, file) = spool_stdin(&name)?;
                     let sources = Sources::walk(&[file], &[]).map_err(|e| e.to_string())?;
-                    Ok((sources, Some(scratch)))
+                    Ok((Payload::Files(sources), Some(scratch)))
                 } else {
                     let sources = Sources::walk(&paths, &excludes).map_err(|e| e.to_string())?;
-                    Ok((sources, None))
+                    Ok((Payload::Files(sources), None))
                 }
             },
         )
@@ -156,8 +168,8 @@ pub async fn send(args: SendArgs) -> Result<(), Failure> {
         "Code: {code}\nOn the other machine: warren receive   (then type the code; or WARREN_CODE={code} warren receive)"
     ));
     // `_scratch` holds stdin's spool file until every transfer is done.
-    let (sources, _scratch) = match walking.await {
-        Ok(Ok((sources, scratch))) => (Arc::new(sources), scratch),
+    let (payload, _scratch) = match walking.await {
+        Ok(Ok((payload, scratch))) => (Arc::new(payload), scratch),
         Ok(Err(error)) => {
             offering.close().await;
             return Err(Failure::Usage(error));
@@ -169,12 +181,14 @@ pub async fn send(args: SendArgs) -> Result<(), Failure> {
             )));
         }
     };
-    for skipped in sources.skipped() {
-        out.notice(&format!(
-            "left out {} ({:?}: only files and folders are sent)",
-            skipped.path.display(),
-            skipped.reason
-        ));
+    if let Payload::Files(sources) = &*payload {
+        for skipped in sources.skipped() {
+            out.notice(&format!(
+                "left out {} ({:?}: only files and folders are sent)",
+                skipped.path.display(),
+                skipped.reason
+            ));
+        }
     }
     let mut transfers = JoinSet::new();
     let mut served = 0;
@@ -210,13 +224,24 @@ pub async fn send(args: SendArgs) -> Result<(), Failure> {
             continue;
         }
         let out = out.clone();
-        let sources = Arc::clone(&sources);
+        let payload = Arc::clone(&payload);
         transfers.spawn(async move {
             let (events, progress) = out.progress(&who, true);
-            let result = transfer::send(&connected.connection, &sources, &events).await;
+            let result = match &*payload {
+                Payload::Files(sources) => {
+                    transfer::send(&connected.connection, sources, &events).await
+                }
+                Payload::Text(text) => {
+                    transfer::send_text(&connected.connection, text, &events).await
+                }
+            };
             drop(events);
             let _ = progress.await;
-            finish(connected, result, &out, "Sent", &who).await
+            let what = match &*payload {
+                Payload::Files(_) => "Sent",
+                Payload::Text(_) => "Sent a text",
+            };
+            finish(connected, result, &out, what, &who).await
         });
     }
     offering.close().await;
@@ -316,13 +341,43 @@ pub async fn receive(args: ReceiveArgs) -> Result<(), Failure> {
     .await;
     drop(events);
     let _ = progress.await;
-    finish(connected, result, &out, "Received", &who)
+    let text = result.as_ref().ok().and_then(|summary| summary.text.clone());
+    let what = if text.is_some() {
+        "Received a text"
+    } else {
+        "Received"
+    };
+    finish(connected, result, &out, what, &who)
         .await
         .map_err(Failure::Failed)?;
+    if let Some(text) = text {
+        print_text(&text, &out);
+    }
     if let Some(scratch) = scratch {
         copy_single_file_to_stdout(scratch.path()).map_err(Failure::Failed)?;
     }
     Ok(())
+}
+
+/// Shows a received text: on stdout, raw when it goes to a file or pipe, with control
+/// characters escaped on a terminal (the sender chose the bytes); in `--json`, as an event.
+fn print_text(text: &str, out: &Output) {
+    if out.json {
+        out.event(json!({"event": "text", "text": text}));
+        return;
+    }
+    let mut stdout = std::io::stdout().lock();
+    let shown = if stdout.is_terminal() {
+        // Line by line, so the text keeps its lines and only other controls show escaped.
+        text.split('\n')
+            .map(warren_proto::files::escape_for_terminal)
+            .collect::<Vec<_>>()
+            .join("\n")
+    } else {
+        text.to_owned()
+    };
+    let _ = writeln!(stdout, "{shown}");
+    let _ = stdout.flush();
 }
 
 /// Copies stdin into `NAME` in a fresh scratch folder (kept as long as the folder is).
@@ -374,12 +429,13 @@ fn options(args: &ServerArgs) -> Result<Options, Failure> {
     Ok(options)
 }
 
-/// Reports the end of one transfer and closes its connection cleanly.
+/// Reports the end of one transfer (`what`: "Sent", "Received", "... a text") and closes
+/// its connection cleanly.
 async fn finish(
     connected: Connected,
     result: Result<Summary, TransferError>,
     out: &Output,
-    verb: &str,
+    what: &str,
     who: &str,
 ) -> Result<(), String> {
     let route = connected.route.word();
@@ -392,9 +448,13 @@ async fn finish(
                 "sent_bytes": summary.sent_bytes, "resumed_bytes": summary.resumed_bytes,
                 "resent_chunks": summary.resent_chunks, "seconds": secs,
             }));
+            let files = if what.ends_with("text") {
+                String::new()
+            } else {
+                format!(" {} files,", summary.files)
+            };
             let mut line = format!(
-                "{verb} {} files, {} in {:.1} s ({}/s, {route}, peer {who})",
-                summary.files,
+                "{what}{files} {} in {:.1} s ({}/s, {route}, peer {who})",
                 indicatif::HumanBytes(summary.bytes),
                 secs,
                 indicatif::HumanBytes((summary.sent_bytes as f64 / secs) as u64),

@@ -74,6 +74,14 @@ pub enum TransferError {
     /// The user (receiver) declined the offer.
     #[error("the transfer was declined")]
     Declined,
+    /// A text over the limit of a text transfer.
+    #[error("the text is {len} bytes, over the {max}-byte limit of --text: send it as a file")]
+    TextTooLong {
+        /// Its length.
+        len: usize,
+        /// The limit.
+        max: usize,
+    },
     /// Writing a received file failed.
     #[error(transparent)]
     Write(#[from] WriteError),
@@ -141,6 +149,7 @@ impl TransferError {
             | TransferError::Read { .. }
             | TransferError::Changed { .. }
             | TransferError::PartChanged { .. }
+            | TransferError::TextTooLong { .. }
             | TransferError::Config(_) => CancelReason::LocalError,
             TransferError::TooManyBadChunks { .. } => CancelReason::TooManyBadChunks,
             TransferError::Protocol(_)

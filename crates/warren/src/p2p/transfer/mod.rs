@@ -22,6 +22,7 @@
 //! * [`stream`](mod@stream): control messages and data frames over quinn streams, with bounds and
 //!   timeouts.
 //! * [`send`](mod@send) and [`receive`](mod@receive): the two sides.
+//! * [`text`](mod@text): a text instead of files (`warren send --text`).
 //! * [`error`]: the [`TransferError`] type.
 
 pub mod error;
@@ -31,6 +32,7 @@ pub mod receive;
 pub mod send;
 pub mod sources;
 pub mod stream;
+pub mod text;
 
 use std::time::Duration;
 
@@ -39,6 +41,7 @@ pub use events::{Event, Events};
 pub use identity::{ALPN, Identity, SERVER_NAME, client_config, server_config};
 pub use receive::{Offer, ReceiveOptions, receive};
 pub use send::send;
+pub use text::send_text;
 pub use sources::{Skipped, SourceError, Sources};
 
 /// Runs blocking disk work from async code: on a multi-threaded runtime the worker hands
@@ -67,4 +70,6 @@ pub struct Summary {
     pub resent_chunks: u64,
     /// Wall time from the first message to the last.
     pub elapsed: Duration,
+    /// A text transfer's text (the receiver's side; escape it before showing it).
+    pub text: Option<String>,
 }

@@ -154,6 +154,9 @@ where
     let manifest =
         match stream::read_message(&mut recv, OFFER_TIMEOUT, "receiving the file list").await {
             Ok(Some(ControlMessage::Manifest(manifest))) => manifest,
+            Ok(Some(ControlMessage::Text(text))) => {
+                return super::text::received(connection, ctl, &mut recv, text, started).await;
+            }
             Err(TransferError::Control(ControlError::Manifest(e))) => {
                 return Err(TransferError::Manifest(e));
             }
@@ -244,6 +247,7 @@ where
         resumed_bytes: receiver.resumed_bytes,
         resent_chunks: receiver.bad.values().map(|&n| u64::from(n)).sum(),
         elapsed: started.elapsed(),
+        text: None,
     })
 }
 

@@ -195,6 +195,7 @@ async fn run(
         resumed_bytes: state.resumed_bytes,
         resent_chunks: state.resent_chunks,
         elapsed: started.elapsed(),
+        text: None,
     })
 }
 
