@@ -108,7 +108,7 @@ cargo test --locked
 
 banner "5/9 release build and end-to-end tests (real binary with iperf3, dnsmasq, dig, microsocks, tinyproxy, haproxy; two servers and two clients behind haproxy)"
 cargo build --release --locked
-WARREN_E2E_REQUIRE_TOOLS=1 cargo test --release --locked -p warren --test e2e --test e2e_dns --test e2e_ops --test e2e_proxy --test e2e_ha --test e2e_http
+WARREN_E2E_REQUIRE_TOOLS=1 cargo test --release --locked -p warren --test e2e --test e2e_dns --test e2e_ops --test e2e_proxy --test e2e_ha --test e2e_http --test e2e_files
 
 banner "5a/9 dashboard in a real browser (Chromium + Playwright against the release binary; screenshots in target/dashboard-screenshots/)"
 "$browser_venv/bin/python" tests/browser/dashboard.py

@@ -1,6 +1,7 @@
-//! STUN Binding messages from anyone on the network (`proto::stun`): the decoder never
-//! panics and stays within its bounds; what it accepts re-encodes to a message that decodes
-//! to the same thing; the signed input of a tag is never longer than the packet.
+//! STUN Binding messages from anyone on the network (`proto::stun`: checks, reflector
+//! requests, relay binds and answers): the decoder never panics and stays within its
+//! bounds; what it accepts re-encodes to a message that decodes to the same thing (relay
+//! token and state included); the signed input of a tag is never longer than the packet.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;

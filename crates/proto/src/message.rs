@@ -316,9 +316,15 @@ pub enum MailboxEvent {
     Allocated {
         /// Its number.
         nameplate: u32,
+        /// The server's UDP port for P2P (address reflector and relay), on the host the
+        /// client reached the server at; `None` when the server runs neither.
+        udp_port: Option<u16>,
     },
     /// This session joined the nameplate.
-    Claimed,
+    Claimed {
+        /// As in [`MailboxEvent::Allocated`].
+        udp_port: Option<u16>,
+    },
     /// The other side joined.
     PeerJoined,
     /// A message from the other side.
@@ -335,6 +341,9 @@ pub enum MailboxEvent {
     },
     /// Too many failed exchanges: the nameplate is gone; start again with a new code.
     Burned,
+    /// Another receiver is at the nameplate now (the sender serves receivers one at a
+    /// time at the mailbox): try again in a moment. Not counted against the rate limit.
+    Busy,
 }
 
 /// First record on a data channel: which service this stream belongs to.
@@ -744,14 +753,20 @@ mod tests {
             ]
             .prop_map(|op| ControlMessage::Mailbox { op }),
             prop_oneof![
-                any::<u32>().prop_map(|nameplate| MailboxEvent::Allocated { nameplate }),
-                Just(MailboxEvent::Claimed),
+                (any::<u32>(), any::<Option<u16>>()).prop_map(|(nameplate, udp_port)| {
+                    MailboxEvent::Allocated {
+                        nameplate,
+                        udp_port,
+                    }
+                }),
+                any::<Option<u16>>().prop_map(|udp_port| MailboxEvent::Claimed { udp_port }),
                 Just(MailboxEvent::PeerJoined),
                 prop::collection::vec(any::<u8>(), 0..200)
                     .prop_map(|body| MailboxEvent::Message { body }),
                 Just(MailboxEvent::PeerLeft),
                 ".{0,100}".prop_map(|reason| MailboxEvent::Refused { reason }),
                 Just(MailboxEvent::Burned),
+                Just(MailboxEvent::Busy),
             ]
             .prop_map(|event| ControlMessage::MailboxEvent { event }),
         ]

@@ -1,18 +1,20 @@
 //! STUN Binding messages (RFC 8489), only what Warren's peer-to-peer connectivity needs.
 //!
-//! Two users: the server's address reflector (a Binding request in, a success response with
-//! XOR-MAPPED-ADDRESS out) and the peers' connectivity checks (the same messages, signed with
+//! Three users: the server's address reflector (a Binding request in, a success response with
+//! XOR-MAPPED-ADDRESS out), the peers' connectivity checks (the same messages, signed with
 //! MESSAGE-INTEGRITY-SHA256 under a key both peers derived from the join code, plus a
-//! WARREN-AGENT attribute so a peer can tell its own checks from the other's).
+//! WARREN-AGENT attribute so a peer can tell its own checks from the other's), and the
+//! server's relay of last resort (a Binding request carrying WARREN-RELAY, signed under a
+//! key derived from the server's PSK; the answer carries WARREN-RELAY-STATE).
 //!
-//! Written by hand rather than taken from a crate: Warren needs one method, three attributes
+//! Written by hand rather than taken from a crate: Warren needs one method, a few attributes
 //! and an integrity tag keyed by its own PAKE-derived key (not STUN's short- or long-term
 //! credential model with USERNAME/REALM), and this crate stays free of crypto and IO: the
 //! caller computes the HMAC over [`IntegrityTag::signed_input`]. The generic crates
 //! (`stun-types`, `stun_codec` + `bytecodec`, `stun-rs`) bring attribute registries and
 //! credential machinery for a ~250-line job.
 //!
-//! * [`Message`]: a Binding request or response; [`Message::encode`] /
+//! * [`Message`]: a Binding request or response (with [`RelayState`] on a relay's answer); [`Message::encode`] /
 //!   [`Message::encode_signed`] write it; [`decode`] reads one with hard bounds and never
 //!   panics.
 //! * [`classify`]: RFC 7983 / RFC 9443 first-byte demultiplexing of STUN and QUIC sharing one
@@ -52,6 +54,13 @@ const ATTR_FINGERPRINT: u16 = 0x8028;
 /// WARREN-AGENT: 8 random bytes naming the agent that sent a check, in the
 /// comprehension-optional range so other STUN software ignores it.
 const ATTR_WARREN_AGENT: u16 = 0xC057;
+/// WARREN-RELAY: the 32-byte relay token a leg presents to the relay (comprehension-optional).
+const ATTR_WARREN_RELAY: u16 = 0xC058;
+/// WARREN-RELAY-STATE: the relay's answer about a leg, one byte (then padding).
+const ATTR_WARREN_RELAY_STATE: u16 = 0xC059;
+
+/// Length of a relay token.
+pub const RELAY_TOKEN_LEN: usize = 32;
 
 /// Length of the integrity tag (full HMAC-SHA256; truncated tags are refused).
 pub const INTEGRITY_LEN: usize = 32;
@@ -95,6 +104,36 @@ pub enum Class {
     Error,
 }
 
+/// Where a leg stands at the relay (WARREN-RELAY-STATE in the relay's answer).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RelayState {
+    /// Registered; the other leg has not come yet.
+    Waiting,
+    /// Both legs are there: QUIC to the relay reaches the peer.
+    Paired,
+    /// The relay carries as many pairs as it may; try later.
+    Full,
+}
+
+impl RelayState {
+    fn to_byte(self) -> u8 {
+        match self {
+            RelayState::Waiting => 0,
+            RelayState::Paired => 1,
+            RelayState::Full => 2,
+        }
+    }
+
+    fn from_byte(byte: u8) -> Option<Self> {
+        match byte {
+            0 => Some(RelayState::Waiting),
+            1 => Some(RelayState::Paired),
+            2 => Some(RelayState::Full),
+            _ => None,
+        }
+    }
+}
+
 /// A Binding message: what Warren sends and reads.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Message {
@@ -106,6 +145,10 @@ pub struct Message {
     pub mapped: Option<SocketAddr>,
     /// WARREN-AGENT: the sending agent's id, on connectivity checks.
     pub agent: Option<[u8; 8]>,
+    /// WARREN-RELAY: on a relay bind, the token both legs of one transfer present.
+    pub relay: Option<[u8; RELAY_TOKEN_LEN]>,
+    /// WARREN-RELAY-STATE: on the relay's answer, where the leg stands.
+    pub relay_state: Option<RelayState>,
 }
 
 /// A MESSAGE-INTEGRITY-SHA256 found by [`decode`]: the tag and how much of the packet it
@@ -192,6 +235,8 @@ impl Message {
             transaction,
             mapped: None,
             agent: None,
+            relay: None,
+            relay_state: None,
         }
     }
 
@@ -202,12 +247,26 @@ impl Message {
             transaction,
             mapped: Some(mapped),
             agent: None,
+            relay: None,
+            relay_state: None,
         }
     }
 
     /// Sets WARREN-AGENT.
     pub fn with_agent(mut self, agent: [u8; 8]) -> Self {
         self.agent = Some(agent);
+        self
+    }
+
+    /// Sets WARREN-RELAY (a relay bind).
+    pub fn with_relay(mut self, token: [u8; RELAY_TOKEN_LEN]) -> Self {
+        self.relay = Some(token);
+        self
+    }
+
+    /// Sets WARREN-RELAY-STATE (the relay's answer).
+    pub fn with_relay_state(mut self, state: RelayState) -> Self {
+        self.relay_state = Some(state);
         self
     }
 
@@ -255,6 +314,17 @@ impl Message {
             out.extend_from_slice(&ATTR_WARREN_AGENT.to_be_bytes());
             out.extend_from_slice(&8u16.to_be_bytes());
             out.extend_from_slice(&agent);
+        }
+        if let Some(token) = self.relay {
+            out.extend_from_slice(&ATTR_WARREN_RELAY.to_be_bytes());
+            out.extend_from_slice(&(RELAY_TOKEN_LEN as u16).to_be_bytes());
+            out.extend_from_slice(&token);
+        }
+        if let Some(state) = self.relay_state {
+            // One byte of value, padded to four (RFC 8489 §14).
+            out.extend_from_slice(&ATTR_WARREN_RELAY_STATE.to_be_bytes());
+            out.extend_from_slice(&1u16.to_be_bytes());
+            out.extend_from_slice(&[state.to_byte(), 0, 0, 0]);
         }
     }
 }
@@ -357,6 +427,8 @@ pub fn decode(packet: &[u8]) -> Result<Decoded, StunError> {
         transaction,
         mapped: None,
         agent: None,
+        relay: None,
+        relay_state: None,
     };
     let mut integrity = None;
     let mut at = HEADER_LEN;
@@ -379,6 +451,16 @@ pub fn decode(packet: &[u8]) -> Result<Decoded, StunError> {
             }
             ATTR_WARREN_AGENT => {
                 message.agent = Some(value.try_into().map_err(|_| bad)?);
+            }
+            ATTR_WARREN_RELAY => {
+                message.relay = Some(value.try_into().map_err(|_| bad)?);
+            }
+            ATTR_WARREN_RELAY_STATE => {
+                let state = match value {
+                    [byte] => RelayState::from_byte(*byte),
+                    _ => None,
+                };
+                message.relay_state = Some(state.ok_or(bad)?);
             }
             ATTR_MESSAGE_INTEGRITY_SHA256 => {
                 let tag = value.try_into().map_err(|_| bad)?;
@@ -463,6 +545,41 @@ mod tests {
         bad[HEADER_LEN + 4] ^= 1;
         let tag = decode(&bad).unwrap().integrity.unwrap();
         assert_ne!(fake_mac(&tag.signed_input(&bad)), tag.tag);
+    }
+
+    #[test]
+    fn relay_bind_and_answer_round_trip_signed() {
+        let mut out = Vec::new();
+        let bind = Message::request(TX).with_relay([5; RELAY_TOKEN_LEN]);
+        bind.encode_signed(&mut out, fake_mac);
+        assert_eq!(classify(&out), Demux::Stun);
+        let decoded = decode(&out).unwrap();
+        assert_eq!(decoded.message, bind);
+        let tag = decoded.integrity.unwrap();
+        assert_eq!(fake_mac(&tag.signed_input(&out)), tag.tag);
+        for state in [RelayState::Waiting, RelayState::Paired, RelayState::Full] {
+            let answer =
+                Message::success(TX, "192.0.2.9:4000".parse().unwrap()).with_relay_state(state);
+            answer.encode_signed(&mut out, fake_mac);
+            assert_eq!(decode(&out).unwrap().message, answer);
+        }
+        // An unknown state, or a token of the wrong length, is malformed.
+        let mut bad = Vec::new();
+        Message::request(TX)
+            .with_relay_state(RelayState::Full)
+            .encode(&mut bad);
+        bad[HEADER_LEN + 4] = 9;
+        assert!(matches!(decode(&bad), Err(StunError::BadAttribute { .. })));
+        let mut short = Vec::new();
+        Message::request(TX).encode(&mut short);
+        short.extend_from_slice(&ATTR_WARREN_RELAY.to_be_bytes());
+        short.extend_from_slice(&4u16.to_be_bytes());
+        short.extend_from_slice(&[1, 2, 3, 4]);
+        set_length(&mut short);
+        assert!(matches!(
+            decode(&short),
+            Err(StunError::BadAttribute { .. })
+        ));
     }
 
     #[test]

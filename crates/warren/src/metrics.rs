@@ -36,6 +36,10 @@
 //! | `warren_session_quic_lost_packets` | gauge | `session`, `peer` (QUIC sessions: packets declared lost since the session began) |
 //! | `warren_session_quic_mtu_bytes` | gauge | `session`, `peer` (QUIC sessions: the UDP payload size PMTUD settled on) |
 //! | `warren_health_checks_total` | counter | `service`, `state` (client: health-check transitions to `up` / `down`) |
+//! | `warren_p2p_relay_bytes_total` | counter | (server: bytes the P2P relay forwarded, both directions) |
+//! | `warren_p2p_relay_datagrams_total` | counter | (server: datagrams the P2P relay forwarded) |
+//! | `warren_p2p_relay_pairs_total` | counter | (server: transfers the P2P relay paired) |
+//! | `warren_p2p_relay_pairs_active` | gauge | (server: transfers the P2P relay carries now) |
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -197,9 +201,24 @@ pub struct Metrics {
     http_requests: Family<StatusLabel, Counter>,
     http_duration: HistogramFamily,
     http_captures_dropped: Counter,
+    p2p_relay: P2pRelayMeter,
     /// Requests of every service by status class (1xx..5xx): the dashboard's totals, read
     /// without walking the labelled family.
     http_class_totals: [Counter; 5],
+}
+
+/// The P2P relay's counters (cheap to clone: shared handles). One atomic add per
+/// forwarded datagram and counter.
+#[derive(Debug, Clone, Default)]
+pub struct P2pRelayMeter {
+    /// Bytes forwarded, both directions.
+    pub bytes: Counter,
+    /// Datagrams forwarded.
+    pub datagrams: Counter,
+    /// Pairs made.
+    pub pairs: Counter,
+    /// Pairs open now.
+    pub active: Gauge,
 }
 
 /// One http service's request counters (cheap to clone: shared handles).
@@ -274,6 +293,7 @@ impl Metrics {
             http_requests: Family::default(),
             http_duration: HistogramFamily::new_with_constructor(latency_histogram),
             http_captures_dropped: Counter::default(),
+            p2p_relay: P2pRelayMeter::default(),
             http_class_totals: Default::default(),
             registry: Registry::default(),
         };
@@ -383,6 +403,26 @@ impl Metrics {
             metrics.config_reloads.clone(),
         );
         registry.register(
+            "p2p_relay_bytes",
+            "Server: bytes the P2P relay of last resort forwarded, both directions",
+            metrics.p2p_relay.bytes.clone(),
+        );
+        registry.register(
+            "p2p_relay_datagrams",
+            "Server: datagrams the P2P relay of last resort forwarded",
+            metrics.p2p_relay.datagrams.clone(),
+        );
+        registry.register(
+            "p2p_relay_pairs",
+            "Server: transfers the P2P relay of last resort paired",
+            metrics.p2p_relay.pairs.clone(),
+        );
+        registry.register(
+            "p2p_relay_pairs_active",
+            "Server: transfers the P2P relay of last resort carries now",
+            metrics.p2p_relay.active.clone(),
+        );
+        registry.register(
             "udp_sessions_active",
             "UDP visitor sessions (flows) open now",
             metrics.udp_active.clone(),
@@ -430,6 +470,11 @@ impl Metrics {
     /// HTTP requests answered so far by every service, by status class (`[1xx, .., 5xx]`).
     pub fn http_totals(&self) -> [u64; 5] {
         self.http_class_totals.each_ref().map(Counter::get)
+    }
+
+    /// The P2P relay's counters (shared handles: the relay adds to them as it forwards).
+    pub fn p2p_relay(&self) -> P2pRelayMeter {
+        self.p2p_relay.clone()
     }
 
     /// Counts a request capture the inspector's queue had no room for.

@@ -32,8 +32,14 @@ async fn server(p2p: bool) -> (MailboxServer, tokio_util::sync::CancellationToke
     let text = format!(
         "[server]\nbind = \"127.0.0.1:{port}\"\npsk = \"{PSK}\"\nheartbeat_interval = \"1s\"\n{section}"
     );
-    let config = ServerConfig::from_toml_str(&text, "server.toml").expect("valid config");
+    let mut config = ServerConfig::from_toml_str(&text, "server.toml").expect("valid config");
+    // The P2P UDP port defaults to the server port's number, which was only checked free
+    // for TCP: let the system pick one.
+    if let Some(p2p) = config.p2p.as_mut() {
+        p2p.udp_bind.set_port(0);
+    }
     let bound = Server::from_config(config).unwrap().bind().await.unwrap();
+    assert_eq!(bound.p2p_udp_addr().is_some(), p2p);
     let stop = bound.shutdown_token();
     let target = MailboxServer {
         server: HostPort::from(bound.local_addr()),
@@ -77,7 +83,11 @@ async fn exchange(mailbox: &mut Mailbox, mut pake: Pake) -> Result<Outcome, Pake
 async fn a_sender_and_a_receiver_meet_at_a_nameplate_and_agree_on_each_others_certificate() {
     let (target, _stop) = server(true).await;
     let mut sender = Mailbox::connect(&target).await.unwrap();
-    let nameplate = sender.allocate().await.unwrap();
+    let (nameplate, udp_port) = sender.allocate().await.unwrap();
+    assert!(
+        udp_port.is_some_and(|port| port != 0),
+        "the mailbox tells the UDP port"
+    );
     let code = Code::generate(Nameplate::new(nameplate).unwrap(), &mut rand::rng());
     // The receiver types the code (the sender's PAKE message waits for it meanwhile).
     let typed = Code::parse(&code.reveal()).unwrap();
@@ -88,7 +98,8 @@ async fn a_sender_and_a_receiver_meet_at_a_nameplate_and_agree_on_each_others_ce
         outcome
     });
     let mut receiver = Mailbox::connect(&target).await.unwrap();
-    receiver.claim(typed.nameplate().get()).await.unwrap();
+    let claimed_port = receiver.claim(typed.nameplate().get()).await.unwrap();
+    assert_eq!(claimed_port, udp_port, "both sides hear the same UDP port");
     let pake = Pake::new(Role::Receiver, &typed, fingerprint(2), rand::random());
     let received = exchange(&mut receiver, pake)
         .await
@@ -107,7 +118,7 @@ async fn a_sender_and_a_receiver_meet_at_a_nameplate_and_agree_on_each_others_ce
 async fn wrong_words_fail_on_both_sides_and_three_of_them_burn_the_nameplate() {
     let (target, _stop) = server(true).await;
     let mut sender = Mailbox::connect(&target).await.unwrap();
-    let nameplate = sender.allocate().await.unwrap();
+    let (nameplate, _) = sender.allocate().await.unwrap();
     let code = Code::generate(Nameplate::new(nameplate).unwrap(), &mut rand::rng());
     for attempt in 0..3u8 {
         // A guesser with the right number and other words.

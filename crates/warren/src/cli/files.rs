@@ -17,7 +17,6 @@ use serde_json::json;
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
-use warren::config::HostPort;
 use warren::p2p::code::Code;
 use warren::p2p::mailbox::MailboxServer;
 use warren::p2p::session::{self, Connected, Offering, Options, SessionError};
@@ -55,9 +54,13 @@ pub struct ServerArgs {
 /// `warren send`.
 #[derive(Debug, Clone, Args)]
 pub struct SendArgs {
-    /// Files and folders to send; folders keep their tree.
+    /// Files and folders to send; folders keep their tree. `-` sends what arrives on
+    /// stdin, as one file (named by --name).
     #[arg(required = true, value_name = "PATH")]
     pub paths: Vec<PathBuf>,
+    /// The file name the receiver gets for `-` (stdin).
+    #[arg(long, default_value = "stdin", value_name = "NAME")]
+    pub name: String,
     /// Leave out paths matching GLOB (e.g. `*.tmp`, `target/**`); repeat for several.
     #[arg(long, value_name = "GLOB")]
     pub exclude: Vec<String>,
@@ -78,7 +81,8 @@ pub struct ReceiveArgs {
     /// WARREN_CODE or typing it at the prompt.
     #[arg(value_name = "CODE")]
     pub code: Option<String>,
-    /// The folder to write into (created if missing).
+    /// The folder to write into (created if missing). `-`: write the one file offered to
+    /// stdout.
     #[arg(long, short = 'o', default_value = ".", value_name = "DIR")]
     pub out: PathBuf,
     /// Accept the offer without asking.
@@ -106,21 +110,42 @@ pub enum Failure {
 ///
 /// [`Failure`] with the reason.
 pub async fn send(args: SendArgs) -> Result<(), Failure> {
-    for path in &args.paths {
-        // A typo should fail now, not after the receiver typed the code. This looks at
-        // the named paths only; the walk of folders runs while the code is shown.
-        std::fs::symlink_metadata(path).map_err(|e| {
-            Failure::Usage(format!(
-                "cannot send {}: {e}: check the path",
-                path.display()
-            ))
-        })?;
+    let stdin = args.paths.iter().any(|p| p.as_os_str() == "-");
+    if stdin && args.paths.len() > 1 {
+        return Err(Failure::Usage(
+            "`-` (stdin) is sent alone: give it as the only path".into(),
+        ));
+    }
+    if !stdin {
+        for path in &args.paths {
+            // A typo should fail now, not after the receiver typed the code. This looks at
+            // the named paths only; the walk of folders runs while the code is shown.
+            std::fs::symlink_metadata(path).map_err(|e| {
+                Failure::Usage(format!(
+                    "cannot send {}: {e}: check the path",
+                    path.display()
+                ))
+            })?;
+        }
     }
     let out = Output::new(args.server.json);
     let options = options(&args.server)?;
+    // The walk (or the spooling of stdin) runs while the code is shown and the receiver
+    // types it.
     let walking = {
-        let (paths, excludes) = (args.paths.clone(), args.exclude.clone());
-        tokio::task::spawn_blocking(move || Sources::walk(&paths, &excludes))
+        let (paths, excludes, name) = (args.paths.clone(), args.exclude.clone(), args.name.clone());
+        tokio::task::spawn_blocking(
+            move || -> Result<(Sources, Option<tempfile::TempDir>), String> {
+                if stdin {
+                    let (scratch, file) = spool_stdin(&name)?;
+                    let sources = Sources::walk(&[file], &[]).map_err(|e| e.to_string())?;
+                    Ok((sources, Some(scratch)))
+                } else {
+                    let sources = Sources::walk(&paths, &excludes).map_err(|e| e.to_string())?;
+                    Ok((sources, None))
+                }
+            },
+        )
     };
     let mut offering = Offering::open(options)
         .await
@@ -130,15 +155,18 @@ pub async fn send(args: SendArgs) -> Result<(), Failure> {
     out.say(&format!(
         "Code: {code}\nOn the other machine: warren receive   (then type the code; or WARREN_CODE={code} warren receive)"
     ));
-    let sources = match walking.await {
-        Ok(Ok(sources)) => Arc::new(sources),
+    // `_scratch` holds stdin's spool file until every transfer is done.
+    let (sources, _scratch) = match walking.await {
+        Ok(Ok((sources, scratch))) => (Arc::new(sources), scratch),
         Ok(Err(error)) => {
             offering.close().await;
-            return Err(Failure::Usage(error.to_string()));
+            return Err(Failure::Usage(error));
         }
         Err(error) => {
             offering.close().await;
-            return Err(Failure::Failed(format!("walking the files failed: {error}")));
+            return Err(Failure::Failed(format!(
+                "walking the files failed: {error}"
+            )));
         }
     };
     for skipped in sources.skipped() {
@@ -152,16 +180,10 @@ pub async fn send(args: SendArgs) -> Result<(), Failure> {
     let mut served = 0;
     let mut last_error = None;
     while served < args.max_receivers {
-        let connected = tokio::select! {
-            connected = offering.next_receiver() => connected,
-            Some(done) = transfers.join_next(), if !transfers.is_empty() => {
-                if let Ok(Err(error)) = done {
-                    last_error = Some(error);
-                }
-                continue;
-            }
-        };
-        let connected = match connected {
+        // Not raced against the running transfers: `next_receiver` is not cancel-safe (a
+        // receiver half way through its key exchange would be dropped). Their results are
+        // collected at the end.
+        let connected = match offering.next_receiver().await {
             Ok(connected) => connected,
             Err(SessionError::Pake(error)) => {
                 out.notice(&format!("a receiver failed the key exchange: {error}"));
@@ -222,14 +244,32 @@ pub async fn receive(args: ReceiveArgs) -> Result<(), Failure> {
         (None, _) => prompt_code().await?,
     };
     let code = Code::parse(&typed).map_err(|e| Failure::Usage(e.to_string()))?;
+    let to_stdout = args.out.as_os_str() == "-";
+    if to_stdout && args.server.json {
+        return Err(Failure::Usage(
+            "--out - writes the file to stdout, where --json writes events: pick one".into(),
+        ));
+    }
     let out = Output::new(args.server.json);
     let options = options(&args.server)?;
-    std::fs::create_dir_all(&args.out).map_err(|e| {
-        Failure::Usage(format!(
-            "cannot create the output folder {}: {e}",
-            args.out.display()
-        ))
-    })?;
+    // With `--out -` the file lands in a scratch folder first (the writer's guarantees
+    // need a folder), then goes to stdout.
+    let scratch = if to_stdout {
+        Some(tempfile::tempdir().map_err(|e| {
+            Failure::Failed(format!("cannot make a scratch folder for --out -: {e}"))
+        })?)
+    } else {
+        std::fs::create_dir_all(&args.out).map_err(|e| {
+            Failure::Usage(format!(
+                "cannot create the output folder {}: {e}",
+                args.out.display()
+            ))
+        })?;
+        None
+    };
+    let out_dir = scratch
+        .as_ref()
+        .map_or_else(|| args.out.clone(), |s| s.path().to_owned());
     let connected = session::join(&code, &options)
         .await
         .map_err(|e| Failure::Failed(e.to_string()))?;
@@ -251,6 +291,10 @@ pub async fn receive(args: ReceiveArgs) -> Result<(), Failure> {
         let out = out.clone();
         move |offer: Offer| async move {
             out.offer(&offer);
+            if to_stdout && (offer.files != 1 || offer.folders != 0) {
+                out.notice("not accepted: --out - takes exactly one file, and this offer has more");
+                return false;
+            }
             if yes {
                 return true;
             }
@@ -264,7 +308,7 @@ pub async fn receive(args: ReceiveArgs) -> Result<(), Failure> {
     let (events, progress) = out.progress(&who, false);
     let result = transfer::receive(
         &connected.connection,
-        &args.out,
+        &out_dir,
         receive_options,
         confirm,
         &events,
@@ -274,7 +318,46 @@ pub async fn receive(args: ReceiveArgs) -> Result<(), Failure> {
     let _ = progress.await;
     finish(connected, result, &out, "Received", &who)
         .await
-        .map_err(Failure::Failed)
+        .map_err(Failure::Failed)?;
+    if let Some(scratch) = scratch {
+        copy_single_file_to_stdout(scratch.path()).map_err(Failure::Failed)?;
+    }
+    Ok(())
+}
+
+/// Copies stdin into `NAME` in a fresh scratch folder (kept as long as the folder is).
+fn spool_stdin(name: &str) -> Result<(tempfile::TempDir, PathBuf), String> {
+    let scratch =
+        tempfile::tempdir().map_err(|e| format!("cannot make a scratch folder for stdin: {e}"))?;
+    let file = scratch.path().join(name);
+    if file.parent() != Some(scratch.path()) || name.is_empty() {
+        return Err(format!(
+            "--name {name:?} must be a plain file name, without folders"
+        ));
+    }
+    let mut spool = std::fs::File::create(&file)
+        .map_err(|e| format!("cannot spool stdin to {}: {e}", file.display()))?;
+    std::io::copy(&mut std::io::stdin().lock(), &mut spool)
+        .map_err(|e| format!("cannot read stdin: {e}"))?;
+    Ok((scratch, file))
+}
+
+/// Writes the one file received into `dir` to stdout.
+fn copy_single_file_to_stdout(dir: &std::path::Path) -> Result<(), String> {
+    let mut files = std::fs::read_dir(dir)
+        .map_err(|e| format!("cannot read the scratch folder: {e}"))?
+        .filter_map(Result::ok)
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_file()));
+    let (Some(file), None) = (files.next(), files.next()) else {
+        return Err("--out -: expected exactly one file".into());
+    };
+    let mut source =
+        std::fs::File::open(file.path()).map_err(|e| format!("cannot read it back: {e}"))?;
+    let mut stdout = std::io::stdout().lock();
+    std::io::copy(&mut source, &mut stdout)
+        .and_then(|_| stdout.flush())
+        .map_err(|e| format!("cannot write to stdout: {e}"))?;
+    Ok(())
 }
 
 /// The session options from the command line.
@@ -282,7 +365,7 @@ fn options(args: &ServerArgs) -> Result<Options, Failure> {
     let server = crate::cli::server_addr(&args.server).map_err(Failure::Usage)?;
     let psk = crate::cli::psk(args.psk_file.as_deref()).map_err(Failure::Usage)?;
     let mut options = Options::new(MailboxServer {
-        server: HostPort::from(server),
+        server,
         psk,
         quic: None,
         deadline: Duration::from_secs(10),

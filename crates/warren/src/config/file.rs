@@ -362,6 +362,20 @@ mod tests {
             ]
         );
         assert_eq!(
+            field_names::<super::super::p2p::FileP2p>(),
+            [
+                "nameplate_ttl",
+                "max_nameplates",
+                "rate_per_minute",
+                "udp_bind",
+                "relay",
+                "relay_max_bytes",
+                "relay_rate",
+                "relay_max_pairs",
+                "relay_idle"
+            ]
+        );
+        assert_eq!(
             field_names::<FileClientService>(),
             [
                 "type",

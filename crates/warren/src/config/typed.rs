@@ -599,6 +599,23 @@ impl ServerConfig {
         // one port. The server port counts as both TCP and UDP: QUIC will use its UDP side.
         let mut binds: Vec<(SocketAddr, Option<ServiceKind>, String)> =
             vec![(self.bind, None, "server.bind".to_owned())];
+        if let Some(p2p) = &self.p2p {
+            // The reflector and relay's UDP port: the server port's UDP side is free with
+            // a TCP transport (the default puts it there), QUIC's with `transport = "quic"`.
+            // UDP services are checked against it below.
+            let key = "server.p2p.udp_bind";
+            let udp = ServiceKind::Udp(UdpSettings::DEFAULT);
+            if self.transport == Transport::Quic
+                && p2p.udp_bind.port() != 0
+                && binds_conflict(self.bind, p2p.udp_bind)
+            {
+                errors.push(
+                    ConfigError::new(key, format!("{} is already used by server.bind", p2p.udp_bind))
+                        .with_hint("give the reflector and relay a UDP port of their own, or leave udp_bind out with a TCP transport"),
+                );
+            }
+            binds.push((p2p.udp_bind, Some(udp), key.to_owned()));
+        }
         if let Some(http) = &self.http {
             for (addr, key) in [
                 (http.bind, "server.http.bind"),

@@ -39,6 +39,7 @@ const DATA_HELLO: &[u8] = b"warren data hello";
 const DATA_ACCEPT: &[u8] = b"warren data accept";
 const TOKEN_PROOF: &[u8] = b"warren token proof";
 const NOISE_PSK: &[u8] = b"warren noise psk v1";
+const RELAY_AUTH: &[u8] = b"warren relay auth v1";
 
 /// HKDF-SHA256 into 32 bytes.
 fn derive32(ikm: &[u8], salt: &[u8], info: &[u8]) -> [u8; 32] {
@@ -52,6 +53,12 @@ fn derive32(ikm: &[u8], salt: &[u8], info: &[u8]) -> [u8; 32] {
 /// Turns the configured PSK (any length) into the 32 bytes Noise wants.
 pub fn noise_psk(psk: &Secret) -> [u8; 32] {
     derive32(psk.as_bytes(), b"", NOISE_PSK)
+}
+
+/// The key of the P2P relay's bind tags (`p2p::net::relay::RelayAuth`): proves a leg
+/// holds the server's PSK without the PSK itself keying anything on the wire.
+pub fn relay_auth_key(psk: &Secret) -> [u8; 32] {
+    derive32(psk.as_bytes(), b"", RELAY_AUTH)
 }
 
 /// Proves knowledge of a service token without revealing it, bound to one handshake.

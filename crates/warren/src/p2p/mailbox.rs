@@ -5,6 +5,7 @@
 //! The session answers the server's heartbeat pings while it waits for an event, so a
 //! sender can wait for its receiver as long as the nameplate lives.
 
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use warren_proto::message::{ControlMessage, MAX_MAILBOX_BODY, MailboxEvent, MailboxOp};
@@ -43,6 +44,9 @@ pub enum MailboxError {
         "the code was used with wrong words too many times and is gone: start again with a new code"
     )]
     Burned,
+    /// Another receiver is at the nameplate now: claim again in a moment.
+    #[error("another receiver is using this code right now; try again when it has connected")]
+    Busy,
     /// The session ended.
     #[error("the connection to the server's mailbox ended: {0}")]
     Ended(String),
@@ -58,6 +62,8 @@ pub enum MailboxError {
 pub struct Mailbox {
     channel: Stream,
     deadline: Duration,
+    /// The address the session reached (the server's name resolved).
+    server_addr: SocketAddr,
 }
 
 impl std::fmt::Debug for Mailbox {
@@ -85,10 +91,25 @@ impl Mailbox {
         Ok(Mailbox {
             channel: session.channel,
             deadline: target.deadline,
+            server_addr: session.server_addr,
         })
     }
 
-    /// Takes a fresh nameplate (the sender's side).
+    /// The address this session reached the server at.
+    pub fn server_addr(&self) -> SocketAddr {
+        self.server_addr
+    }
+
+    /// Where the server's P2P UDP port (reflector and relay) is: the `udp_port` that
+    /// [`Mailbox::allocate`] or [`Mailbox::claim`] returned, on the IP this session reached
+    /// (so a name that resolves to several addresses gives the one that works).
+    pub fn udp_addr(&self, udp_port: u16) -> SocketAddr {
+        SocketAddr::new(self.server_addr.ip(), udp_port)
+    }
+
+    /// Takes a fresh nameplate (the sender's side). Also returns the server's UDP port for
+    /// P2P (address reflector and relay), on the host this session reached the server at;
+    /// `None` when the server runs neither.
     ///
     /// # Errors
     /// Refused (no `[server.p2p]`, the table is full, too many requests), or the session
@@ -96,20 +117,24 @@ impl Mailbox {
     pub async fn allocate(&mut self) -> Result<(u32, Option<u16>), MailboxError> {
         self.op(MailboxOp::Allocate).await?;
         match self.next(self.deadline).await? {
-            MailboxEvent::Allocated { nameplate } => Ok((nameplate, None)),
+            MailboxEvent::Allocated {
+                nameplate,
+                udp_port,
+            } => Ok((nameplate, udp_port)),
             other => Err(unexpected(other)),
         }
     }
 
     /// Joins `nameplate` (the receiver's side); messages the sender already sent follow as
-    /// [`MailboxEvent::Message`]s.
+    /// [`MailboxEvent::Message`]s. Returns the server's UDP port for P2P, as
+    /// [`Mailbox::allocate`] does.
     ///
     /// # Errors
     /// Refused (no such nameplate, another receiver holds it), or the session failed.
     pub async fn claim(&mut self, nameplate: u32) -> Result<Option<u16>, MailboxError> {
         self.op(MailboxOp::Claim { nameplate }).await?;
         match self.next(self.deadline).await? {
-            MailboxEvent::Claimed => Ok(None),
+            MailboxEvent::Claimed { udp_port } => Ok(udp_port),
             other => Err(unexpected(other)),
         }
     }
@@ -161,6 +186,7 @@ impl Mailbox {
         match tokio::time::timeout(wait, receive).await {
             Ok(Ok(MailboxEvent::Refused { reason })) => Err(MailboxError::Refused(reason)),
             Ok(Ok(MailboxEvent::Burned)) => Err(MailboxError::Burned),
+            Ok(Ok(MailboxEvent::Busy)) => Err(MailboxError::Busy),
             Ok(result) => result,
             Err(_) => Err(MailboxError::Timeout(wait)),
         }

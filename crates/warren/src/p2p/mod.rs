@@ -22,9 +22,9 @@ pub mod mailbox;
 pub mod net;
 pub mod pake;
 #[cfg(unix)]
-pub mod session;
-#[cfg(unix)]
 pub mod resume;
+#[cfg(unix)]
+pub mod session;
 #[cfg(unix)]
 pub mod transfer;
 mod words;

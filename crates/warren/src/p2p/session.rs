@@ -43,7 +43,6 @@ use super::pake::{CertFingerprint, Outcome, Pake, PakeError, Role};
 use super::transfer::identity::{self, Identity, SERVER_NAME};
 use crate::transport::quic::error::QuicError;
 use crate::transport::quic::settings::QuicSettings;
-use crate::transport::tcp::{Family, resolve};
 
 /// First byte of a mailbox body holding a [`PathOffer`] (PAKE messages start with their
 /// version, 1).
@@ -71,8 +70,9 @@ pub struct Options {
     pub relay_only: bool,
     /// Pacing and deadline of the checks.
     pub punch: PunchConfig,
-    /// The peers' QUIC settings.
-    pub quic: QuicSettings,
+    /// The peers' QUIC settings. `None`: [`QuicSettings::loopback`] when the peer socket
+    /// is on loopback (bigger packets), else [`QuicSettings::internet`].
+    pub quic: Option<QuicSettings>,
     /// The peer socket's address. `None`: loopback when the server is on loopback (both
     /// peers are on this machine), else the unspecified address of the server's family.
     pub bind: Option<SocketAddr>,
@@ -85,7 +85,7 @@ impl Options {
             server,
             relay_only: false,
             punch: PunchConfig::default(),
-            quic: QuicSettings::internet(),
+            quic: None,
             bind: None,
         }
     }
@@ -141,7 +141,9 @@ pub enum SessionError {
     #[error("the other side left before the connection was set up: {0}")]
     PeerLeft(&'static str),
     /// The peer's path offer is unreadable.
-    #[error("the other side sent an unreadable path offer ({0}): use the same Warren version on both sides")]
+    #[error(
+        "the other side sent an unreadable path offer ({0}): use the same Warren version on both sides"
+    )]
     BadOffer(String),
     /// A step took too long.
     #[error("no answer from the other side within {secs} s while {during}")]
@@ -151,7 +153,7 @@ pub enum SessionError {
         /// Its limit.
         secs: u64,
     },
-    /// The server could not be resolved, or the peer socket not opened.
+    /// The peer socket could not be opened.
     #[error("{0}")]
     Io(#[from] io::Error),
     /// The QUIC configuration could not be built (not expected).
@@ -196,7 +198,7 @@ impl Offering {
             ))
         })?;
         let code = Code::generate(nameplate, &mut rand::rng());
-        let udp = server_udp(&options.server, udp_port).await;
+        let udp = udp_port.map(|port| mailbox.udp_addr(port));
         Ok(Offering {
             mailbox,
             code,
@@ -219,6 +221,9 @@ impl Offering {
     /// [`SessionError::Pake`] when someone tried a wrong code (call again: the nameplate
     /// stays until the server burns it), [`SessionError::PeerLeft`] when a receiver left
     /// half way (call again), others when the mailbox is gone.
+    ///
+    /// Not cancel-safe: dropping the future half way leaves the receiver of the moment
+    /// waiting for messages that never come (it times out).
     pub async fn next_receiver(&mut self) -> Result<Connected, SessionError> {
         if self.receiver_present {
             self.wait_for_leaving().await?;
@@ -235,7 +240,7 @@ impl Offering {
         let early = self.wait_for_receiver().await?;
         let joined = Instant::now();
         self.receiver_present = true;
-        let mut socket = PeerSocket::open(&self.options, self.udp).await?;
+        let mut socket = PeerSocket::open(&self.options, self.mailbox.server_addr())?;
         let (reflexive, agreed) = tokio::join!(
             socket.discover(self.udp),
             exchange(&mut self.mailbox, &mut pake, early, Role::Sender)
@@ -257,14 +262,7 @@ impl Offering {
         let theirs = swap_offers(&mut self.mailbox, &ours).await?;
         let started = Instant::now();
         let (connection, route) = socket
-            .accept(
-                &identity,
-                &outcome,
-                &ours,
-                &theirs,
-                self.udp,
-                &self.options,
-            )
+            .accept(&identity, &outcome, &ours, &theirs, self.udp, &self.options)
             .await?;
         Ok(Connected {
             connection,
@@ -325,12 +323,12 @@ impl Offering {
 /// after a few), the mailbox's refusal (no such code), no path to the sender.
 pub async fn join(code: &Code, options: &Options) -> Result<Connected, SessionError> {
     let mut mailbox = Mailbox::connect(&options.server).await?;
-    let udp_port = mailbox.claim(code.nameplate().get()).await?;
+    let udp_port = claim_in_turn(&mut mailbox, code.nameplate()).await?;
     let joined = Instant::now();
-    let udp = server_udp(&options.server, udp_port).await;
+    let udp = udp_port.map(|port| mailbox.udp_addr(port));
     let identity = Identity::generate()?;
     let mut pake = Pake::new(Role::Receiver, code, identity.fingerprint(), rand::random());
-    let mut socket = PeerSocket::open(options, udp).await?;
+    let mut socket = PeerSocket::open(options, mailbox.server_addr())?;
     let (reflexive, agreed) = tokio::join!(
         socket.discover(udp),
         exchange(&mut mailbox, &mut pake, None, Role::Receiver)
@@ -368,6 +366,33 @@ pub async fn join(code: &Code, options: &Options) -> Result<Connected, SessionEr
     })
 }
 
+/// Claims `nameplate`, waiting while other receivers of the same sender take their turn
+/// (each holds it for the key exchange only, well under a second).
+async fn claim_in_turn(
+    mailbox: &mut Mailbox,
+    nameplate: Nameplate,
+) -> Result<Option<u16>, SessionError> {
+    let until = Instant::now() + 2 * STEP_TIMEOUT;
+    let mut pause = Duration::from_millis(50);
+    loop {
+        match mailbox.claim(nameplate.get()).await {
+            Err(MailboxError::Busy) if Instant::now() + pause < until => {
+                // Jitter, so receivers that queued together do not collide again.
+                let jitter = Duration::from_millis(rand::random_range(0..50));
+                tokio::time::sleep(pause + jitter).await;
+                pause = (pause * 2).min(Duration::from_millis(500));
+            }
+            Err(MailboxError::Busy) => {
+                return Err(SessionError::Timeout {
+                    during: "waiting for other receivers of this code to connect",
+                    secs: (2 * STEP_TIMEOUT).as_secs(),
+                });
+            }
+            other => return Ok(other?),
+        }
+    }
+}
+
 /// What a peer tells the other about reaching it, after the key is agreed.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct PathOffer {
@@ -394,20 +419,6 @@ impl PathOffer {
                 "expected a path offer, got another message".into(),
             )),
         }
-    }
-}
-
-/// The resolved address of the server's UDP port (reflector and relay), if it has one.
-async fn server_udp(server: &MailboxServer, port: Option<u16>) -> Option<SocketAddr> {
-    let port = port?;
-    let found = tokio::time::timeout(
-        server.deadline,
-        resolve(&server.server, Family::PreferIpv4),
-    )
-    .await;
-    match found {
-        Ok(Ok(addrs)) => addrs.first().map(|a| SocketAddr::new(a.ip(), port)),
-        _ => None,
     }
 }
 
@@ -486,37 +497,32 @@ async fn swap_offers(mailbox: &mut Mailbox, ours: &PathOffer) -> Result<PathOffe
 /// One peer's UDP socket: the quinn endpoint that drives it and the STUN side of it.
 struct PeerSocket {
     endpoint: quinn::Endpoint,
+    /// The settings it was made with (the connection's transport settings too).
+    quic: QuicSettings,
     channel: Option<StunChannel>,
     local: SocketAddr,
 }
 
 impl PeerSocket {
-    async fn open(options: &Options, udp: Option<SocketAddr>) -> Result<PeerSocket, SessionError> {
-        let bind = match options.bind {
-            Some(bind) => bind,
-            None => {
-                let server_ip = match udp {
-                    Some(addr) => Some(addr.ip()),
-                    None => tokio::time::timeout(
-                        options.server.deadline,
-                        resolve(&options.server.server, Family::PreferIpv4),
-                    )
-                    .await
-                    .ok()
-                    .and_then(Result::ok)
-                    .and_then(|addrs| addrs.first().map(SocketAddr::ip)),
-                };
-                SocketAddr::new(default_bind_ip(server_ip), 0)
+    fn open(options: &Options, server: SocketAddr) -> Result<PeerSocket, SessionError> {
+        let bind = options
+            .bind
+            .unwrap_or_else(|| SocketAddr::new(default_bind_ip(server.ip()), 0));
+        let quic = options.quic.clone().unwrap_or_else(|| {
+            if bind.ip().is_loopback() {
+                QuicSettings::loopback()
+            } else {
+                QuicSettings::internet()
             }
-        };
-        let (std_socket, _) =
-            crate::transport::quic::endpoint::bind_socket(bind, &options.quic)?;
+        });
+        let (std_socket, _) = crate::transport::quic::endpoint::bind_socket(bind, &quic)?;
         let (socket, channel) = DemuxSocket::wrap(std_socket)?;
         let local = socket.local_addr()?;
-        let config = options.quic.endpoint_config().map_err(QuicError::from)?;
+        let config = quic.endpoint_config().map_err(QuicError::from)?;
         let endpoint = demux::endpoint_with(socket, None, config)?;
         Ok(PeerSocket {
             endpoint,
+            quic,
             channel: Some(channel),
             local,
         })
@@ -545,7 +551,7 @@ impl PeerSocket {
         relay: Option<SocketAddr>,
         options: &Options,
     ) -> Result<(quinn::Connection, Route), SessionError> {
-        let client = identity::client_config(identity, outcome, &options.quic)?;
+        let client = identity::client_config(identity, outcome, &self.quic)?;
         let mut channel = self.take_channel()?;
         let mut punch_note = String::from("the checks were skipped (--relay)");
         if !(ours.relay_only || theirs.relay_only) {
@@ -602,11 +608,10 @@ impl PeerSocket {
         options: &Options,
     ) -> Result<(quinn::Connection, Route), SessionError> {
         // Listening before the checks: a receiver that finishes first dials at once.
-        self.endpoint.set_server_config(Some(identity::server_config(
-            identity,
-            outcome,
-            &options.quic,
-        )?));
+        self.endpoint
+            .set_server_config(Some(identity::server_config(
+                identity, outcome, &self.quic,
+            )?));
         let channel = self.take_channel()?;
         let token = RelayToken::from_key(&outcome.relay_key);
         let auth = RelayAuth::from_psk(&options.server.psk);
@@ -709,11 +714,11 @@ fn no_relay(punch_note: &str) -> SessionError {
 
 /// Both peers on this machine talk over loopback; elsewhere the socket listens on every
 /// address of the server's family.
-fn default_bind_ip(server: Option<IpAddr>) -> IpAddr {
+fn default_bind_ip(server: IpAddr) -> IpAddr {
     match server {
-        Some(ip) if ip.is_loopback() => ip,
-        Some(IpAddr::V6(_)) => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
-        _ => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+        ip if ip.is_loopback() => ip,
+        IpAddr::V6(_) => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
+        IpAddr::V4(_) => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
     }
 }
 
@@ -737,12 +742,10 @@ mod tests {
 
     #[test]
     fn peers_on_a_loopback_server_bind_loopback() {
-        assert_eq!(
-            default_bind_ip(Some("127.0.0.1".parse().unwrap())),
-            "127.0.0.1".parse::<IpAddr>().unwrap()
-        );
-        assert!(default_bind_ip(Some("203.0.113.1".parse().unwrap())).is_unspecified());
-        assert!(default_bind_ip(Some("2001:db8::1".parse().unwrap())).is_ipv6());
-        assert!(default_bind_ip(None).is_ipv4());
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        assert_eq!(default_bind_ip(ip("127.0.0.1")), ip("127.0.0.1"));
+        assert_eq!(default_bind_ip(ip("::1")), ip("::1"));
+        assert!(default_bind_ip(ip("203.0.113.1")).is_unspecified());
+        assert!(default_bind_ip(ip("2001:db8::1")).is_ipv6());
     }
 }

@@ -16,6 +16,10 @@
 //!
 //! A session holds at most one nameplate. When it ends, its side leaves: a sender's leaving
 //! frees the nameplate, a receiver's lets another receiver claim it.
+//!
+//! `Allocated` and `Claimed` tell the client the bound port of the server's P2P UDP socket
+//! (address reflector and relay, [`crate::p2p::net::relay`]), which the client reaches at
+//! the host it reached the server at.
 
 use std::collections::{HashMap, VecDeque};
 use std::net::IpAddr;
@@ -76,6 +80,9 @@ struct Table {
 #[derive(Default)]
 pub struct Mailbox {
     table: Mutex<Table>,
+    /// The bound port of the server's P2P UDP socket (reflector and relay), told to every
+    /// client that allocates or claims; `None` when the server has none.
+    udp_port: Option<u16>,
 }
 
 impl std::fmt::Debug for Mailbox {
@@ -95,6 +102,15 @@ pub struct Caller<'a> {
 }
 
 impl Mailbox {
+    /// A mailbox telling its clients that the reflector and relay listen on `udp_port`
+    /// (on the host they reached the server at).
+    pub fn new(udp_port: Option<u16>) -> Self {
+        Mailbox {
+            table: Mutex::default(),
+            udp_port,
+        }
+    }
+
     /// Handles one operation of `caller`'s; `config` is `None` when the server has no
     /// `[server.p2p]`.
     pub fn handle(&self, config: Option<&P2pConfig>, caller: &Caller<'_>, op: MailboxOp) {
@@ -122,17 +138,30 @@ impl Mailbox {
                     return answer(slow_down(config));
                 }
                 match table.allocate(config, caller) {
-                    Some(nameplate) => answer(MailboxEvent::Allocated { nameplate }),
+                    Some(nameplate) => answer(MailboxEvent::Allocated {
+                        nameplate,
+                        udp_port: self.udp_port,
+                    }),
                     None => answer(refused(
                         "the server holds as many codes as it may (max_nameplates); try again in a few minutes",
                     )),
                 }
             }
             MailboxOp::Claim { nameplate } => {
+                // Checked before the rate limit, so receivers waiting their turn at a
+                // sender with several do not spend their address's budget. All it tells a
+                // guesser is that a receiver is at a nameplate right now.
+                if table
+                    .plates
+                    .get(&nameplate)
+                    .is_some_and(|plate| plate.receiver.is_some())
+                {
+                    return answer(MailboxEvent::Busy);
+                }
                 if !table.within_rate(config, caller.ip) {
                     return answer(slow_down(config));
                 }
-                if let Err(reason) = table.claim(nameplate, caller) {
+                if let Err(reason) = table.claim(nameplate, caller, self.udp_port) {
                     answer(refused(&reason));
                 }
             }
@@ -250,7 +279,12 @@ impl Table {
         Some(nameplate)
     }
 
-    fn claim(&mut self, nameplate: u32, caller: &Caller<'_>) -> Result<(), String> {
+    fn claim(
+        &mut self,
+        nameplate: u32,
+        caller: &Caller<'_>,
+        udp_port: Option<u16>,
+    ) -> Result<(), String> {
         let Some(plate) = self.plates.get_mut(&nameplate) else {
             return Err(format!(
                 "no code starts with {nameplate} on this server: check the code, or ask the sender to run `warren send` again"
@@ -265,7 +299,7 @@ impl Table {
             session: caller.session,
             to: caller.to.clone(),
         };
-        receiver.tell(MailboxEvent::Claimed);
+        receiver.tell(MailboxEvent::Claimed { udp_port });
         for body in plate.queued.drain(..) {
             receiver.tell(MailboxEvent::Message { body });
         }
@@ -404,7 +438,7 @@ mod tests {
     fn allocate(mailbox: &Mailbox, sender: &mut Side) -> u32 {
         mailbox.handle(Some(&config()), &sender.caller(), MailboxOp::Allocate);
         match sender.events().as_slice() {
-            [MailboxEvent::Allocated { nameplate }] => *nameplate,
+            [MailboxEvent::Allocated { nameplate, .. }] => *nameplate,
             other => panic!("{other:?}"),
         }
     }
@@ -433,7 +467,7 @@ mod tests {
         assert_eq!(
             receiver.events(),
             [
-                MailboxEvent::Claimed,
+                MailboxEvent::Claimed { udp_port: None },
                 MailboxEvent::Message {
                     body: b"early".to_vec()
                 }
@@ -482,7 +516,7 @@ mod tests {
             &first.caller(),
             MailboxOp::Claim { nameplate },
         );
-        assert_eq!(first.events(), [MailboxEvent::Claimed]);
+        assert_eq!(first.events(), [MailboxEvent::Claimed { udp_port: None }]);
         mailbox.handle(
             Some(&config()),
             &stranger.caller(),
@@ -505,7 +539,7 @@ mod tests {
                 &guesser.caller(),
                 MailboxOp::Claim { nameplate },
             );
-            assert_eq!(guesser.events(), [MailboxEvent::Claimed]);
+            assert_eq!(guesser.events(), [MailboxEvent::Claimed { udp_port: None }]);
             mailbox.handle(
                 Some(&config()),
                 &guesser.caller(),

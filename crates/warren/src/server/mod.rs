@@ -6,7 +6,10 @@
 //! nobody. Service ports are bound at start and stay bound: a visitor arriving while no
 //! client serves the service is reset at once, and the service works again the moment its
 //! client reconnects. UDP services bind one socket each and carry every visitor's datagrams
-//! over one datagram channel per session ([`udp`]).
+//! over one datagram channel per session ([`udp`]). With `[server.p2p]`, one more UDP socket
+//! serves peer-to-peer transfers: the address reflector and the relay of last resort, in
+//! one task ([`crate::p2p::net::relay::serve_udp_with`]); the [`mailbox`] tells clients its
+//! port.
 //!
 //! A running server takes a new config through its [`Reloader`] (`SIGHUP`, a file change or
 //! the admin API, see [`crate::reload`]); [`reload`] says what a reload touches.
@@ -309,6 +312,32 @@ impl Server {
             Some(listen) => Some(http::HttpPorts::bind(listen).await?),
             None => None,
         };
+        // The P2P UDP port (reflector and relay). A reload that adds or removes
+        // `[server.p2p]` or moves `udp_bind` does not bind or close it: that waits for a
+        // restart (the reload's summary says so); the relay's limits and key do follow.
+        let p2p_udp = match &self.config.p2p {
+            Some(p2p) => Some(
+                crate::relay::udp::bind_service_socket(p2p.udp_bind).map_err(|source| {
+                    ServerError::Bind {
+                        what: "the P2P UDP port (server.p2p.udp_bind)".to_owned(),
+                        addr: p2p.udp_bind,
+                        source,
+                    }
+                })?,
+            ),
+            None => None,
+        };
+        let udp_port = p2p_udp
+            .as_ref()
+            .and_then(|socket| socket.local_addr().ok())
+            .map(|addr| addr.port());
+        let (p2p_settings, p2p_updates) = match &self.config.p2p {
+            Some(p2p) => {
+                let (tx, rx) = tokio::sync::watch::channel(relay_settings(p2p, &self.config.psk));
+                (Some(tx), Some(rx))
+            }
+            None => (None, None),
+        };
         let telemetry = Telemetry::new(Side::Server);
         let captures = crate::http::capture::Captures::new(Arc::clone(&telemetry));
         let cancel = CancellationToken::new();
@@ -333,7 +362,8 @@ impl Server {
             http: RwLock::new(Arc::new(http::Front::empty())),
             declared_http: Mutex::new(HashMap::new()),
             captures,
-            mailbox: mailbox::Mailbox::default(),
+            mailbox: mailbox::Mailbox::new(udp_port),
+            p2p_settings,
         });
         http::rebuild_front(&shared);
         let (reloader, reloads) = Reloader::new("server");
@@ -342,10 +372,22 @@ impl Server {
             listener,
             admin_listener,
             http_ports,
+            p2p_udp: p2p_udp.zip(p2p_updates),
             reloader,
             reloads,
             source: None,
         })
+    }
+}
+
+/// The relay's limits and key under `p2p` and `psk`.
+fn relay_settings(
+    p2p: &crate::config::p2p::P2pConfig,
+    psk: &Secret,
+) -> crate::p2p::net::relay::RelaySettings {
+    crate::p2p::net::relay::RelaySettings {
+        config: crate::p2p::net::relay::RelayConfig::from_p2p(p2p),
+        auth: crate::p2p::net::relay::RelayAuth::from_psk(psk),
     }
 }
 
@@ -380,6 +422,11 @@ pub struct BoundServer {
     listener: Listener,
     admin_listener: Option<TcpListener>,
     http_ports: Option<http::HttpPorts>,
+    /// The P2P UDP port (`[server.p2p]`) and where its relay settings come from.
+    p2p_udp: Option<(
+        UdpSocket,
+        tokio::sync::watch::Receiver<crate::p2p::net::relay::RelaySettings>,
+    )>,
     reloader: Reloader<ServerConfig>,
     reloads: Requests<ServerConfig>,
     /// The config file, when the server reloads from one.
@@ -410,6 +457,14 @@ impl BoundServer {
             Some(ports) => (addr(&ports.plain), addr(&ports.tls)),
             None => (None, None),
         }
+    }
+
+    /// The P2P UDP port's actual address (address reflector and relay), when
+    /// `[server.p2p]` is configured.
+    pub fn p2p_udp_addr(&self) -> Option<SocketAddr> {
+        self.p2p_udp
+            .as_ref()
+            .and_then(|(socket, _)| socket.local_addr().ok())
     }
 
     /// The admin API's actual address, when `[admin]` is configured.
@@ -456,6 +511,7 @@ impl BoundServer {
             listener,
             admin_listener,
             http_ports,
+            p2p_udp,
             reloader,
             reloads,
             source,
@@ -505,6 +561,33 @@ impl BoundServer {
         );
         for binding in bindings {
             spawn_service(&shared, binding);
+        }
+        if let Some((socket, settings)) = p2p_udp {
+            info!(
+                event = "p2p_udp_listening",
+                udp = %socket.local_addr().map(|a| a.to_string()).unwrap_or_default(),
+                relay = settings.borrow().config.enabled,
+                "P2P address reflector and relay listening"
+            );
+            let meter = shared.telemetry.metrics.p2p_relay();
+            let cancel = shared.cancel.clone();
+            shared.tasks.spawn(async move {
+                let served = crate::p2p::net::relay::serve_udp_with(
+                    &socket,
+                    crate::p2p::net::reflector::ReflectorConfig::default(),
+                    settings,
+                    meter,
+                    cancel,
+                )
+                .await;
+                if let Err(error) = served {
+                    warn!(
+                        event = "p2p_udp_failed",
+                        error = %error,
+                        "the P2P UDP port stopped; peer-to-peer transfers lose address discovery and the relay until a restart"
+                    );
+                }
+            });
         }
         if let Some(ports) = http_ports {
             http::log_ports(&ports);
@@ -619,6 +702,8 @@ struct Shared {
     captures: Arc<crate::http::capture::Captures>,
     /// Where the two clients of a peer-to-peer join code meet (`[server.p2p]`).
     mailbox: mailbox::Mailbox,
+    /// The P2P UDP task's relay limits and key, when it runs (a reload sends new ones).
+    p2p_settings: Option<tokio::sync::watch::Sender<crate::p2p::net::relay::RelaySettings>>,
 }
 
 impl Shared {

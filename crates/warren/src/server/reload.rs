@@ -21,6 +21,9 @@
 //!   a session.
 //! * Timeouts and heartbeats apply to connections and sessions that start afterwards; the
 //!   server port and the admin API move only on restart (the summary says so).
+//! * `[server.p2p]`: the mailbox's and the relay's limits, and the PSK the relay checks
+//!   binds with, apply at once (pairs already relayed keep their byte counts); the P2P UDP
+//!   port is bound, moved or closed only on restart.
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::{Arc, PoisonError};
@@ -84,6 +87,16 @@ pub(super) async fn apply(shared: &Arc<Shared>, mut new: ServerConfig) -> Reload
                 "[server.quic] max_packet / congestion (the UDP endpoint keeps them)".to_owned(),
             );
         }
+    }
+
+    // The P2P UDP port stays as bound at start (see `Server::bind`); its relay's limits
+    // and key (the PSK) follow the new config once it is in force (step 3).
+    let udp_bind = |config: &ServerConfig| config.p2p.as_ref().map(|p2p| p2p.udp_bind);
+    if udp_bind(&new) != udp_bind(old) {
+        summary.needs_restart.push(
+            "[server.p2p] added, removed or udp_bind moved (the P2P UDP port stays as it was)"
+                .to_owned(),
+        );
     }
 
     let http_ports =
@@ -151,6 +164,18 @@ pub(super) async fn apply(shared: &Arc<Shared>, mut new: ServerConfig) -> Reload
     // off the accept path; the others keep their start-up figures.
     crate::crypto::speed::prepare(&new.ciphers, new.cipher_choice).await;
     *shared.live.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(Live::new(new.clone()));
+    if let Some(settings) = &shared.p2p_settings {
+        let mut next =
+            super::relay_settings(&new.p2p.unwrap_or(old.p2p.unwrap_or_default()), &new.psk);
+        // Without the section the mailbox refuses everything; the relay stops pairing too.
+        next.config.enabled &= new.p2p.is_some();
+        settings.send_replace(next);
+    }
+    if new.p2p.is_some() && old.p2p.is_some() && new.p2p != old.p2p {
+        summary
+            .applied
+            .push("[server.p2p]: the mailbox's and the relay's limits updated".to_owned());
+    }
     {
         let mut services = shared
             .services

@@ -13,7 +13,8 @@
 //! 4. [`punch::Checker::punch`] with the PAKE-derived [`key::CheckKey`]: checks both ways,
 //!    peer-reflexive answers, the first working pair wins or the deadline sends the caller
 //!    to the relay.
-//! 5. QUIC on the chosen address, over the same endpoint.
+//! 5. QUIC on the chosen address, over the same endpoint; or, when no direct pair works,
+//!    [`relay::join`] the server's relay and QUIC to the relay's address.
 //!
 //! Modules:
 //! * [`candidates`]: the addresses a peer can be reached at, serialisable for the mailbox.
@@ -21,6 +22,8 @@
 //! * [`key`]: the check key and the integrity tag of a check.
 //! * [`punch`]: the connectivity checker.
 //! * [`reflector`]: the server's STUN Binding responder and the client's discovery call.
+//! * [`relay`]: the relay of last resort (the server forwards QUIC between two legs) and the
+//!   client's call to join it; its serve loop also runs the reflector, on one UDP port.
 //!
 //! The wire format and the rules are in `docs/protocol.md`, "P2P connectivity".
 
