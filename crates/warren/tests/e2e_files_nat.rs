@@ -158,6 +158,8 @@ struct Run {
     problems: Vec<String>,
     /// Both sides' output, for the failure message.
     logs: String,
+    /// Both sides' stderr (sender, receiver).
+    stderr: [String; 2],
     /// Each side's exit code (`None`: killed after [`RUN_TIMEOUT`], or a signal) and when
     /// it exited, from the receiver's start (sender, receiver).
     exits: [(Option<i32>, Duration); 2],
@@ -311,6 +313,10 @@ fn transfer(lab: &mut Lab, tree: &Tree, run: usize) -> Run {
         bytes_ok,
         problems,
         logs,
+        stderr: [
+            lab.stderr(sender),
+            receiver.map(|r| lab.stderr(r)).unwrap_or_default(),
+        ],
         exits,
     }
 }
@@ -395,6 +401,16 @@ fn send_and_receive_through_every_nat_pairing() {
             {
                 problems.push(format!("expected {expected} on both sides: {note}"));
             }
+            // Relayed means through the server's UDP port; direct means anywhere else.
+            let via_server = |s: &Side| s.address.as_deref() == Some(SERVER);
+            let relayed = expected == "relayed";
+            if result
+                .sides
+                .iter()
+                .any(|s| s.route.is_some() && via_server(s) != relayed)
+            {
+                problems.push(format!("the address does not match the route: {note}"));
+            }
             // Behind one NAT the winner must be a host address, not the NAT's.
             let host = |s: &Side| {
                 s.address
@@ -439,8 +455,10 @@ fn send_and_receive_through_every_nat_pairing() {
     );
 }
 
-/// How long each side may take to give up when no path exists (measured: the receiver
-/// ~3 s of checks then the relay's bind timeout; the sender its accept deadline, 35 s).
+/// How long each side may take to give up when no path exists. Measured with all UDP
+/// blocked on the receiver's router: the receiver ~15 s (3 s of checks, then the relay's
+/// 10 s bind timeout), the sender ~37 s (its accept deadline, 35 s after the address swap:
+/// it cannot tell a receiver that will never come from a slow one).
 const NO_PATH_BOUND: Duration = Duration::from_secs(45);
 
 /// All UDP dropped on the receiver's router (a network that passes only TCP): the known
@@ -465,11 +483,14 @@ fn with_all_udp_blocked_both_sides_fail_cleanly_for_now() {
     let server = start_server(&mut lab);
     let run = transfer(&mut lab, &tree, 0);
     let [(sender_code, sender_after), (receiver_code, receiver_after)] = run.exits;
+    let last = |text: &str| text.lines().last().unwrap_or_default().to_owned();
     println!(
-        "all UDP blocked on the receiver's router: sender exit {sender_code:?} after {:.1} s, \
-         receiver exit {receiver_code:?} after {:.1} s",
+        "all UDP blocked on the receiver's router:\n  sender: exit {sender_code:?} after {:.1} s: {}\n  \
+         receiver: exit {receiver_code:?} after {:.1} s: {}",
         sender_after.as_secs_f64(),
-        receiver_after.as_secs_f64()
+        last(&run.stderr[0]),
+        receiver_after.as_secs_f64(),
+        last(&run.stderr[1]),
     );
     let logs = || format!("{}\nserver:\n{}", run.logs, lab.stderr(server));
     for (who, code, after) in [
@@ -495,9 +516,11 @@ fn with_all_udp_blocked_both_sides_fail_cleanly_for_now() {
         "{}",
         logs()
     );
-    assert!(
-        run.logs.matches("could not reach the other side").count() >= 2,
-        "no clear error on both sides:\n{}",
-        logs()
-    );
+    for (who, stderr) in ["sender", "receiver"].iter().zip(&run.stderr) {
+        assert!(
+            stderr.contains("error: could not reach the other side"),
+            "no clear error from the {who}:\n{}",
+            logs()
+        );
+    }
 }
