@@ -320,428 +320,29 @@ async fn the_demux_drops_datagrams_that_are_neither_stun_nor_quic() {
     assert_eq!(dropped, 3);
 }
 
-/// The NAT lab (P2P.md's recipe, measured on these machines): a "public" namespace with a
-/// bridge and the reflector on two addresses (203.0.113.1 and .2), two NAT routers
-/// (203.0.113.11 and .12) and a peer behind each (198.51.100.2/25 and 198.51.100.130/25).
-/// Each cell builds the lab afresh, sets each router's NAT type, runs the two peers as
-/// children of this test binary inside their namespaces (`lab_child`, driven by env vars,
-/// exchanging candidates through files as they would through the mailbox) and checks the
-/// outcome P2P.md expects. Every namespace is deleted on drop, pass or fail.
+/// The NAT lab (P2P.md's recipe, measured on these machines; shared with
+/// `e2e_files_nat.rs`): a "public" namespace with the reflector on two addresses
+/// (203.0.113.1 and .2), two NAT routers and a peer behind each. Each cell builds the lab
+/// afresh, sets each router's NAT type, runs the two peers as children of this test binary
+/// inside their namespaces (`nat_lab_child`, driven by env vars, exchanging candidates
+/// through files as they would through the mailbox) and checks the outcome P2P.md expects.
+/// Every namespace is deleted on drop, pass or fail.
 ///
 /// Needs root, `ip`, `nft` and `iptables`; without them the test prints `SKIPPED …` and
 /// passes, unless `WARREN_NETNS_TESTS=1`. `WARREN_LAB_RUNS` sets the runs per cell
 /// (default 3; P2P.md's full protocol is 5).
-mod nat_lab {
-    use std::path::{Path, PathBuf};
-    use std::process::{Child, Command, Stdio};
-    use std::sync::atomic::{AtomicU32, Ordering};
-    use std::time::Duration;
-
-    use tokio::time::Instant;
-
-    /// Where the peers sit.
-    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-    pub enum Layout {
-        /// Each behind its own router.
-        Separate,
-        /// Both behind one router (two LAN ports): host candidates must win.
-        Shared,
-    }
-
-    /// A router's NAT behaviour (P2P.md's names).
-    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-    pub enum Nat {
-        /// Routing only: the peer's address is public.
-        None,
-        /// Endpoint-independent mapping and filtering.
-        Full,
-        /// Endpoint-independent mapping, address-restricted filtering.
-        Restr,
-        /// Endpoint-independent mapping, port-restricted filtering.
-        Port,
-        /// Endpoint-dependent mapping (random ports), established-only filtering.
-        Symm,
-    }
-
-    impl Nat {
-        pub fn name(self) -> &'static str {
-            match self {
-                Nat::None => "none",
-                Nat::Full => "full",
-                Nat::Restr => "restr",
-                Nat::Port => "port",
-                Nat::Symm => "symm",
-            }
-        }
-    }
-
-    fn unavailable() -> Option<String> {
-        let uid = Command::new("id").arg("-u").output().ok()?;
-        if String::from_utf8_lossy(&uid.stdout).trim() != "0" {
-            return Some("not root".into());
-        }
-        for tool in ["ip", "nft", "iptables"] {
-            let found = Command::new("sh")
-                .args(["-c", &format!("command -v {tool}")])
-                .output()
-                .is_ok_and(|o| o.status.success());
-            if !found {
-                return Some(format!(
-                    "`{tool}` not on PATH (apt-get install iproute2 nftables iptables)"
-                ));
-            }
-        }
-        let netns = Command::new("ip").args(["netns", "list"]).output();
-        if !netns.is_ok_and(|o| o.status.success()) {
-            return Some("`ip netns` does not work here".into());
-        }
-        None
-    }
-
-    pub fn skip(test: &str) -> bool {
-        match unavailable() {
-            None => false,
-            Some(why) if std::env::var("WARREN_NETNS_TESTS").as_deref() == Ok("1") => {
-                panic!("{test}: WARREN_NETNS_TESTS=1 but {why}")
-            }
-            Some(why) => {
-                eprintln!(
-                    "SKIPPED {test}: {why} (set WARREN_NETNS_TESTS=1 to make this a failure)"
-                );
-                true
-            }
-        }
-    }
-
-    fn run(args: &[&str]) {
-        let out = Command::new(args[0])
-            .args(&args[1..])
-            .output()
-            .unwrap_or_else(|e| panic!("cannot run {args:?}: {e}"));
-        assert!(
-            out.status.success(),
-            "{args:?} failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-
-    fn run_stdin(args: &[&str], input: &str) {
-        use std::io::Write;
-        let mut child = Command::new(args[0])
-            .args(&args[1..])
-            .stdin(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot run {args:?}: {e}"));
-        child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(input.as_bytes())
-            .unwrap();
-        let out = child.wait_with_output().unwrap();
-        assert!(
-            out.status.success(),
-            "{args:?} failed: {}\n{input}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-
-    /// One lab: five namespaces, deleted on drop (with their veths and rules); children
-    /// started in it are killed on drop too.
-    pub struct Lab {
-        prefix: String,
-        children: Vec<Child>,
-        pub dir: PathBuf,
-    }
-
-    pub const REFLECTOR: &str = "203.0.113.1:3478";
-    pub const REFLECTOR2: &str = "203.0.113.2:3478";
-
-    impl Lab {
-        /// Two peers, each behind its own router (`Shared`: both behind the first router,
-        /// on two LAN ports, `right` ignored).
-        pub fn new(left: Nat, right: Nat, layout: Layout) -> Lab {
-            static NEXT: AtomicU32 = AtomicU32::new(0);
-            let n = NEXT.fetch_add(1, Ordering::Relaxed);
-            let prefix = format!("wp{}x{n}", std::process::id() % 100_000);
-            let dir = std::env::temp_dir().join(format!("warren-lab-{prefix}"));
-            let _ = std::fs::remove_dir_all(&dir);
-            std::fs::create_dir_all(&dir).unwrap();
-            let lab = Lab {
-                prefix,
-                children: Vec::new(),
-                dir,
-            };
-            for ns in lab.all() {
-                let _ = Command::new("ip").args(["netns", "del", &ns]).output();
-                run(&["ip", "netns", "add", &ns]);
-                lab.exec(&ns, &["ip", "link", "set", "lo", "up"]);
-            }
-            let public = lab.ns("pub");
-            lab.exec(&public, &["ip", "link", "add", "br0", "type", "bridge"]);
-            lab.exec(
-                &public,
-                &["ip", "addr", "add", "203.0.113.1/24", "dev", "br0"],
-            );
-            lab.exec(
-                &public,
-                &["ip", "addr", "add", "203.0.113.2/24", "dev", "br0"],
-            );
-            lab.exec(&public, &["ip", "link", "set", "br0", "up"]);
-            let mut public_lans = Vec::new();
-            for (i, nat) in [(1, left), (2, right)] {
-                // The second peer on the first router's second LAN port.
-                let second_port = layout == Layout::Shared && i == 2;
-                let router = lab.ns(&format!("nat{}", if second_port { 1 } else { i }));
-                let lan_if = if second_port { "eth2" } else { "eth1" };
-                let peer = lab.ns(&format!("peer{i}"));
-                let wan = format!("203.0.113.1{i}");
-                let (lan_gw, lan_peer, lan_net) = if i == 1 {
-                    ("198.51.100.1", "198.51.100.2", "198.51.100.0/25")
-                } else {
-                    ("198.51.100.129", "198.51.100.130", "198.51.100.128/25")
-                };
-                // WAN: a veth from the bridge to the router's eth0.
-                let up = format!("up{i}");
-                if !second_port {
-                    lab.exec(
-                        &public,
-                        &[
-                            "ip", "link", "add", &up, "type", "veth", "peer", "name", "eth0",
-                            "netns", &router,
-                        ],
-                    );
-                    lab.exec(&public, &["ip", "link", "set", &up, "master", "br0", "up"]);
-                    lab.exec(
-                        &router,
-                        &["ip", "addr", "add", &format!("{wan}/24"), "dev", "eth0"],
-                    );
-                    lab.exec(&router, &["ip", "link", "set", "eth0", "up"]);
-                }
-                // LAN: router's eth1 (or eth2) to the peer's eth0.
-                lab.exec(
-                    &router,
-                    &[
-                        "ip", "link", "add", lan_if, "type", "veth", "peer", "name", "eth0",
-                        "netns", &peer,
-                    ],
-                );
-                lab.exec(
-                    &router,
-                    &["ip", "addr", "add", &format!("{lan_gw}/25"), "dev", lan_if],
-                );
-                lab.exec(&router, &["ip", "link", "set", lan_if, "up"]);
-                lab.exec(&router, &["sysctl", "-qw", "net.ipv4.ip_forward=1"]);
-                lab.exec(
-                    &peer,
-                    &[
-                        "ip",
-                        "addr",
-                        "add",
-                        &format!("{lan_peer}/25"),
-                        "dev",
-                        "eth0",
-                    ],
-                );
-                lab.exec(&peer, &["ip", "link", "set", "eth0", "up"]);
-                lab.exec(&peer, &["ip", "route", "add", "default", "via", lan_gw]);
-                if second_port {
-                    continue;
-                }
-                lab.set_nat(&router, nat, &wan);
-                if nat == Nat::None {
-                    public_lans.push((lan_net, wan, lab.ns(&format!("nat{}", 3 - i))));
-                }
-            }
-            // A public LAN: the others route to it through its router.
-            for (lan_net, wan, other) in public_lans {
-                lab.exec(&public, &["ip", "route", "add", lan_net, "via", &wan]);
-                lab.exec(&other, &["ip", "route", "add", lan_net, "via", &wan]);
-            }
-            lab
-        }
-
-        fn all(&self) -> Vec<String> {
-            ["pub", "nat1", "nat2", "peer1", "peer2"]
-                .iter()
-                .map(|n| self.ns(n))
-                .collect()
-        }
-
-        pub fn ns(&self, name: &str) -> String {
-            format!("{}{name}", self.prefix)
-        }
-
-        fn exec(&self, ns: &str, args: &[&str]) {
-            let mut full = vec!["ip", "netns", "exec", ns];
-            full.extend_from_slice(args);
-            run(&full);
-        }
-
-        fn set_nat(&self, router: &str, nat: Nat, wan: &str) {
-            let filter = match nat {
-                Nat::None => return,
-                Nat::Symm => {
-                    for rule in [
-                        "-t nat -A POSTROUTING -o eth0 -j MASQUERADE --random-fully",
-                        "-A FORWARD -i eth0 -m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT",
-                        "-A FORWARD -i eth0 -j DROP",
-                    ] {
-                        let mut args = vec!["iptables"];
-                        args.extend(rule.split_whitespace());
-                        self.exec(router, &args);
-                    }
-                    return;
-                }
-                Nat::Full => "",
-                Nat::Restr => {
-                    "oif \"eth0\" update @contacted { ip daddr }\n    \
-                     iif \"eth0\" ct state established,related accept\n    \
-                     iif \"eth0\" ip saddr @contacted accept\n    iif \"eth0\" drop"
-                }
-                Nat::Port => {
-                    "iif \"eth0\" ct state established,related accept\n    iif \"eth0\" drop"
-                }
-            };
-            // P2P.md's endpoint-independent NAT: a dynamic map from the public port to the
-            // private address and port, refreshed by every outgoing packet.
-            let script = format!(
-                "table ip lab {{
-  map fullcone {{ type inet_service : ipv4_addr . inet_service; flags dynamic,timeout; timeout 300s; size 65536;
-  }}
-  set contacted {{ type ipv4_addr; flags dynamic,timeout; timeout 300s;
-  }}
-  chain prer {{ type nat hook prerouting priority dstnat; policy accept;
-    iif \"eth0\" meta l4proto udp dnat ip to udp dport map @fullcone
-  }}
-  chain postr {{ type nat hook postrouting priority srcnat; policy accept;
-    oif \"eth0\" meta l4proto udp update @fullcone {{ udp sport timeout 300s : ip saddr . udp sport }}
-    oif \"eth0\" snat ip to {wan}
-  }}
-  chain filt {{ type filter hook forward priority 0; policy accept;
-    {filter}
-  }}
-}}
-"
-            );
-            run_stdin(&["ip", "netns", "exec", router, "nft", "-f", "-"], &script);
-        }
-
-        /// Starts this test binary's `lab_child` in namespace `ns` with `env`.
-        pub fn spawn(&mut self, ns: &str, env: &[(&str, String)]) -> usize {
-            let exe = std::env::current_exe().unwrap();
-            let mut cmd = Command::new("ip");
-            cmd.args(["netns", "exec", ns])
-                .arg(exe)
-                .args([
-                    "--exact",
-                    "nat_lab_child",
-                    "--nocapture",
-                    "--test-threads=1",
-                ])
-                .env("WARREN_LAB_DIR", &self.dir)
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped());
-            for (k, v) in env {
-                cmd.env(k, v);
-            }
-            self.children.push(cmd.spawn().expect("spawn lab child"));
-            self.children.len() - 1
-        }
-
-        /// Waits (bounded) for child `i` and returns its stdout and stderr.
-        pub fn wait(&mut self, i: usize, within: Duration) -> (String, String) {
-            let start = Instant::now();
-            let child = &mut self.children[i];
-            loop {
-                if child.try_wait().unwrap().is_some() {
-                    break;
-                }
-                if start.elapsed() > within {
-                    let _ = child.kill();
-                    break;
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            let mut out = String::new();
-            let mut err = String::new();
-            use std::io::Read;
-            if let Some(mut s) = child.stdout.take() {
-                let _ = s.read_to_string(&mut out);
-            }
-            if let Some(mut s) = child.stderr.take() {
-                let _ = s.read_to_string(&mut err);
-            }
-            (out, err)
-        }
-
-        pub fn clear_dir(&self) {
-            for name in ["a.cand", "b.cand", "cert.der"] {
-                let _ = std::fs::remove_file(self.dir.join(name));
-            }
-        }
-    }
-
-    impl Drop for Lab {
-        fn drop(&mut self) {
-            for child in &mut self.children {
-                let _ = child.kill();
-                let _ = child.wait();
-            }
-            for ns in self.all() {
-                let _ = Command::new("ip").args(["netns", "del", &ns]).output();
-            }
-            let _ = std::fs::remove_dir_all(&self.dir);
-        }
-    }
-
-    /// Writes `bytes` to `dir/name` atomically (the other peer polls for it).
-    pub fn put(dir: &Path, name: &str, bytes: &[u8]) {
-        let tmp = dir.join(format!("{name}.tmp"));
-        std::fs::write(&tmp, bytes).unwrap();
-        std::fs::rename(tmp, dir.join(name)).unwrap();
-    }
-
-    /// Waits (bounded) for `dir/name`.
-    pub async fn get(dir: &Path, name: &str, within: Duration) -> Vec<u8> {
-        let until = tokio::time::Instant::now() + within;
-        loop {
-            if let Ok(bytes) = std::fs::read(dir.join(name)) {
-                return bytes;
-            }
-            assert!(
-                tokio::time::Instant::now() < until,
-                "no {name} from the other peer in {within:?}"
-            );
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    }
-}
+#[path = "support/nat_lab.rs"]
+mod nat_lab;
 
 /// One lab peer (runs only as a child of `nat_lab`, inside a peer namespace). Side `a` is
 /// the QUIC client, `b` the server. Prints `MAPPING eim|edm`, then `RESULT direct MS REMOTE`
 /// (and `QUIC ok` after a hash-checked stream) or `RESULT relay MS`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nat_lab_child() {
-    let Ok(side) = std::env::var("WARREN_LAB_SIDE") else {
-        return; // Not in the lab: nothing to do.
-    };
-    if side == "reflector" {
-        // Both public addresses, so a peer can tell its NAT's mapping behaviour; bounded
-        // in time in case the parent dies without killing us.
-        let one = UdpSocket::bind(nat_lab::REFLECTOR).await.unwrap();
-        let two = UdpSocket::bind(nat_lab::REFLECTOR2).await.unwrap();
-        let cancel = CancellationToken::new();
-        let serve = async {
-            tokio::join!(
-                reflector::serve(&one, ReflectorConfig::default(), cancel.clone()),
-                reflector::serve(&two, ReflectorConfig::default(), cancel.clone())
-            )
-        };
-        let _ = timeout(Duration::from_secs(120), serve).await;
+    // Not in the lab, or the shared reflector / classifier: nothing more to do.
+    let Some(side) = nat_lab::child().await else {
         return;
-    }
+    };
     let dir = std::path::PathBuf::from(std::env::var("WARREN_LAB_DIR").unwrap());
     let (server_config, client_config) = quic_configs_shared(&dir, &side).await;
     let (socket, mut channel) = DemuxSocket::bind("0.0.0.0:0".parse().unwrap()).unwrap();
@@ -756,10 +357,7 @@ async fn nat_lab_child() {
         .expect("reflexive address from the second reflector address");
     // RFC 5780 mapping test: the same mapping towards two destinations is
     // endpoint-independent; a different one is a symmetric NAT.
-    println!(
-        "MAPPING {} {seen1} {seen2}",
-        if seen1 == seen2 { "eim" } else { "edm" }
-    );
+    println!("{}", nat_lab::mapping_line(seen1, seen2));
     let ours = Candidates::gather(local, Some(seen1));
     let other = if side == "a" { "b" } else { "a" };
     nat_lab::put(
@@ -875,10 +473,7 @@ fn nat_lab() {
     if std::env::var("WARREN_LAB_SIDE").is_ok() || nat_lab::skip("nat_lab") {
         return;
     }
-    let runs: usize = std::env::var("WARREN_LAB_RUNS")
-        .ok()
-        .and_then(|r| r.parse().ok())
-        .unwrap_or(3);
+    let runs = nat_lab::runs(3);
     // P2P.md's expected outcomes: none/full/restr × anything and port × port are direct;
     // port × symm and symm × symm need the relay (no port prediction). restr × symm is
     // direct only through peer-reflexive answers (the symmetric side's port towards the
@@ -899,8 +494,7 @@ fn nat_lab() {
     let started = Instant::now();
     for (left, right, layout, expected) in cells {
         let mut lab = nat_lab::Lab::new(left, right, layout);
-        let reflector = lab.spawn(&lab.ns("pub"), &[("WARREN_LAB_SIDE", "reflector".into())]);
-        std::thread::sleep(Duration::from_millis(200));
+        let reflector = lab.start_reflectors();
         let mut outcomes = Vec::new();
         let mut times = Vec::new();
         for run in 0..runs {
@@ -909,15 +503,11 @@ fn nat_lab() {
             let b = lab.spawn(&lab.ns("peer2"), &[("WARREN_LAB_SIDE", "b".into())]);
             let (out_a, err_a) = lab.wait(a, Duration::from_secs(25));
             let (out_b, err_b) = lab.wait(b, Duration::from_secs(25));
-            let cell = cell_name(left, right, layout);
+            let cell = nat_lab::cell_name(left, right, layout);
             // The NAT must be what the cell says, or a typo would pass as "punching failed".
             for (nat, out) in [(left, &out_a), (right, &out_b)] {
-                let want = if nat == Symm {
-                    "MAPPING edm"
-                } else {
-                    "MAPPING eim"
-                };
-                if !out.contains(want) {
+                let want = format!("MAPPING {}", nat.mapping());
+                if !out.contains(&want) {
                     failures.push(format!(
                         "{cell} run {run}: {} is not {want}:\n{out}\n{err_a}\n{err_b}",
                         nat.name()
@@ -953,7 +543,7 @@ fn nat_lab() {
         let _ = reflector;
         table.push_str(&format!(
             "| {} | {expected} | {} | {} |\n",
-            cell_name(left, right, layout),
+            nat_lab::cell_name(left, right, layout),
             outcomes.join(", "),
             times.join(", ")
         ));
@@ -979,11 +569,4 @@ async fn a_peer_reflexive_address_is_learnt_from_the_peers_checks() {
     let (ra, rb) = tokio::join!(a.checker.punch(&ca, &b_offers), b.checker.punch(&cb, &ca));
     assert_eq!(ra.expect("a punched").remote, b.local);
     assert_eq!(rb.expect("b punched").remote, a.local);
-}
-
-fn cell_name(left: nat_lab::Nat, right: nat_lab::Nat, layout: nat_lab::Layout) -> String {
-    match layout {
-        nat_lab::Layout::Separate => format!("{} × {}", left.name(), right.name()),
-        nat_lab::Layout::Shared => format!("both behind one {}", left.name()),
-    }
 }

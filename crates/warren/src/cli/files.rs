@@ -203,9 +203,18 @@ pub async fn send(args: SendArgs) -> Result<(), Failure> {
                 out.notice(&format!("a receiver failed the key exchange: {error}"));
                 continue;
             }
-            Err(error @ SessionError::PeerLeft(_)) | Err(error @ SessionError::NoPath(_)) => {
+            Err(error @ SessionError::PeerLeft(_)) => {
                 out.notice(&format!("a receiver could not be served: {error}"));
                 last_error = Some(error.to_string());
+                continue;
+            }
+            // A receiver that came and found no path used its turn: once none is left
+            // the sender ends with that reason, instead of waiting out the nameplate's
+            // TTL for a receiver that is not coming.
+            Err(error @ SessionError::NoPath(_)) => {
+                out.notice(&format!("a receiver could not be served: {error}"));
+                last_error = Some(error.to_string());
+                served += 1;
                 continue;
             }
             Err(error) => {
