@@ -350,7 +350,10 @@ pub async fn receive(args: ReceiveArgs) -> Result<(), Failure> {
     .await;
     drop(events);
     let _ = progress.await;
-    let text = result.as_ref().ok().and_then(|summary| summary.text.clone());
+    let text = result
+        .as_ref()
+        .ok()
+        .and_then(|summary| summary.text.clone());
     let what = if text.is_some() {
         "Received a text"
     } else {

@@ -58,9 +58,14 @@ pub enum MailboxError {
     TooLarge(usize),
 }
 
+/// Events [`Mailbox::keep_alive`] holds for later [`Mailbox::next`] calls, at most.
+const MAX_HELD: usize = 64;
+
 /// A session with the server's mailbox.
 pub struct Mailbox {
     channel: Stream,
+    /// What [`Mailbox::keep_alive`] read, in order, for [`Mailbox::next`].
+    held: std::collections::VecDeque<Result<MailboxEvent, MailboxError>>,
     deadline: Duration,
     /// The address the session reached (the server's name resolved).
     server_addr: SocketAddr,
@@ -90,6 +95,7 @@ impl Mailbox {
         .await?;
         Ok(Mailbox {
             channel: session.channel,
+            held: std::collections::VecDeque::new(),
             deadline: target.deadline,
             server_addr: session.server_addr,
         })
@@ -165,6 +171,30 @@ impl Mailbox {
     /// [`MailboxError::Refused`], [`MailboxError::Burned`], the session ended, or nothing
     /// within `wait`.
     pub async fn next(&mut self, wait: Duration) -> Result<MailboxEvent, MailboxError> {
+        match self.held.pop_front() {
+            Some(held) => held,
+            None => self.receive(wait).await,
+        }
+    }
+
+    /// Keeps the session alive while the caller is busy elsewhere (a sender connecting
+    /// to its receiver): answers the server's pings and holds the events that arrive (the
+    /// next receiver joining, its first message) for [`Mailbox::next`]. Never returns;
+    /// race it against the other work. Cancel-safe. After an error, or [`MAX_HELD`]
+    /// events, it stops reading (the error is held too).
+    pub async fn keep_alive(&mut self) {
+        loop {
+            if self.held.len() >= MAX_HELD || self.held.back().is_some_and(Result::is_err) {
+                return std::future::pending().await;
+            }
+            match self.receive(Duration::from_secs(3600)).await {
+                Err(MailboxError::Timeout(_)) => {}
+                event => self.held.push_back(event),
+            }
+        }
+    }
+
+    async fn receive(&mut self, wait: Duration) -> Result<MailboxEvent, MailboxError> {
         let channel = &mut self.channel;
         let receive = async {
             loop {

@@ -58,6 +58,9 @@ const RECEIVER_WAIT: Duration = Duration::from_secs(24 * 3600);
 const DIRECT_DIAL_WAIT: Duration = Duration::from_secs(2);
 /// The QUIC handshake, on whichever path.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(15);
+/// When the sender's own checks and relay join both failed, how long it still waits for
+/// a receiver that found a path to dial.
+const FAILED_GRACE: Duration = Duration::from_secs(5);
 /// After its punch succeeded, how long a peer keeps answering checks so the other finishes.
 const ANSWER_AFTER: Duration = Duration::from_secs(3);
 
@@ -266,9 +269,13 @@ impl Offering {
         if let (true, Some(relay)) = (blocked, self.udp) {
             socket = PeerSocket::over_tcp(&self.options, relay).await?;
         }
-        let (connection, route) = socket
-            .accept(&identity, &outcome, &ours, &theirs, self.udp, &self.options)
-            .await?;
+        // The mailbox keeps answering the server's heartbeats meanwhile (the accept may
+        // take seconds), and holds what the next receiver says.
+        let accepting = socket.accept(&identity, &outcome, &ours, &theirs, self.udp, &self.options);
+        let (connection, route) = tokio::select! {
+            accepted = accepting => accepted?,
+            () = self.mailbox.keep_alive() => unreachable!("keep_alive never returns"),
+        };
         Ok(Connected {
             connection,
             endpoint: socket.endpoint,
@@ -669,12 +676,12 @@ impl PeerSocket {
         let token = RelayToken::from_key(&outcome.relay_key);
         let auth = RelayAuth::from_psk(&options.server.psk);
         let skip_checks = ours.relay_only || theirs.relay_only;
-        let mut note = String::from("the checks were skipped (--relay)");
         let endpoint = self.endpoint.clone();
-        // Everything but the accepting: checks, answering, the relay when needed. It never
-        // ends on its own; the accept (or its deadline) ends it.
+        // Everything but the accepting: checks, answering, the relay when needed. It ends
+        // only when all of that failed (with why); otherwise the accept ends it.
         let side = async {
             let mut channel = channel;
+            let mut note = String::from("the checks were skipped (--relay)");
             if !skip_checks {
                 let mut checker = Checker::new(
                     channel,
@@ -690,21 +697,27 @@ impl PeerSocket {
                 }
                 channel = checker.into_inner();
             }
-            if let Some(relay) = relay {
-                if let Err(error) =
-                    relay::join(&mut channel, relay, &token, &auth, &JoinConfig::default()).await
-                {
-                    note = format!("{note}; the relay: {error}");
-                }
-            } else {
-                note = format!("{note}; the server has no relay");
+            let Some(relay) = relay else {
+                return format!("{note}; the server has no relay");
+            };
+            match relay::join(&mut channel, relay, &token, &auth, &JoinConfig::default()).await {
+                Ok(()) => std::future::pending().await,
+                Err(error) => format!("{note}; the relay: {error}"),
             }
-            std::future::pending::<()>().await;
         };
         let deadline = options.punch.deadline + DIRECT_DIAL_WAIT + 2 * HANDSHAKE_TIMEOUT;
         let accepted = tokio::select! {
-            accepted = tokio::time::timeout(deadline, accept_peer(&endpoint)) => accepted,
-            () = side => unreachable!("the side work never ends"),
+            accepted = tokio::time::timeout(deadline, accept_peer(&endpoint)) => {
+                accepted.map_err(|_| format!(
+                    "the receiver never connected in {deadline:?} (the relay paired us)"
+                ))
+            }
+            note = side => {
+                // No path from here: a receiver that found one is dialling by now.
+                tokio::time::timeout(FAILED_GRACE, accept_peer(&endpoint))
+                    .await
+                    .map_err(|_| note)
+            }
         };
         match accepted {
             Ok(Some(connection)) => {
@@ -717,9 +730,7 @@ impl PeerSocket {
                 Ok((connection, route))
             }
             Ok(None) => Err(SessionError::NoPath("the local endpoint closed".into())),
-            Err(_) => Err(SessionError::NoPath(format!(
-                "the receiver never connected in {deadline:?}: {note}"
-            ))),
+            Err(note) => Err(SessionError::NoPath(note)),
         }
     }
 

@@ -41,8 +41,8 @@ pub use events::{Event, Events};
 pub use identity::{ALPN, Identity, SERVER_NAME, client_config, server_config};
 pub use receive::{Offer, ReceiveOptions, receive};
 pub use send::send;
-pub use text::send_text;
 pub use sources::{Skipped, SourceError, Sources};
+pub use text::send_text;
 
 /// Runs blocking disk work from async code: on a multi-threaded runtime the worker hands
 /// its other tasks to the rest of the pool first (`block_in_place`), so a slow disk does

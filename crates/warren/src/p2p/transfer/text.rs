@@ -7,10 +7,10 @@ use tokio::time::Instant;
 use warren_proto::files::ControlMessage;
 use warren_proto::files::control::{MAX_TEXT_LEN, PROTOCOL_VERSION};
 
+use super::Summary;
 use super::error::TransferError;
 use super::events::Events;
 use super::send::{CLOSE_TIMEOUT, HELLO_TIMEOUT, negotiate, unexpected};
-use super::Summary;
 use super::stream::{self, timed};
 
 /// Sends `text` over `connection` to one receiver.
@@ -53,7 +53,12 @@ async fn run(
         max: PROTOCOL_VERSION,
     };
     stream::write_message(ctl, &hello, "saying hello").await?;
-    stream::write_message(ctl, &ControlMessage::Text(text.to_owned()), "sending the text").await?;
+    stream::write_message(
+        ctl,
+        &ControlMessage::Text(text.to_owned()),
+        "sending the text",
+    )
+    .await?;
     match stream::read_message(&mut recv, HELLO_TIMEOUT, "waiting for the receiver's hello").await?
     {
         Some(ControlMessage::Hello { min, max }) => negotiate(min, max)?,
