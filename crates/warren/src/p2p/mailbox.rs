@@ -29,6 +29,26 @@ pub struct MailboxServer {
     pub deadline: Duration,
 }
 
+impl MailboxServer {
+    /// A probe session with the server (handshake with its PSK, no services claimed):
+    /// what the mailbox and a relay leg over TCP each run on.
+    ///
+    /// # Errors
+    /// [`EstablishError`] naming the step that failed.
+    pub async fn probe_session(&self) -> Result<establish::EstablishedSession, EstablishError> {
+        let ciphers =
+            warren_proto::CipherSuite::default_preference(crate::config::has_aes_hardware());
+        establish::probe_session(
+            &self.server,
+            &self.psk,
+            (&ciphers, warren_proto::CipherChoice::default()),
+            self.quic.as_ref(),
+            self.deadline,
+        )
+        .await
+    }
+}
+
 /// Why the mailbox could not be used.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -83,16 +103,7 @@ impl Mailbox {
     /// # Errors
     /// [`MailboxError::Connect`], naming the step that failed.
     pub async fn connect(target: &MailboxServer) -> Result<Mailbox, MailboxError> {
-        let ciphers =
-            warren_proto::CipherSuite::default_preference(crate::config::has_aes_hardware());
-        let session = establish::probe_session(
-            &target.server,
-            &target.psk,
-            (&ciphers, warren_proto::CipherChoice::default()),
-            target.quic.as_ref(),
-            target.deadline,
-        )
-        .await?;
+        let session = target.probe_session().await?;
         Ok(Mailbox {
             channel: session.channel,
             held: std::collections::VecDeque::new(),

@@ -561,17 +561,11 @@ impl PeerSocket {
     /// A socket whose datagrams ride a new session with the server to its relay at `relay`
     /// (UDP is blocked here): the relay join and QUIC run on it as on UDP.
     async fn over_tcp(options: &Options, relay: SocketAddr) -> Result<PeerSocket, SessionError> {
-        let ciphers =
-            warren_proto::CipherSuite::default_preference(crate::config::has_aes_hardware());
-        let session = crate::client::establish::probe_session(
-            &options.server.server,
-            &options.server.psk,
-            (&ciphers, warren_proto::CipherChoice::default()),
-            options.server.quic.as_ref(),
-            options.server.deadline,
-        )
-        .await
-        .map_err(MailboxError::from)?;
+        let session = options
+            .server
+            .probe_session()
+            .await
+            .map_err(MailboxError::from)?;
         let local = SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 0);
         let pipe = PipeSocket::new(session.channel, relay, local);
         let (socket, channel) = DemuxSocket::over(pipe);

@@ -34,12 +34,11 @@ use tokio::time::Instant;
 
 use quinn::SendStream;
 use warren_proto::files::chunk::{CHUNK_SIZE, chunk_count};
-use warren_proto::files::control::PROTOCOL_VERSION;
 use warren_proto::files::{ControlError, ControlMessage, Entry, EntryKind, Manifest, Need};
 
 use super::error::TransferError;
 use super::events::{Event, Events};
-use super::send::{CLOSE_TIMEOUT, HELLO_TIMEOUT, negotiate, unexpected};
+use super::send::{CLOSE_TIMEOUT, HELLO_TIMEOUT, expect_hello, say_hello, unexpected};
 use super::stream::{self, timed};
 use super::{Summary, on_disk};
 use crate::p2p::chunks::FrameCheck;
@@ -142,15 +141,8 @@ where
     })
     .await?;
     let ctl = control.insert(send);
-    let hello = ControlMessage::Hello {
-        min: PROTOCOL_VERSION,
-        max: PROTOCOL_VERSION,
-    };
-    stream::write_message(ctl, &hello, "saying hello").await?;
-    match stream::read_message(&mut recv, HELLO_TIMEOUT, "waiting for the sender's hello").await? {
-        Some(ControlMessage::Hello { min, max }) => negotiate(min, max)?,
-        other => return Err(unexpected(other, "a hello")),
-    }
+    say_hello(ctl).await?;
+    expect_hello(&mut recv, "waiting for the sender's hello").await?;
     let manifest =
         match stream::read_message(&mut recv, OFFER_TIMEOUT, "receiving the file list").await {
             Ok(Some(ControlMessage::Manifest(manifest))) => manifest,
@@ -254,7 +246,11 @@ where
 /// A partial file being written.
 struct Writing {
     part: PartFile,
-    sidecar: Sidecar,
+    /// `None` for a fresh file of one chunk: it arrives whole or not at all, so there is
+    /// nothing to resume, and skipping the sidecar saves a file create, two truncates and
+    /// two writes per small file (a crash leaves a partial file with no sidecar, which
+    /// the next run starts over, as for any missing sidecar).
+    sidecar: Option<Sidecar>,
 }
 
 /// The receiver's state once it accepted.
@@ -407,10 +403,11 @@ impl<'a> Receiver<'a> {
                 .file()
                 .write_all_at(payload, index * CHUNK_SIZE)
                 .map_err(io("write"))?;
-            writing
-                .sidecar
-                .record(index, &hash)
-                .map_err(io("record the progress of"))?;
+            if let Some(sidecar) = &mut writing.sidecar {
+                sidecar
+                    .record(index, &hash)
+                    .map_err(io("record the progress of"))?;
+            }
             Ok::<_, TransferError>(())
         })?;
         self.received_bytes += payload.len() as u64;
@@ -459,7 +456,11 @@ impl<'a> Receiver<'a> {
             }
             let part = out.open_part(&entry.name, entry.mode)?;
             let sidecar = if self.fresh.remove(&file_id) {
-                resume::start(&part, entry)?
+                if chunk_count(entry.size) > 1 {
+                    Some(resume::start(&part, entry)?)
+                } else {
+                    None
+                }
             } else {
                 let resume = resume::prepare(&part, entry, ResumeCheck::Tail)?;
                 // Every chunk already written (not pending) must still be on disk: someone
@@ -473,7 +474,7 @@ impl<'a> Receiver<'a> {
                         name: entry.name.escaped(),
                     });
                 }
-                resume.sidecar
+                Some(resume.sidecar)
             };
             self.open.insert(file_id, Writing { part, sidecar });
         }

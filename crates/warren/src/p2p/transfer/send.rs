@@ -92,31 +92,14 @@ async fn run(
 ) -> Result<Summary, TransferError> {
     let started = Instant::now();
     let manifest = sources.manifest();
-    let (send, mut recv) = timed(HELLO_TIMEOUT, "opening the control stream", async {
-        connection.open_bi().await.map_err(|e| TransferError::Lost {
-            during: "opening the control stream",
-            reason: e.to_string(),
-        })
-    })
-    .await?;
-    let ctl = control.insert(send);
-    let hello = ControlMessage::Hello {
-        min: PROTOCOL_VERSION,
-        max: PROTOCOL_VERSION,
-    };
-    stream::write_message(ctl, &hello, "saying hello").await?;
+    let (ctl, mut recv) = open_control(connection, control).await?;
     stream::write_message(
         ctl,
         &ControlMessage::Manifest(manifest.clone()),
         "offering the files",
     )
     .await?;
-
-    match stream::read_message(&mut recv, HELLO_TIMEOUT, "waiting for the receiver's hello").await?
-    {
-        Some(ControlMessage::Hello { min, max }) => negotiate(min, max)?,
-        other => return Err(unexpected(other, "a hello")),
-    }
+    expect_hello(&mut recv, "waiting for the receiver's hello").await?;
     let needs = match stream::read_message(
         &mut recv,
         ACCEPT_TIMEOUT,
@@ -197,6 +180,44 @@ async fn run(
         elapsed: started.elapsed(),
         text: None,
     })
+}
+
+/// The sender's start: opens the control stream (kept in `control`, so a failure can
+/// still tell the peer) and says hello.
+pub(crate) async fn open_control<'a>(
+    connection: &quinn::Connection,
+    control: &'a mut Option<SendStream>,
+) -> Result<(&'a mut SendStream, RecvStream), TransferError> {
+    let (send, recv) = timed(HELLO_TIMEOUT, "opening the control stream", async {
+        connection.open_bi().await.map_err(|e| TransferError::Lost {
+            during: "opening the control stream",
+            reason: e.to_string(),
+        })
+    })
+    .await?;
+    let ctl = control.insert(send);
+    say_hello(ctl).await?;
+    Ok((ctl, recv))
+}
+
+/// Sends our hello: the versions we speak.
+pub(crate) async fn say_hello(ctl: &mut SendStream) -> Result<(), TransferError> {
+    let hello = ControlMessage::Hello {
+        min: PROTOCOL_VERSION,
+        max: PROTOCOL_VERSION,
+    };
+    stream::write_message(ctl, &hello, "saying hello").await
+}
+
+/// Reads the peer's hello and checks its versions against ours.
+pub(crate) async fn expect_hello(
+    recv: &mut RecvStream,
+    during: &'static str,
+) -> Result<(), TransferError> {
+    match stream::read_message(recv, HELLO_TIMEOUT, during).await? {
+        Some(ControlMessage::Hello { min, max }) => negotiate(min, max),
+        other => Err(unexpected(other, "a hello")),
+    }
 }
 
 /// Checks the peer's version range against ours.

@@ -5,13 +5,13 @@
 use quinn::{RecvStream, SendStream};
 use tokio::time::Instant;
 use warren_proto::files::ControlMessage;
-use warren_proto::files::control::{MAX_TEXT_LEN, PROTOCOL_VERSION};
+use warren_proto::files::control::MAX_TEXT_LEN;
 
 use super::Summary;
 use super::error::TransferError;
 use super::events::Events;
-use super::send::{CLOSE_TIMEOUT, HELLO_TIMEOUT, negotiate, unexpected};
-use super::stream::{self, timed};
+use super::send::{CLOSE_TIMEOUT, HELLO_TIMEOUT, expect_hello, open_control, unexpected};
+use super::stream;
 
 /// Sends `text` over `connection` to one receiver.
 ///
@@ -40,30 +40,14 @@ async fn run(
         });
     }
     let started = Instant::now();
-    let (send, mut recv) = timed(HELLO_TIMEOUT, "opening the control stream", async {
-        connection.open_bi().await.map_err(|e| TransferError::Lost {
-            during: "opening the control stream",
-            reason: e.to_string(),
-        })
-    })
-    .await?;
-    let ctl = control.insert(send);
-    let hello = ControlMessage::Hello {
-        min: PROTOCOL_VERSION,
-        max: PROTOCOL_VERSION,
-    };
-    stream::write_message(ctl, &hello, "saying hello").await?;
+    let (ctl, mut recv) = open_control(connection, control).await?;
     stream::write_message(
         ctl,
         &ControlMessage::Text(text.to_owned()),
         "sending the text",
     )
     .await?;
-    match stream::read_message(&mut recv, HELLO_TIMEOUT, "waiting for the receiver's hello").await?
-    {
-        Some(ControlMessage::Hello { min, max }) => negotiate(min, max)?,
-        other => return Err(unexpected(other, "a hello")),
-    }
+    expect_hello(&mut recv, "waiting for the receiver's hello").await?;
     match stream::read_message(&mut recv, HELLO_TIMEOUT, "waiting for the receiver").await? {
         Some(ControlMessage::Done) => {}
         other => return Err(unexpected(other, "done")),
