@@ -371,7 +371,7 @@ def run_one(tool: str, ds: str, src: Path, send_path: Path, dst: Path, ctx: dict
         env = ctx["server"].env() | {"WARREN_LOG": "warn"}
         snd = Proc([ctx["warren"], "send", str(send_path), "--json"] + relay, wd, "send", env=env)
         try:
-            t_code, m = snd.wait_line(r'"event":"code".*"code":"([^"]+)"', 15)
+            t_code, m = snd.wait_line(r'"code":"([^"]+)"', 15)  # the code event
             res["code_s"] = t_code - snd.t0
             watcher = first_byte_watch(dst, stop, fb)
             rcv = Proc([ctx["warren"], "receive", "--out", str(dst), "--yes", "--json"] + relay, wd,
@@ -429,8 +429,8 @@ def run_one(tool: str, ds: str, src: Path, send_path: Path, dst: Path, ctx: dict
         code = f"{secrets.randbelow(9000) + 1000}-{secrets.token_hex(4)}-{secrets.token_hex(4)}-bench"
         common = ["--yes", "--no-compress", "--disable-clipboard", "--overwrite"]
         home = {"HOME": str(wd / "croc-home")}
-        snd = Proc([croc] + common + ["--relay", relay.addr, "send", "--no-local", "--code", code,
-                                      str(send_path)], wd, "send", env=home)
+        snd = Proc([croc] + common + ["--relay", relay.addr, "send", "--no-local", str(send_path)],
+                   wd, "send", env=home | {"CROC_SECRET": code})
         try:
             # croc hashes every file before it shows the code (stderr) and reaches the relay.
             deadline = time.monotonic() + TIMEOUT
@@ -537,7 +537,8 @@ def cmd_run(args) -> int:
         datasets = {"smoke": SMOKE_DATASET}
     else:
         names = args.datasets.split(",") if args.datasets else list(DATASETS)
-        datasets = {n: DATASETS[n] for n in names}
+        known = DATASETS | {"smoke": SMOKE_DATASET}
+        datasets = {n: known[n] for n in names}
     skip10k = set(args.skip_10k.split(",")) if args.skip_10k else set()
     home = bench_home(args)
     warren = args.warren or str(REPO / "target/release/warren")
@@ -624,7 +625,7 @@ def cmd_run(args) -> int:
     doc["minutes"] = round((time.time() - started) / 60, 1)
     text = render(doc)
     print(text)
-    if not args.smoke:
+    if not args.smoke and not args.no_json:
         out = HERE / "results" / f"files-{time.strftime('%Y-%m-%d-%H%M', time.gmtime(started))}.json"
         out.write_text(json.dumps(doc, indent=1) + "\n")
         log(f"wrote {out.relative_to(REPO)}")
@@ -845,6 +846,7 @@ def main() -> int:
     r.add_argument("--warren", help="the warren binary (default target/release/warren)")
     r.add_argument("--bench-home", help="where the peers are installed")
     r.add_argument("--write-results", action="store_true")
+    r.add_argument("--no-json", action="store_true", help="write no bench/results/files-DATE.json")
     p = sub.add_parser("render")
     p.add_argument("json")
     p.add_argument("--write-results", action="store_true")
