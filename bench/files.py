@@ -483,7 +483,9 @@ def run_one(tool: str, ds: str, src: Path, send_path: Path, dst: Path, ctx: dict
         res["rss_recv_mib"] = rcv.rss_mib()
     else:
         raise Failed(f"unknown tool {tool}")
-    if "t" in fb:
+    # sendme downloads into its store (.sendme-recv-*, a database made at start) and
+    # exports the files only at the end: no comparable first byte.
+    if "t" in fb and tool != "sendme":
         res["first_byte_s"] = fb["t"] - rcv.t0
     return res
 
