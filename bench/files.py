@@ -505,17 +505,17 @@ def bench_home(args) -> Path:
 
 
 def versions(ctx: dict, tools: list[str]) -> dict:
-    v = {"warren": (B.sh([ctx["warren"], "--version"]).splitlines() or [""])[0],
+    v = {"warren": (B.sh([ctx["warren"], "--version"]).splitlines() or [""])[0].removeprefix("warren "),
          "warren commit": B.sh(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"]),
          "python": sys.version.split()[0]}
     if any(t.startswith(("scp", "rsync")) for t in tools):
         v["openssh"] = subprocess.run(["ssh", "-V"], capture_output=True, text=True).stderr.strip()
     if "rsync" in tools:
-        v["rsync"] = (B.sh(["rsync", "--version"]).splitlines() or [""])[0]
+        v["rsync"] = " ".join((B.sh(["rsync", "--version"]).splitlines() or [""])[0].split()[1:4])
     if "croc" in tools:
-        v["croc"] = B.sh([ctx["croc"], "--version"])
+        v["croc"] = B.sh([ctx["croc"], "--version"]).removeprefix("croc version ")
     if "sendme" in tools:
-        v["sendme"] = B.sh([ctx["sendme"], "--version"])
+        v["sendme"] = B.sh([ctx["sendme"], "--version"]).removeprefix("sendme ")
     return v
 
 
@@ -718,6 +718,13 @@ def targets(doc: dict) -> list[tuple[str, str, bool | None]]:
     return out
 
 
+def tidy_version(name: str, val: str) -> str:
+    val = re.sub(r"\s+", " ", str(val))
+    for prefix in (f"{name} version ", f"{name} "):
+        val = val.removeprefix(prefix)
+    return val.removeprefix("version ")
+
+
 def render(doc: dict, heading: str = "##") -> str:
     m = doc["machine"]
     v = doc.get("versions", {})
@@ -730,7 +737,7 @@ def render(doc: dict, heading: str = "##") -> str:
         f"- Runs: {doc['runs']} (medians shown); 1-minute load average before each run: "
         + ", ".join(map(str, doc["loadavg"]))
         + (" — **noisy** (above 0.5): other work shared the two cores" if any(l > 0.5 for l in doc["loadavg"]) else ""),
-        "- Versions: " + "; ".join(f"{k} {val}" for k, val in v.items() if val),
+        "- Versions: " + "; ".join(f"{k} {tidy_version(k, val)}" for k, val in v.items() if val),
         f"- Files: source and destination on {doc['filesystem']}. Sources are read once before every "
         "transfer (in the page cache); nothing is dropped from the cache; the destination is written "
         "through the page cache. Warren fsyncs each finished file before renaming it (its default, "
@@ -803,7 +810,13 @@ def readme_rows(doc: dict) -> str:
              f"Measured by `bench/run.sh --files` on {doc['date']} ({doc['machine']['cores']}-core "
              f"{doc['machine']['cpu']}, loopback, medians of {doc['runs']}; method, every tool and the "
              "targets: [bench/RESULTS.md](bench/RESULTS.md#file-transfer-issue-17)). Seconds from "
-             "the receiving command's start to its exit:", "",
+             "the receiving command's start to its exit; lower is better. Warren fsyncs every "
+             "received file, the others do not; sources in the page cache, destination on "
+             f"{doc['filesystem'].split(' (')[0]}"
+             + ("; a shared, busy machine (load average "
+                + "–".join(f"{l:.1f}" for l in (min(doc['loadavg']), max(doc['loadavg']))) + "), so expect ±20 %"
+                if any(l > 0.5 for l in doc["loadavg"]) else "")
+             + ("; — = not run" if doc.get("skip_10k") else "") + ":", "",
              "| data set | " + " | ".join(LABELS[t] for t in doc["tools"]) + " |",
              "|---|" + "---|" * len(doc["tools"])]
     for ds, info in doc["datasets"].items():
