@@ -347,6 +347,14 @@ class Netns:
     the machine, whatever its defaults try)."""
 
     def __init__(self):
+        # Namespaces a killed run left behind (their PID is gone) go first.
+        for line in B.sh(["ip", "netns", "list"]).splitlines():
+            m = re.match(r"warren-files-(\d+)\b", line)
+            if m and not B._pid_alive(int(m.group(1))):
+                subprocess.run(["ip", "netns", "del", f"warren-files-{m.group(1)}"], check=False)
+        if os.geteuid() != 0:
+            raise Failed("sendme runs in a network namespace of its own, which needs root "
+                         "(leave it out with --only)")
         self.name = f"warren-files-{os.getpid()}"
         subprocess.run(["ip", "netns", "add", self.name], check=True)
         subprocess.run(["ip", "-n", self.name, "link", "set", "lo", "up"], check=True)
