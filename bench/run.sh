@@ -13,9 +13,48 @@
 #                                     # bench/results/http-DATE.json and RESULTS.md's section
 #   bench/run.sh --http --smoke       # ~15 s: direct + Warren HTTP, writes nothing; exits
 #                                     # non-zero if Warren's HTTP path returns no 200s
+#   bench/run.sh --files [--runs N]   # file transfer (issue 17): Warren send/receive direct and
+#                                     # relayed, scp, rsync, croc, sendme (~15-20 minutes);
+#                                     # writes bench/results/files-DATE.json, RESULTS.md's section
+#   bench/run.sh --files --smoke      # ~10 s: Warren only, direct + relayed, one small tree,
+#                                     # bytes verified by hash; non-zero exit on failure
 #   bench/run.sh --help               # every option of bench/bench.py run
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+# The file-transfer benchmark (bench/files.py, issue 17) has its own options too.
+for arg in "$@"; do
+    if [[ "$arg" == --files ]]; then
+        args=(); smoke=0; write=1; only=""
+        while (($#)); do
+            case "$1" in
+                --files) ;;
+                --smoke) smoke=1; args+=("$1") ;;
+                --only) write=0; only="$2"; args+=("$1" "$2"); shift ;;
+                --only=*) write=0; only="${1#--only=}"; args+=("$1") ;;
+                --no-write) write=0 ;;
+                -h|--help) exec python3 bench/files.py run --help ;;
+                *) args+=("$1") ;;
+            esac
+            shift
+        done
+        if [[ -n "${WARREN_BIN:-}" ]]; then
+            args+=(--warren "$WARREN_BIN")
+        else
+            cargo build --release --quiet -p warren
+        fi
+        [[ -x /usr/bin/time ]] || bench/install-peers.sh files-debian
+        if ((!smoke)); then
+            if [[ -z "$only" || "$only" == *scp* || "$only" == *rsync* ]]; then
+                bench/install-peers.sh files-debian
+            fi
+            if [[ -z "$only" || "$only" == *croc* ]]; then bench/install-peers.sh croc; fi
+            if [[ -z "$only" || "$only" == *sendme* ]]; then bench/install-peers.sh sendme; fi
+        fi
+        ((smoke || !write)) || args+=(--write-results)
+        exec python3 bench/files.py run "${args[@]}"
+    fi
+done
 
 # The HTTP benchmark (bench/http_bench.py) has its own options; it installs nginx, wrk and
 # h2load itself (Debian packages, only if missing).
@@ -51,7 +90,7 @@ while (($#)); do
         --only) only="$2"; passthrough+=("$1" "$2"); shift ;;
         --only=*) only="${1#--only=}"; passthrough+=("$1") ;;
         --no-write) write=0 ;;
-        -h|--help) sed -n '2,11p' "$0"; echo; exec python3 bench/bench.py run --help ;;
+        -h|--help) sed -n '2,16p' "$0"; echo; exec python3 bench/bench.py run --help ;;
         *) passthrough+=("$1") ;;
     esac
     shift
