@@ -113,9 +113,10 @@ WARREN_E2E_REQUIRE_TOOLS=1 cargo test --release --locked -p warren --test e2e --
 banner "5a/9 dashboard in a real browser (Chromium + Playwright against the release binary; screenshots in target/dashboard-screenshots/)"
 "$browser_venv/bin/python" tests/browser/dashboard.py
 
-banner "5b/9 benchmark smoke (bench/run.sh --smoke: the harness still measures a working tunnel)"
+banner "5b/9 benchmark smoke (bench/run.sh --smoke, --http --smoke, --files --smoke: the harnesses still measure working transfers)"
 bash bench/run.sh --smoke
 bash bench/run.sh --http --smoke
+bash bench/run.sh --files --smoke
 
 banner "6/9 hostile peers and resource exhaustion (release; prints the measurements)"
 cargo test --release --locked -p warren --test hostile -- --nocapture --test-threads=1
