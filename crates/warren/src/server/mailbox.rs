@@ -495,7 +495,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn unknown_and_busy_nameplates_are_refused_and_failures_burn_one() {
+    async fn unknown_nameplates_are_refused_busy_ones_say_so_and_failures_burn_one() {
         let mailbox = Mailbox::default();
         let mut sender = side(1);
         let nameplate = allocate(&mailbox, &mut sender);
@@ -522,9 +522,9 @@ mod tests {
             &stranger.caller(),
             MailboxOp::Claim { nameplate },
         );
-        assert!(
-            matches!(&stranger.events()[..], [MailboxEvent::Refused { reason }] if reason.contains("in use"))
-        );
+        // A busy nameplate says so (the receiver claims again shortly), without spending
+        // the rate limit.
+        assert_eq!(stranger.events(), [MailboxEvent::Busy]);
         sender.events();
         // Three receivers fail the exchange in turn: the third burns the nameplate.
         mailbox.handle(
