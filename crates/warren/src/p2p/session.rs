@@ -539,10 +539,18 @@ impl PeerSocket {
             .bind
             .unwrap_or_else(|| SocketAddr::new(default_bind_ip(server.ip()), 0));
         let quic = options.quic.clone().unwrap_or_else(|| {
-            if bind.ip().is_loopback() {
+            let preset = if bind.ip().is_loopback() {
                 QuicSettings::loopback()
             } else {
                 QuicSettings::internet()
+            };
+            // One data stream per transfer: an 8 MiB window covers 1 Gbit/s at 60 ms of
+            // round trip and bounds what waits in memory while the receiver's disk syncs
+            // (16 MiB measured a ~100 MiB receiver).
+            QuicSettings {
+                stream_receive_window: 8 * 1024 * 1024,
+                connection_receive_window: 16 * 1024 * 1024,
+                ..preset
             }
         });
         let (std_socket, _) = crate::transport::quic::endpoint::bind_socket(bind, &quic)?;
