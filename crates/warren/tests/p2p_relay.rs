@@ -12,7 +12,6 @@ use std::time::Duration;
 use support::*;
 use tokio::net::UdpSocket;
 use tokio::time::timeout;
-use tokio_util::sync::CancellationToken;
 use warren::config::HostPort;
 use warren::crypto::secret::Secret;
 use warren::metrics::Telemetry;
@@ -34,25 +33,8 @@ struct P2pServer {
     _stop: StopOnDrop,
 }
 
-struct StopOnDrop(CancellationToken);
-
-impl Drop for StopOnDrop {
-    fn drop(&mut self) {
-        self.0.cancel();
-    }
-}
-
 async fn server(extra: &str) -> P2pServer {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let text = format!(
-        "[server]\nbind = \"127.0.0.1:{port}\"\npsk = \"{PSK}\"\n[server.p2p]\nrate_per_minute = 100\n{extra}"
-    );
-    let mut config = ServerConfig::from_toml_str(&text, "server.toml").expect("valid config");
-    config.p2p.as_mut().unwrap().udp_bind = "127.0.0.1:0".parse().unwrap();
+    let config = p2p_server_config(extra);
     let bound = Server::from_config(config.clone())
         .unwrap()
         .bind()
@@ -66,14 +48,7 @@ async fn server(extra: &str) -> P2pServer {
     tokio::spawn(bound.run());
 
     // The mailbox tells its clients the port; they use it on the control host.
-    let mut mailbox = Mailbox::connect(&MailboxServer {
-        server: HostPort::from(control),
-        psk: Secret::new(PSK),
-        quic: None,
-        deadline: Duration::from_secs(5),
-    })
-    .await
-    .unwrap();
+    let mut mailbox = Mailbox::connect(&mailbox_target(control)).await.unwrap();
     let (_, udp_port) = mailbox.allocate().await.unwrap();
     let udp = mailbox.udp_addr(udp_port.expect("the mailbox tells the UDP port"));
     assert_eq!(udp, SocketAddr::new(control.ip(), bound_udp.port()));

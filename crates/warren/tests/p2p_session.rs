@@ -9,44 +9,19 @@ use std::time::Duration;
 
 use rand::RngCore;
 use support::*;
-use tokio_util::sync::CancellationToken;
-use warren::config::HostPort;
-use warren::crypto::secret::Secret;
 use warren::p2p::code::Code;
 use warren::p2p::mailbox::MailboxServer;
 use warren::p2p::session::{self, Offering, Options, Route};
 use warren::p2p::transfer::{self, Events, Offer, ReceiveOptions, Sources};
-use warren::{Server, ServerConfig};
-
-struct StopOnDrop(CancellationToken);
-
-impl Drop for StopOnDrop {
-    fn drop(&mut self) {
-        self.0.cancel();
-    }
-}
+use warren::Server;
 
 async fn server() -> (MailboxServer, StopOnDrop) {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let text = format!(
-        "[server]\nbind = \"127.0.0.1:{port}\"\npsk = \"{PSK}\"\n[server.p2p]\nrate_per_minute = 100\n"
-    );
-    let mut config = ServerConfig::from_toml_str(&text, "server.toml").expect("valid config");
-    config.p2p.as_mut().unwrap().udp_bind = "127.0.0.1:0".parse().unwrap();
+    let config = p2p_server_config("");
     let bound = Server::from_config(config).unwrap().bind().await.unwrap();
-    let stop = bound.shutdown_token();
-    let target = MailboxServer {
-        server: HostPort::from(bound.local_addr()),
-        psk: Secret::new(PSK),
-        quic: None,
-        deadline: Duration::from_secs(5),
-    };
+    let stop = StopOnDrop(bound.shutdown_token());
+    let target = mailbox_target(bound.local_addr());
     tokio::spawn(bound.run());
-    (target, StopOnDrop(stop))
+    (target, stop)
 }
 
 fn yes(_: Offer) -> std::future::Ready<bool> {

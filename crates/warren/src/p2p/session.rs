@@ -309,16 +309,9 @@ impl Offering {
         let until = Instant::now() + STEP_TIMEOUT;
         loop {
             let left = until.saturating_duration_since(Instant::now());
-            match self.mailbox.next(left).await {
-                Ok(MailboxEvent::PeerLeft) => break,
-                Ok(_) => {}
-                Err(MailboxError::Timeout(_)) => {
-                    return Err(SessionError::Timeout {
-                        during: "waiting for the last receiver to leave the code",
-                        secs: STEP_TIMEOUT.as_secs(),
-                    });
-                }
-                Err(error) => return Err(error.into()),
+            let during = "waiting for the last receiver to leave the code";
+            if let MailboxEvent::PeerLeft = step_event(&mut self.mailbox, left, during).await? {
+                break;
             }
         }
         self.receiver_present = false;
@@ -452,6 +445,22 @@ impl PathOffer {
     }
 }
 
+/// The next mailbox event of a step that may take [`STEP_TIMEOUT`]; running out of time
+/// is the step's [`SessionError::Timeout`], naming `during`.
+async fn step_event(
+    mailbox: &mut Mailbox,
+    wait: Duration,
+    during: &'static str,
+) -> Result<MailboxEvent, SessionError> {
+    match mailbox.next(wait).await {
+        Err(MailboxError::Timeout(_)) => Err(SessionError::Timeout {
+            during,
+            secs: STEP_TIMEOUT.as_secs(),
+        }),
+        other => Ok(other?),
+    }
+}
+
 /// Sends everything the PAKE has to send.
 async fn flush(mailbox: &mut Mailbox, pake: &mut Pake) -> Result<(), SessionError> {
     while let Some(message) = pake.poll_transmit() {
@@ -474,22 +483,15 @@ async fn exchange(
         }
         let body = match early.take() {
             Some(body) => body,
-            None => match mailbox.next(STEP_TIMEOUT).await {
-                Ok(MailboxEvent::Message { body }) => body,
-                Ok(MailboxEvent::PeerLeft) => {
+            None => match step_event(mailbox, STEP_TIMEOUT, "agreeing on a key").await? {
+                MailboxEvent::Message { body } => body,
+                MailboxEvent::PeerLeft => {
                     return Err(SessionError::PeerLeft(match role {
                         Role::Sender => "the receiver left during the key exchange",
                         Role::Receiver => "the sender left during the key exchange",
                     }));
                 }
-                Ok(_) => continue,
-                Err(MailboxError::Timeout(_)) => {
-                    return Err(SessionError::Timeout {
-                        during: "agreeing on a key",
-                        secs: STEP_TIMEOUT.as_secs(),
-                    });
-                }
-                Err(error) => return Err(error.into()),
+                _ => continue,
             },
         };
         if let Err(error) = pake.handle_message(&body) {
@@ -505,21 +507,14 @@ async fn exchange(
 async fn swap_offers(mailbox: &mut Mailbox, ours: &PathOffer) -> Result<PathOffer, SessionError> {
     mailbox.send(ours.encode()).await?;
     loop {
-        match mailbox.next(STEP_TIMEOUT).await {
-            Ok(MailboxEvent::Message { body }) => return PathOffer::decode(&body),
-            Ok(MailboxEvent::PeerLeft) => {
+        match step_event(mailbox, STEP_TIMEOUT, "exchanging addresses").await? {
+            MailboxEvent::Message { body } => return PathOffer::decode(&body),
+            MailboxEvent::PeerLeft => {
                 return Err(SessionError::PeerLeft(
                     "it left before telling where it can be reached",
                 ));
             }
-            Ok(_) => {}
-            Err(MailboxError::Timeout(_)) => {
-                return Err(SessionError::Timeout {
-                    during: "exchanging addresses",
-                    secs: STEP_TIMEOUT.as_secs(),
-                });
-            }
-            Err(error) => return Err(error.into()),
+            _ => {}
         }
     }
 }

@@ -291,3 +291,39 @@ pub async fn http_exchange(
     let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
     (status, head.to_owned(), body.to_owned())
 }
+
+/// A server config with `[server.p2p]` (rate limit 100 a minute, then `extra` keys of
+/// the section) on a free loopback port, its P2P UDP port on 127.0.0.1 port 0.
+pub fn p2p_server_config(extra: &str) -> warren::ServerConfig {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let text = format!(
+        "[server]\nbind = \"127.0.0.1:{port}\"\npsk = \"{PSK}\"\n[server.p2p]\nrate_per_minute = 100\n{extra}"
+    );
+    let mut config =
+        warren::ServerConfig::from_toml_str(&text, "server.toml").expect("valid config");
+    config.p2p.as_mut().unwrap().udp_bind = "127.0.0.1:0".parse().unwrap();
+    config
+}
+
+/// The mailbox of the server at `control`, with [`PSK`] and a 5 s deadline.
+pub fn mailbox_target(control: SocketAddr) -> warren::p2p::mailbox::MailboxServer {
+    warren::p2p::mailbox::MailboxServer {
+        server: HostPort::from(control),
+        psk: warren::crypto::secret::Secret::new(PSK),
+        quic: None,
+        deadline: Duration::from_secs(5),
+    }
+}
+
+/// Stops a server (cancels its token) when dropped, so a failing test leaves nothing.
+pub struct StopOnDrop(pub CancellationToken);
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        self.0.cancel();
+    }
+}
