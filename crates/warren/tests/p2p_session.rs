@@ -9,11 +9,11 @@ use std::time::Duration;
 
 use rand::RngCore;
 use support::*;
+use warren::Server;
 use warren::p2p::code::Code;
 use warren::p2p::mailbox::MailboxServer;
 use warren::p2p::session::{self, Offering, Options, Route};
 use warren::p2p::transfer::{self, Events, Offer, ReceiveOptions, Sources};
-use warren::Server;
 
 async fn server() -> (MailboxServer, StopOnDrop) {
     let config = p2p_server_config("");
