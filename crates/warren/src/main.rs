@@ -242,6 +242,15 @@ enum Command {
         #[command(flatten)]
         args: cli::files::ReceiveArgs,
     },
+    /// Peer-to-peer tunnels: reach a TCP or UDP service behind another NAT with a code,
+    /// directly when the NATs allow (else through the server's relay).
+    #[command(
+        after_help = "Examples:\n  WARREN_PSK=... warren p2p listen --tcp 127.0.0.1:22 --server tunnel.example.com:7000\n  WARREN_PSK=... warren p2p connect --bind 127.0.0.1:2222 --server tunnel.example.com:7000   # then type the code"
+    )]
+    P2p {
+        #[command(subcommand)]
+        command: cli::p2p::P2pCommand,
+    },
     /// Print a shell completion script.
     #[command(
         after_help = "Examples:\n  warren completions bash > /etc/bash_completion.d/warren\n  warren completions zsh > \"${fpath[1]}/_warren\"\n  warren completions fish > ~/.config/fish/completions/warren.fish"
@@ -593,11 +602,16 @@ async fn run(command: Command) -> Outcome {
         },
         Command::Send { args } => files_outcome(cli::files::send(args).await),
         Command::Receive { args } => files_outcome(cli::files::receive(args).await),
+        Command::P2p { command } => {
+            let stop = CancellationToken::new();
+            tokio::spawn(stop_on_signal(stop.clone()));
+            files_outcome(cli::p2p::run(command, stop).await)
+        }
         Command::Completions { .. } => Outcome::Clean,
     }
 }
 
-/// Exit code and message of `warren send` / `warren receive`.
+/// Exit code and message of `warren send` / `warren receive` / `warren p2p`.
 fn files_outcome(result: Result<(), cli::files::Failure>) -> Outcome {
     match result {
         Ok(()) => Outcome::Clean,

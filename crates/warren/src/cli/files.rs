@@ -203,7 +203,7 @@ pub async fn send(args: SendArgs) -> Result<(), Failure> {
                 out.notice(&format!("a receiver failed the key exchange: {error}"));
                 continue;
             }
-            Err(error @ SessionError::PeerLeft(_)) => {
+            Err(error @ (SessionError::PeerLeft(_) | SessionError::WrongPurpose { .. })) => {
                 out.notice(&format!("a receiver could not be served: {error}"));
                 last_error = Some(error.to_string());
                 continue;
@@ -272,12 +272,7 @@ pub async fn send(args: SendArgs) -> Result<(), Failure> {
 ///
 /// [`Failure`] with the reason.
 pub async fn receive(args: ReceiveArgs) -> Result<(), Failure> {
-    let typed = match (&args.code, std::env::var("WARREN_CODE")) {
-        (Some(code), _) => code.clone(),
-        (None, Ok(code)) if !code.trim().is_empty() => code,
-        (None, _) => prompt_code().await?,
-    };
-    let code = Code::parse(&typed).map_err(|e| Failure::Usage(e.to_string()))?;
+    let code = read_code(args.code.as_deref()).await?;
     let to_stdout = args.out.as_os_str() == "-";
     if to_stdout && args.server.json {
         return Err(Failure::Usage(
@@ -428,7 +423,7 @@ fn copy_single_file_to_stdout(dir: &std::path::Path) -> Result<(), String> {
 }
 
 /// The session options from the command line.
-fn options(args: &ServerArgs) -> Result<Options, Failure> {
+pub(crate) fn options(args: &ServerArgs) -> Result<Options, Failure> {
     let server = crate::cli::server_addr(&args.server).map_err(Failure::Usage)?;
     let psk = crate::cli::psk(args.psk_file.as_deref()).map_err(Failure::Usage)?;
     let mut options = Options::new(MailboxServer {
@@ -507,6 +502,16 @@ async fn ask(question: &str) -> bool {
     .unwrap_or(false)
 }
 
+/// The code from the argument, `WARREN_CODE` or the terminal, parsed.
+pub(crate) async fn read_code(argument: Option<&str>) -> Result<Code, Failure> {
+    let typed = match (argument, std::env::var("WARREN_CODE")) {
+        (Some(code), _) => code.to_owned(),
+        (None, Ok(code)) if !code.trim().is_empty() => code,
+        (None, _) => prompt_code().await?,
+    };
+    Code::parse(&typed).map_err(|e| Failure::Usage(e.to_string()))
+}
+
 /// Reads the code from the terminal.
 async fn prompt_code() -> Result<String, Failure> {
     if !std::io::stdin().is_terminal() {
@@ -530,13 +535,13 @@ async fn prompt_code() -> Result<String, Failure> {
 
 /// Where the commands' output goes: bars and lines on stderr, or JSON on stdout.
 #[derive(Clone)]
-struct Output {
+pub(crate) struct Output {
     json: bool,
     bars: MultiProgress,
 }
 
 impl Output {
-    fn new(json: bool) -> Output {
+    pub(crate) fn new(json: bool) -> Output {
         let target = if json {
             ProgressDrawTarget::hidden()
         } else {
@@ -549,7 +554,7 @@ impl Output {
     }
 
     /// A line for people (stderr, above any bars).
-    fn say(&self, line: &str) {
+    pub(crate) fn say(&self, line: &str) {
         if self.json {
             return;
         }
@@ -561,7 +566,7 @@ impl Output {
     }
 
     /// A line for scripts (stdout, `--json` only).
-    fn event(&self, value: serde_json::Value) {
+    pub(crate) fn event(&self, value: serde_json::Value) {
         if self.json {
             let mut stdout = std::io::stdout().lock();
             let _ = writeln!(stdout, "{value}");
@@ -569,12 +574,12 @@ impl Output {
         }
     }
 
-    fn notice(&self, message: &str) {
+    pub(crate) fn notice(&self, message: &str) {
         self.event(json!({"event": "notice", "message": message}));
         self.say(message);
     }
 
-    fn connected(&self, connected: &Connected) {
+    pub(crate) fn connected(&self, connected: &Connected) {
         let route = match connected.route {
             session::Route::Direct(addr) | session::Route::Relayed(addr) => addr,
         };

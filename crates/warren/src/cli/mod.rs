@@ -6,12 +6,14 @@
 //!   server's forward service by its target.
 //! * `-x URL`, `-r`, `-l`, `-t`, `-p`: override a config file's values.
 //! * [`files`]: `warren send` / `warren receive`.
+//! * [`p2p`]: `warren p2p listen` / `warren p2p connect`.
 //!
 //! Secrets come from `WARREN_PSK` / `WARREN_TOKEN`, from `--psk-file` / `--token-file`, or
 //! (with a warning: the value shows in `ps`) from `--psk` / `--token`. They are never logged.
 
 pub mod cert;
 pub mod files;
+pub mod p2p;
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};

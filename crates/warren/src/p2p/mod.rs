@@ -1,5 +1,6 @@
-//! Peer-to-peer file transfer (`warren send` / `warren receive`): the file system, the
-//! crypto, the server's mailbox, connectivity and the transfer over one QUIC connection.
+//! Peer to peer: file transfer (`warren send` / `warren receive`) and tunnels (`warren p2p
+//! listen` / `warren p2p connect`): the file system, the crypto, the server's mailbox,
+//! connectivity, and what runs over the one QUIC connection between the peers.
 //! The wire formats live in `warren_proto::files` and `warren_proto::stun`.
 //!
 //! * [`code`]: the join code `<nameplate>-<word>-<word>-<word>`: making and parsing it.
@@ -15,6 +16,8 @@
 //!   PAKE, checks or relay.
 //! * [`transfer`]: the file protocol over one QUIC connection: pinned identities, the
 //!   sender and the receiver, progress events.
+//! * [`tunnel`]: a TCP or UDP service over one QUIC connection: the listening side's exit
+//!   and the connecting side's entrance.
 
 pub mod chunks;
 pub mod code;
@@ -27,6 +30,8 @@ pub mod resume;
 pub mod session;
 #[cfg(unix)]
 pub mod transfer;
+#[cfg(unix)]
+pub mod tunnel;
 mod words;
 #[cfg(unix)]
 pub mod write;

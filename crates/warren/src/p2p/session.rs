@@ -64,11 +64,36 @@ const FAILED_GRACE: Duration = Duration::from_secs(5);
 /// After its punch succeeded, how long a peer keeps answering checks so the other finishes.
 const ANSWER_AFTER: Duration = Duration::from_secs(3);
 
+/// What the connection is for. Both sides say it in their [`PathOffer`]; a code used with
+/// the other pair of commands fails with which one it belongs to (instead of a protocol
+/// error later).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Purpose {
+    /// `warren send` / `warren receive` (what peers before tunnels meant).
+    #[default]
+    Files,
+    /// `warren p2p listen` / `warren p2p connect`.
+    Tunnel,
+}
+
+impl Purpose {
+    /// The command pair, for messages.
+    pub fn commands(self) -> &'static str {
+        match self {
+            Purpose::Files => "`warren send` / `warren receive` (a file transfer)",
+            Purpose::Tunnel => "`warren p2p listen` / `warren p2p connect` (a tunnel)",
+        }
+    }
+}
+
 /// How to meet the peer.
 #[derive(Debug, Clone)]
 pub struct Options {
     /// The server: mailbox, reflector and relay.
     pub server: MailboxServer,
+    /// What the connection is for.
+    pub purpose: Purpose,
     /// Skip the checks and go through the relay (`--relay`): for networks that drop
     /// unsolicited UDP, and for measuring the relayed path.
     pub relay_only: bool,
@@ -87,6 +112,7 @@ impl Options {
     pub fn new(server: MailboxServer) -> Options {
         Options {
             server,
+            purpose: Purpose::Files,
             relay_only: false,
             punch: PunchConfig::default(),
             quic: None,
@@ -166,6 +192,14 @@ pub enum SessionError {
     /// Neither a direct path nor the relay worked.
     #[error("could not reach the other side: {0}")]
     NoPath(String),
+    /// The peer used the code with the other pair of commands.
+    #[error("the other side used this code with {}, this side with {}: each code belongs to one pair of commands", .theirs.commands(), .ours.commands())]
+    WrongPurpose {
+        /// Ours.
+        ours: Purpose,
+        /// The peer's.
+        theirs: Purpose,
+    },
 }
 
 /// The sender's place at the mailbox: one code, any number of receivers in turn.
@@ -261,6 +295,7 @@ impl Offering {
         let agreed_in = joined.elapsed();
         let blocked = udp_blocked(self.udp, reflexive);
         let ours = PathOffer {
+            purpose: self.options.purpose,
             candidates: Candidates::gather(socket.local, reflexive),
             relay_only: self.options.relay_only || blocked,
         };
@@ -350,6 +385,7 @@ pub async fn join(code: &Code, options: &Options) -> Result<Connected, SessionEr
     let agreed_in = joined.elapsed();
     let blocked = udp_blocked(udp, reflexive);
     let ours = PathOffer {
+        purpose: options.purpose,
         candidates: Candidates::gather(socket.local, reflexive),
         relay_only: options.relay_only || blocked,
     };
@@ -419,6 +455,9 @@ fn udp_blocked(udp: Option<SocketAddr>, reflexive: Option<SocketAddr>) -> bool {
 /// What a peer tells the other about reaching it, after the key is agreed.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct PathOffer {
+    /// What it wants the connection for (absent from peers that only sent files).
+    #[serde(default)]
+    pub purpose: Purpose,
     /// Its addresses.
     pub candidates: Candidates,
     /// It wants the relay without checks.
@@ -504,11 +543,21 @@ async fn exchange(
 }
 
 /// Sends our path offer and reads the peer's.
+/// A peer that wants the connection for something else is refused here.
 async fn swap_offers(mailbox: &mut Mailbox, ours: &PathOffer) -> Result<PathOffer, SessionError> {
     mailbox.send(ours.encode()).await?;
     loop {
         match step_event(mailbox, STEP_TIMEOUT, "exchanging addresses").await? {
-            MailboxEvent::Message { body } => return PathOffer::decode(&body),
+            MailboxEvent::Message { body } => {
+                let theirs = PathOffer::decode(&body)?;
+                if theirs.purpose != ours.purpose {
+                    return Err(SessionError::WrongPurpose {
+                        ours: ours.purpose,
+                        theirs: theirs.purpose,
+                    });
+                }
+                return Ok(theirs);
+            }
             MailboxEvent::PeerLeft => {
                 return Err(SessionError::PeerLeft(
                     "it left before telling where it can be reached",
@@ -539,13 +588,17 @@ impl PeerSocket {
             } else {
                 QuicSettings::internet()
             };
-            // One data stream per transfer: an 8 MiB window covers 1 Gbit/s at 60 ms of
-            // round trip and bounds what waits in memory while the receiver's disk syncs
-            // (16 MiB measured a ~100 MiB receiver).
-            QuicSettings {
-                stream_receive_window: 8 * 1024 * 1024,
-                connection_receive_window: 16 * 1024 * 1024,
-                ..preset
+            match options.purpose {
+                // One data stream per transfer: an 8 MiB window covers 1 Gbit/s at 60 ms
+                // of round trip and bounds what waits in memory while the receiver's disk
+                // syncs (16 MiB measured a ~100 MiB receiver).
+                Purpose::Files => QuicSettings {
+                    stream_receive_window: 8 * 1024 * 1024,
+                    connection_receive_window: 16 * 1024 * 1024,
+                    ..preset
+                },
+                // Many streams at once, as on a server tunnel.
+                Purpose::Tunnel => preset,
             }
         });
         let (std_socket, _) = crate::transport::quic::endpoint::bind_socket(bind, &quic)?;
@@ -790,12 +843,17 @@ mod tests {
     #[test]
     fn a_path_offer_round_trips_and_other_bodies_are_refused() {
         let offer = PathOffer {
+            purpose: Purpose::Tunnel,
             candidates: Candidates::gather("127.0.0.1:4000".parse().unwrap(), None),
             relay_only: true,
         };
         let back = PathOffer::decode(&offer.encode()).unwrap();
         assert_eq!(back.candidates, offer.candidates);
         assert!(back.relay_only);
+        assert_eq!(back.purpose, Purpose::Tunnel);
+        // An offer from a peer that only knew file transfers.
+        let old = PathOffer::decode(br#"P{"candidates":{"list":[]},"relay_only":false}"#);
+        assert_eq!(old.unwrap().purpose, Purpose::Files);
         assert!(PathOffer::decode(&[1, 1, 0]).is_err());
         assert!(PathOffer::decode(b"P{not json").is_err());
         assert!(PathOffer::decode(&[]).is_err());

@@ -6,7 +6,9 @@
 //! `Message`. The server never sees the code's words: the bodies are SPAKE2 messages and
 //! what they seal, opaque here. What the server does see, it bounds:
 //! - nameplates open at once (`max_nameplates`), each waiting at most `nameplate_ttl` for
-//!   its receiver;
+//!   its next receiver (counted from its allocation, then from the last receiver's
+//!   leaving: a `warren send --max-receivers` or a `warren p2p listen` that keeps being
+//!   used keeps its code);
 //! - allocations and claims per client IP per minute (`rate_per_minute`), so guessing
 //!   nameplates or filling the table is slow;
 //! - messages queued for a receiver not there yet ([`QUEUE_MESSAGES`], [`QUEUE_BYTES`]);
@@ -58,7 +60,9 @@ impl Member {
 }
 
 struct Plate {
-    opened: Instant,
+    /// Since when the nameplate waits for a receiver: its allocation, or the last
+    /// receiver's leaving.
+    waiting_since: Instant,
     sender: Member,
     receiver: Option<Member>,
     /// Sent by the sender before a receiver joined.
@@ -232,7 +236,7 @@ impl Table {
             .plates
             .iter()
             .filter(|(_, p)| {
-                p.receiver.is_none() && now.duration_since(p.opened) > config.nameplate_ttl
+                p.receiver.is_none() && now.duration_since(p.waiting_since) > config.nameplate_ttl
             })
             .map(|(n, _)| *n)
             .collect();
@@ -240,7 +244,7 @@ impl Table {
             if let Some(plate) = self.plates.remove(&nameplate) {
                 self.sessions.remove(&plate.sender.session);
                 plate.sender.tell(refused(&format!(
-                    "the code expired: no receiver came within {} s; run `warren send` again",
+                    "the code expired: nobody used it for {} s; run the command again for a new code",
                     config.nameplate_ttl.as_secs()
                 )));
             }
@@ -264,7 +268,7 @@ impl Table {
         self.plates.insert(
             nameplate,
             Plate {
-                opened: Instant::now(),
+                waiting_since: Instant::now(),
                 sender: Member {
                     session: caller.session,
                     to: caller.to.clone(),
@@ -383,6 +387,7 @@ impl Table {
             }
         } else {
             plate.receiver = None;
+            plate.waiting_since = Instant::now();
             plate.sender.tell(MailboxEvent::PeerLeft);
         }
     }
@@ -623,5 +628,36 @@ mod tests {
             [MailboxEvent::Allocated { .. }]
         ));
         assert_eq!(mailbox.open(), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_nameplate_in_use_waits_its_ttl_again_from_the_last_receivers_leaving() {
+        let mailbox = Mailbox::default();
+        let (mut sender, receiver) = (side(1), side(2));
+        let nameplate = allocate(&mailbox, &mut sender);
+        let ttl = config().nameplate_ttl;
+        tokio::time::advance(ttl / 2).await;
+        mailbox.handle(
+            Some(&config()),
+            &receiver.caller(),
+            MailboxOp::Claim { nameplate },
+        );
+        mailbox.handle(
+            Some(&config()),
+            &receiver.caller(),
+            MailboxOp::Release { failed: false },
+        );
+        // Older than the TTL since its allocation, but not since the receiver left.
+        tokio::time::advance(ttl / 2 + std::time::Duration::from_secs(10)).await;
+        let other = side(3);
+        mailbox.handle(Some(&config()), &other.caller(), MailboxOp::Allocate);
+        assert_eq!(mailbox.open(), 2, "{:?}", sender.events());
+        tokio::time::advance(ttl).await;
+        mailbox.handle(Some(&config()), &other.caller(), MailboxOp::Allocate);
+        assert!(
+            sender.events().iter().any(
+                |e| matches!(e, MailboxEvent::Refused { reason } if reason.contains("expired"))
+            )
+        );
     }
 }

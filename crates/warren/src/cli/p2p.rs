@@ -1,0 +1,238 @@
+//! `warren p2p listen` and `warren p2p connect`: a TCP or UDP service reached peer to peer
+//! through a join code (the command line over [`warren::p2p::tunnel`]).
+//!
+//! `listen` prints a code and serves every `connect` that brings it (one after another at
+//! the mailbox, then all at once), until stopped or until nobody has used the code for the
+//! server's `nameplate_ttl`. `connect` binds its local port once, joins, and when the
+//! connection drops joins again with the same code, keeping the port; visitors that come
+//! while it is away are reset (TCP) or dropped (UDP).
+//!
+//! Output as for `warren send`: lines for people on stderr, `--json` events on stdout
+//! (`code`, `connected`, `listening`, `disconnected`, `notice`).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use clap::{Args, Subcommand};
+use serde_json::json;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+use warren::config::{HostPort, UdpSettings};
+use warren::p2p::session::{self, Offering, Purpose, SessionError};
+use warren::p2p::tunnel::{Entrance, Exit, Kind, TunnelStats, Visit};
+
+use super::files::{Failure, Output, ServerArgs, options, read_code};
+
+/// Peers one `warren p2p listen` serves at once.
+const MAX_PEERS: u32 = 256;
+
+/// `warren p2p`.
+#[derive(Debug, Clone, Subcommand)]
+pub enum P2pCommand {
+    /// Serve a local TCP or UDP service to whoever has the printed code.
+    #[command(
+        after_help = "Examples:\n  WARREN_PSK=... warren p2p listen --tcp 127.0.0.1:22 --server tunnel.example.com:7000\n  warren p2p listen --udp 127.0.0.1:53 --max-peers 4"
+    )]
+    Listen(ListenArgs),
+    /// Reach the service of a `warren p2p listen` on a local port.
+    #[command(
+        after_help = "Examples:\n  WARREN_CODE=1234-acid-acorn-acre warren p2p connect --bind 127.0.0.1:2222\n  ssh -p 2222 user@127.0.0.1"
+    )]
+    Connect(ConnectArgs),
+}
+
+/// `warren p2p listen`.
+#[derive(Debug, Clone, Args)]
+pub struct ListenArgs {
+    /// The TCP service to offer, HOST:PORT.
+    #[arg(
+        long,
+        value_name = "HOST:PORT",
+        required_unless_present = "udp",
+        conflicts_with = "udp"
+    )]
+    pub tcp: Option<String>,
+    /// The UDP service to offer, HOST:PORT.
+    #[arg(long, value_name = "HOST:PORT")]
+    pub udp: Option<String>,
+    /// How many peers may be connected at once.
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=MAX_PEERS as i64))]
+    pub max_peers: u32,
+    #[command(flatten)]
+    pub server: ServerArgs,
+}
+
+/// `warren p2p connect`.
+#[derive(Debug, Clone, Args)]
+pub struct ConnectArgs {
+    /// The code from `warren p2p listen`. Other users can see arguments in `ps`: prefer
+    /// WARREN_CODE or typing it at the prompt.
+    #[arg(value_name = "CODE")]
+    pub code: Option<String>,
+    /// The local address visitors use (TCP or UDP, as the other side serves).
+    #[arg(long, short = 'b', value_name = "ADDR:PORT")]
+    pub bind: SocketAddr,
+    #[command(flatten)]
+    pub server: ServerArgs,
+}
+
+/// Runs a `warren p2p` command until it fails or `stop` fires.
+///
+/// # Errors
+///
+/// [`Failure`] with the reason.
+pub async fn run(command: P2pCommand, stop: CancellationToken) -> Result<(), Failure> {
+    match command {
+        P2pCommand::Listen(args) => listen(args, stop).await,
+        P2pCommand::Connect(args) => connect(args, stop).await,
+    }
+}
+
+async fn listen(args: ListenArgs, stop: CancellationToken) -> Result<(), Failure> {
+    let (kind, target) = match (&args.tcp, &args.udp) {
+        (Some(tcp), _) => (Kind::Tcp, tcp),
+        (None, Some(udp)) => (Kind::Udp, udp),
+        // clap requires one of them.
+        (None, None) => return Err(Failure::Usage("give --tcp or --udp".into())),
+    };
+    let target: HostPort = target.parse().map_err(|e| {
+        Failure::Usage(format!(
+            "invalid service address {target:?}: {e}; write HOST:PORT, e.g. 127.0.0.1:22"
+        ))
+    })?;
+    let exit = Arc::new(Exit {
+        kind,
+        target,
+        udp: UdpSettings::DEFAULT,
+    });
+    let out = Output::new(args.server.json);
+    let mut options = options(&args.server)?;
+    options.purpose = Purpose::Tunnel;
+    let mut offering = Offering::open(options)
+        .await
+        .map_err(|e| Failure::Failed(e.to_string()))?;
+    let code = offering.code().reveal();
+    out.event(json!({"event": "code", "code": code}));
+    out.say(&format!(
+        "Serving {} {} to whoever has the code:\n\n    {code}\n\nOn the other side: warren p2p connect --bind 127.0.0.1:PORT (and the code)",
+        kind.word(),
+        exit.target
+    ));
+    let stats = Arc::new(TunnelStats::default());
+    let mut peers = JoinSet::new();
+    let failure = loop {
+        while peers.try_join_next().is_some() {}
+        // `next_receiver` is not cancel-safe, which only matters for the peer of the
+        // moment: a stop ends everything anyway.
+        let connected = tokio::select! {
+            () = stop.cancelled() => break None,
+            connected = offering.next_receiver() => connected,
+        };
+        let connected = match connected {
+            Ok(connected) => connected,
+            Err(error @ (SessionError::Pake(_) | SessionError::WrongPurpose { .. })) => {
+                out.notice(&format!("a peer was refused: {error}"));
+                continue;
+            }
+            Err(error @ (SessionError::PeerLeft(_) | SessionError::NoPath(_))) => {
+                out.notice(&format!("a peer could not connect: {error}"));
+                continue;
+            }
+            Err(error) => break Some(error.to_string()),
+        };
+        let who = connected.peer.short();
+        if peers.len() >= args.max_peers as usize {
+            connected
+                .connection
+                .close(1u32.into(), b"the listener has --max-peers peers already");
+            out.notice(&format!(
+                "refused peer {who}: {} peers are connected (--max-peers)",
+                peers.len()
+            ));
+            continue;
+        }
+        out.connected(&connected);
+        let (exit, stats, stop, out) = (
+            Arc::clone(&exit),
+            Arc::clone(&stats),
+            stop.clone(),
+            out.clone(),
+        );
+        peers.spawn(async move {
+            let ended = exit.serve(&connected.connection, &stats, &stop).await;
+            let reason = match ended {
+                Ok(reason) => reason,
+                Err(error) => error.to_string(),
+            };
+            disconnected(&out, &who, &reason, &stats);
+            let _ =
+                tokio::time::timeout(Duration::from_secs(1), connected.endpoint.wait_idle()).await;
+        });
+    };
+    stop.cancel();
+    offering.close().await;
+    while peers.join_next().await.is_some() {}
+    match failure {
+        Some(error) => Err(Failure::Failed(error)),
+        None => Ok(()),
+    }
+}
+
+async fn connect(args: ConnectArgs, stop: CancellationToken) -> Result<(), Failure> {
+    let code = read_code(args.code.as_deref()).await?;
+    let out = Output::new(args.server.json);
+    let mut options = options(&args.server)?;
+    options.purpose = Purpose::Tunnel;
+    let connected = session::join(&code, &options)
+        .await
+        .map_err(|e| Failure::Failed(e.to_string()))?;
+    let kind = Entrance::hello(&connected.connection)
+        .await
+        .map_err(|e| Failure::Failed(e.to_string()))?;
+    let entrance = Entrance::bind(kind, args.bind, UdpSettings::DEFAULT)
+        .await
+        .map_err(|e| Failure::Usage(e.to_string()))?;
+    out.connected(&connected);
+    let local = entrance.local_addr();
+    out.event(json!({"event": "listening", "address": local.to_string(), "kind": kind.word()}));
+    out.say(&format!(
+        "Listening on {local} ({}): visitors reach the other side's service",
+        kind.word()
+    ));
+    let result = entrance
+        .keep_joined(connected, &code, &options, &stop, |visit| match visit {
+            Visit::Connected(connected) => out.connected(connected),
+            Visit::Disconnected { peer, reason } => {
+                disconnected(&out, &peer.peer.short(), reason, entrance.stats());
+            }
+            Visit::Retrying { error, pause } => out.notice(&format!(
+                "joining again failed ({error}); next try in {:.1} s",
+                pause.as_secs_f32()
+            )),
+        })
+        .await;
+    entrance.close().await;
+    result.map_err(Failure::Failed)
+}
+
+fn disconnected(out: &Output, who: &str, reason: &str, stats: &TunnelStats) {
+    let (streams, failed) = (
+        stats.streams.load(Ordering::Relaxed),
+        stats.failed.load(Ordering::Relaxed),
+    );
+    let (up, down) = (
+        stats.bytes_up.load(Ordering::Relaxed),
+        stats.bytes_down.load(Ordering::Relaxed),
+    );
+    out.event(json!({
+        "event": "disconnected", "peer": who, "reason": reason,
+        "streams": streams, "failed": failed, "bytes_up": up, "bytes_down": down,
+    }));
+    out.say(&format!(
+        "Peer {who} disconnected ({reason}); so far {streams} streams ({failed} failed), {} up, {} down",
+        indicatif::HumanBytes(up),
+        indicatif::HumanBytes(down)
+    ));
+}

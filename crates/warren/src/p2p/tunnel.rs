@@ -1,0 +1,665 @@
+//! Peer-to-peer tunnels (`warren p2p listen` / `warren p2p connect`): a TCP or UDP service
+//! on one machine reached from another through the pinned QUIC connection
+//! [`super::session`] sets up from a join code, so the server carries no byte unless its
+//! relay is the only path.
+//!
+//! ```text
+//! visitor ─▶ entrance (connect side) ══ QUIC, direct or relayed ══▶ exit (listen side) ─▶ target
+//! ```
+//!
+//! The connection is a session link like a server's QUIC session ([`QuicLink`]), so the
+//! bytes move through the same code as every other Warren tunnel: the entrance opens one
+//! stream per TCP connection (its `StreamOpen` names [`SERVICE`]) and one datagram channel
+//! for all of a UDP service's flows; the exit dials its target for each and pumps
+//! ([`crate::relay`], [`crate::relay::udp`]). First, on a unidirectional stream, the exit
+//! says what kind of service it is ([`Hello`]), so the entrance binds the right kind of
+//! socket; the target's address never leaves the exit.
+//!
+//! The entrance's socket outlives connections: while no connection is attached, TCP
+//! visitors are reset at once and datagrams are dropped (counted), and a new connection
+//! (the command joins the same code again) takes over where the last one stopped.
+
+use std::io;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use tokio::net::{TcpListener, TcpStream};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::{debug, warn};
+use warren_proto::message::StreamOpen;
+
+use super::code::Code;
+use super::mailbox::MailboxError;
+use super::session::{self, Connected, Options, SessionError};
+use crate::config::{HostPort, UdpSettings};
+use crate::relay::udp::targets::{self, TargetSide};
+use crate::relay::udp::visitors::{self, ChannelSource, VisitorSide};
+use crate::relay::udp::{UdpStats, bind_service_socket};
+use crate::relay::{self, Transferred};
+use crate::session::link::{Replenish, StreamHandler};
+use crate::session::quic::QuicLink;
+use crate::session::stream::Stream;
+use crate::transport::tcp::{self, Family};
+
+/// The service name every tunnel stream opens with (a tunnel carries one service).
+pub const SERVICE: &str = "p2p";
+/// Version of the [`Hello`].
+const HELLO_VERSION: u8 = 1;
+/// Longest [`Hello`] accepted.
+const HELLO_MAX: usize = 1024;
+/// How long the entrance waits for the exit's [`Hello`] once connected.
+const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long dialing the exit's target may take.
+const TARGET_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a side waits for its streams to stop after the connection ended.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
+/// Pause after a failed `accept()` before trying again.
+const ACCEPT_ERROR_BACKOFF: Duration = Duration::from_millis(100);
+/// First pause before the entrance joins again after losing the connection; it doubles
+/// up to [`REJOIN_MAX_PAUSE`].
+const REJOIN_FIRST_PAUSE: Duration = Duration::from_millis(500);
+/// Longest pause between two tries to join again.
+const REJOIN_MAX_PAUSE: Duration = Duration::from_secs(30);
+
+/// What a tunnel carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Kind {
+    /// TCP connections, one QUIC stream each.
+    Tcp,
+    /// UDP datagrams, as QUIC datagrams.
+    Udp,
+}
+
+impl Kind {
+    /// `tcp` or `udp`.
+    pub fn word(self) -> &'static str {
+        match self {
+            Kind::Tcp => "tcp",
+            Kind::Udp => "udp",
+        }
+    }
+}
+
+/// The exit's first words on a new connection.
+#[derive(Debug, Serialize, Deserialize)]
+struct Hello {
+    version: u8,
+    kind: Kind,
+}
+
+/// Why a tunnel side stopped or could not start.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum TunnelError {
+    /// The exit never said what it serves.
+    #[error(
+        "the other side did not say what it serves within {} s: is it `warren p2p listen` of the same Warren version?",
+        HELLO_TIMEOUT.as_secs()
+    )]
+    NoHello,
+    /// The exit's hello was unreadable.
+    #[error(
+        "the other side's hello is unreadable ({0}): use the same Warren version on both sides"
+    )]
+    BadHello(String),
+    /// The connection failed before the tunnel started.
+    #[error("the connection to the other side failed: {0}")]
+    Connection(#[from] quinn::ConnectionError),
+    /// The local socket could not be bound.
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// Why.
+        source: io::Error,
+    },
+}
+
+/// What one side of a tunnel moved (TCP: bytes of finished and running streams).
+#[derive(Debug, Default)]
+pub struct TunnelStats {
+    /// TCP connections carried (or UDP datagram channels opened).
+    pub streams: AtomicU64,
+    /// Streams that ended with an error (target unreachable, reset, cut).
+    pub failed: AtomicU64,
+    /// Bytes from visitors towards the target.
+    pub bytes_up: AtomicU64,
+    /// Bytes from the target back to visitors.
+    pub bytes_down: AtomicU64,
+    /// The UDP flows' counters (UDP tunnels).
+    pub udp: Arc<UdpStats>,
+}
+
+impl TunnelStats {
+    fn count(&self, moved: Result<Transferred, relay::RelayError>, up_is_to_tunnel: bool) {
+        match moved {
+            Ok(moved) => {
+                let (up, down) = if up_is_to_tunnel {
+                    (moved.to_tunnel, moved.to_local)
+                } else {
+                    (moved.to_local, moved.to_tunnel)
+                };
+                self.bytes_up.fetch_add(up, Ordering::Relaxed);
+                self.bytes_down.fetch_add(down, Ordering::Relaxed);
+            }
+            Err(error) => {
+                debug!(event = "stream_aborted", service = SERVICE, %error, "tunnel stream aborted");
+                self.failed.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+}
+
+/// The listening side's service: where its streams go.
+#[derive(Debug, Clone)]
+pub struct Exit {
+    /// TCP or UDP.
+    pub kind: Kind,
+    /// The service, dialed for each TCP connection (each UDP flow).
+    pub target: HostPort,
+    /// Bounds of a UDP service's flow table.
+    pub udp: UdpSettings,
+}
+
+impl Exit {
+    /// Serves one connected peer until the connection ends or `cancel` fires; returns
+    /// why it ended.
+    ///
+    /// # Errors
+    ///
+    /// [`TunnelError::Connection`] if the hello could not be sent.
+    pub async fn serve(
+        &self,
+        connection: &quinn::Connection,
+        stats: &Arc<TunnelStats>,
+        cancel: &CancellationToken,
+    ) -> Result<String, TunnelError> {
+        send_hello(connection, self.kind).await?;
+        let tasks = TaskTracker::new();
+        let cancel = cancel.child_token();
+        let link = QuicLink::new(connection.clone(), tasks.clone());
+        link.serve(&Arc::new(ExitStreams {
+            exit: self.clone(),
+            stats: Arc::clone(stats),
+            tasks: tasks.clone(),
+            cancel: cancel.clone(),
+        }));
+        let reason = tokio::select! {
+            closed = connection.closed() => closed.to_string(),
+            () = cancel.cancelled() => {
+                connection.close(0u32.into(), b"the tunnel was stopped");
+                "stopped".to_owned()
+            }
+        };
+        link.close();
+        cancel.cancel();
+        drain(tasks).await;
+        Ok(reason)
+    }
+}
+
+/// The exit's half of each stream the entrance opens.
+struct ExitStreams {
+    exit: Exit,
+    stats: Arc<TunnelStats>,
+    tasks: TaskTracker,
+    cancel: CancellationToken,
+}
+
+impl StreamHandler for ExitStreams {
+    async fn serve(&self, open: StreamOpen, mut stream: Stream, _: Replenish) -> Option<Stream> {
+        if open.service != SERVICE {
+            let _ = stream.writer.reset("unknown service").await;
+            return None;
+        }
+        self.stats.streams.fetch_add(1, Ordering::Relaxed);
+        match self.exit.kind {
+            Kind::Udp => {
+                let side = TargetSide {
+                    name: SERVICE,
+                    target: &self.exit.target,
+                    settings: self.exit.udp,
+                    tasks: &self.tasks,
+                    cancel: self.cancel.clone(),
+                };
+                targets::serve(side, stream).await;
+            }
+            Kind::Tcp => {
+                let target = &self.exit.target;
+                let connected =
+                    tcp::connect_preferring(target, TARGET_CONNECT_TIMEOUT, Family::Any).await;
+                let target = match connected {
+                    Ok(stream) => stream,
+                    Err(error) => {
+                        warn!(event = "target_unreachable", service = SERVICE, %target, %error, "cannot reach the tunnel's target");
+                        self.stats.failed.fetch_add(1, Ordering::Relaxed);
+                        let _ = stream
+                            .writer
+                            .reset(&format!("target unreachable: {error}"))
+                            .await;
+                        return None;
+                    }
+                };
+                let moved = relay::pump(target, &mut stream, &self.cancel).await;
+                // The target is the local end here: what goes into the tunnel goes back to
+                // visitors.
+                self.stats.count(moved, false);
+            }
+        }
+        None
+    }
+}
+
+/// The connecting side: a local port that visitors reach the exit's service through.
+pub struct Entrance {
+    kind: Kind,
+    local: SocketAddr,
+    current: Arc<Current>,
+    stats: Arc<TunnelStats>,
+    tasks: TaskTracker,
+    stop: CancellationToken,
+}
+
+/// The connection visitors go through now, if any.
+#[derive(Default)]
+struct Current(Mutex<Option<Arc<Attached>>>);
+
+impl Current {
+    fn get(&self) -> Option<Arc<Attached>> {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+            .filter(|a| !a.cancel.is_cancelled())
+    }
+
+    fn set(&self, attached: Option<Arc<Attached>>) {
+        *self.0.lock().unwrap_or_else(PoisonError::into_inner) = attached;
+    }
+}
+
+/// One connection to the exit.
+struct Attached {
+    link: QuicLink,
+    /// Cancelled when the connection ends: its streams and channel stop.
+    cancel: CancellationToken,
+}
+
+impl Entrance {
+    /// Binds `bind` for a `kind` tunnel and starts taking visitors (reset or dropped until
+    /// a connection is attached).
+    ///
+    /// # Errors
+    ///
+    /// [`TunnelError::Bind`] when the address cannot be bound.
+    pub async fn bind(
+        kind: Kind,
+        bind: SocketAddr,
+        udp: UdpSettings,
+    ) -> Result<Entrance, TunnelError> {
+        let bind_error = |source| TunnelError::Bind { addr: bind, source };
+        let tasks = TaskTracker::new();
+        let stop = CancellationToken::new();
+        let current = Arc::new(Current::default());
+        let stats = Arc::new(TunnelStats::default());
+        let local = match kind {
+            Kind::Tcp => {
+                let listener = TcpListener::bind(bind).await.map_err(bind_error)?;
+                let local = listener.local_addr().map_err(bind_error)?;
+                tasks.spawn(accept_visitors(
+                    listener,
+                    Arc::clone(&current),
+                    Arc::clone(&stats),
+                    tasks.clone(),
+                    stop.clone(),
+                ));
+                local
+            }
+            Kind::Udp => {
+                let socket = bind_service_socket(bind).map_err(bind_error)?;
+                let local = socket.local_addr().map_err(bind_error)?;
+                let side = VisitorSide {
+                    name: SERVICE.to_owned(),
+                    socket: Arc::new(socket),
+                    settings: udp,
+                    stats: Arc::clone(&stats.udp),
+                    source: Arc::new(EntranceChannels {
+                        current: Arc::clone(&current),
+                        stats: Arc::clone(&stats),
+                    }),
+                };
+                tasks.spawn(visitors::serve(side, tasks.clone(), stop.clone()));
+                local
+            }
+        };
+        Ok(Entrance {
+            kind,
+            local,
+            current,
+            stats,
+            tasks,
+            stop,
+        })
+    }
+
+    /// The bound address.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local
+    }
+
+    /// What it moved so far.
+    pub fn stats(&self) -> &Arc<TunnelStats> {
+        &self.stats
+    }
+
+    /// Reads the exit's hello on a new connection: the kind of service it serves.
+    ///
+    /// # Errors
+    ///
+    /// [`TunnelError::NoHello`] / [`TunnelError::BadHello`], or the connection's end.
+    pub async fn hello(connection: &quinn::Connection) -> Result<Kind, TunnelError> {
+        let read = async {
+            let mut recv = connection.accept_uni().await?;
+            recv.read_to_end(HELLO_MAX)
+                .await
+                .map_err(|e| TunnelError::BadHello(e.to_string()))
+        };
+        let bytes = tokio::time::timeout(HELLO_TIMEOUT, read)
+            .await
+            .map_err(|_| TunnelError::NoHello)??;
+        let hello: Hello =
+            serde_json::from_slice(&bytes).map_err(|e| TunnelError::BadHello(e.to_string()))?;
+        if hello.version != HELLO_VERSION {
+            return Err(TunnelError::BadHello(format!(
+                "version {}, this side speaks {HELLO_VERSION}",
+                hello.version
+            )));
+        }
+        Ok(hello.kind)
+    }
+
+    /// The kind of tunnel it was bound for.
+    pub fn kind(&self) -> Kind {
+        self.kind
+    }
+
+    /// Carries visitors over `connection` until it ends or [`Entrance::close`]; returns
+    /// why it ended.
+    pub async fn attach(&self, connection: &quinn::Connection) -> String {
+        let attached = Arc::new(Attached {
+            link: QuicLink::new(connection.clone(), self.tasks.clone()),
+            cancel: self.stop.child_token(),
+        });
+        self.current.set(Some(Arc::clone(&attached)));
+        let reason = tokio::select! {
+            closed = connection.closed() => closed.to_string(),
+            () = self.stop.cancelled() => "stopped".to_owned(),
+        };
+        self.current.set(None);
+        attached.cancel.cancel();
+        attached.link.close();
+        reason
+    }
+
+    /// Carries visitors over `first`, and whenever the connection drops joins `code`
+    /// again (with pauses growing from 0.5 to 30 s) and carries them over the new one,
+    /// until `stop` fires (`Ok`) or the code is gone for good (`Err`, why). `report` hears
+    /// each step.
+    ///
+    /// # Errors
+    ///
+    /// The code no longer leads to the same service: the listener stopped (its nameplate
+    /// was freed, or taken by another code), or it now serves the other kind.
+    pub async fn keep_joined(
+        &self,
+        first: Connected,
+        code: &Code,
+        options: &Options,
+        stop: &CancellationToken,
+        mut report: impl FnMut(Visit<'_>),
+    ) -> Result<(), String> {
+        let mut now = first;
+        loop {
+            let reason = tokio::select! {
+                reason = self.attach(&now.connection) => reason,
+                () = stop.cancelled() => {
+                    now.connection.close(0u32.into(), b"stopped");
+                    return Ok(());
+                }
+            };
+            report(Visit::Disconnected {
+                peer: &now,
+                reason: &reason,
+            });
+            match self.rejoin(code, options, stop, &mut report).await? {
+                Some(again) => now = again,
+                None => return Ok(()),
+            }
+        }
+    }
+
+    /// Joins `code` again after the connection dropped; `Ok(None)` when stopped.
+    async fn rejoin(
+        &self,
+        code: &Code,
+        options: &Options,
+        stop: &CancellationToken,
+        report: &mut impl FnMut(Visit<'_>),
+    ) -> Result<Option<Connected>, String> {
+        let mut pause = REJOIN_FIRST_PAUSE;
+        loop {
+            tokio::select! {
+                () = stop.cancelled() => return Ok(None),
+                () = tokio::time::sleep(pause) => {}
+            }
+            pause = (pause * 2).min(REJOIN_MAX_PAUSE);
+            let joined = tokio::select! {
+                () = stop.cancelled() => return Ok(None),
+                joined = session::join(code, options) => joined,
+            };
+            let failure = match joined {
+                Err(error) if gone_for_good(&error) => return Err(error.to_string()),
+                Err(error) => error.to_string(),
+                Ok(connected) => match Entrance::hello(&connected.connection).await {
+                    Ok(kind) if kind == self.kind => {
+                        report(Visit::Connected(&connected));
+                        return Ok(Some(connected));
+                    }
+                    Ok(other) => {
+                        return Err(format!(
+                            "the code now serves {} where it served {}: run `warren p2p connect` again",
+                            other.word(),
+                            self.kind.word()
+                        ));
+                    }
+                    Err(error) => error.to_string(),
+                },
+            };
+            report(Visit::Retrying {
+                error: &failure,
+                pause,
+            });
+        }
+    }
+
+    /// Stops taking visitors and ends every stream.
+    pub async fn close(self) {
+        self.stop.cancel();
+        drain(self.tasks).await;
+    }
+}
+
+/// What [`Entrance::keep_joined`] reports.
+#[derive(Debug)]
+pub enum Visit<'a> {
+    /// Connected again.
+    Connected(&'a Connected),
+    /// The connection to this peer ended, for this reason.
+    Disconnected {
+        /// The connection that ended.
+        peer: &'a Connected,
+        /// Why.
+        reason: &'a str,
+    },
+    /// Joining again failed; the next try comes after `pause`.
+    Retrying {
+        /// Why it failed.
+        error: &'a str,
+        /// Until the next try.
+        pause: Duration,
+    },
+}
+
+/// Errors after which joining the same code again cannot work.
+fn gone_for_good(error: &SessionError) -> bool {
+    matches!(
+        error,
+        SessionError::Pake(_)
+            | SessionError::WrongPurpose { .. }
+            | SessionError::Mailbox(MailboxError::Refused(_) | MailboxError::Burned)
+    )
+}
+
+/// Accepts TCP visitors and sends each through the attached connection.
+async fn accept_visitors(
+    listener: TcpListener,
+    current: Arc<Current>,
+    stats: Arc<TunnelStats>,
+    tasks: TaskTracker,
+    stop: CancellationToken,
+) {
+    loop {
+        let (visitor, peer) = tokio::select! {
+            () = stop.cancelled() => return,
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(error) => {
+                    warn!(event = "accept_failed", service = SERVICE, %error, "accept failed on the tunnel's port; retrying");
+                    tokio::time::sleep(ACCEPT_ERROR_BACKOFF).await;
+                    continue;
+                }
+            },
+        };
+        tcp::tune(&visitor);
+        let Some(attached) = current.get() else {
+            debug!(event = "visitor_rejected", service = SERVICE, %peer, "not connected to the other side right now; closing");
+            tcp::reset(visitor);
+            continue;
+        };
+        let stats = Arc::clone(&stats);
+        tasks.spawn(async move {
+            carry_visitor(&attached, visitor, peer, &stats).await;
+        });
+    }
+}
+
+/// One TCP visitor, over one stream.
+async fn carry_visitor(
+    attached: &Attached,
+    visitor: TcpStream,
+    peer: SocketAddr,
+    stats: &TunnelStats,
+) {
+    let open = StreamOpen {
+        service: SERVICE.to_owned(),
+        visitor: Some(peer),
+        local: visitor.local_addr().ok(),
+    };
+    let opened = tokio::select! {
+        () = attached.cancel.cancelled() => { tcp::reset(visitor); return; }
+        opened = attached.link.open_stream(&open) => opened,
+    };
+    let mut stream = match opened {
+        Ok(stream) => stream,
+        Err(error) => {
+            warn!(event = "stream_open_failed", service = SERVICE, %peer, %error, "could not open a tunnel stream");
+            stats.failed.fetch_add(1, Ordering::Relaxed);
+            tcp::reset(visitor);
+            return;
+        }
+    };
+    stats.streams.fetch_add(1, Ordering::Relaxed);
+    let moved = relay::pump(visitor, &mut stream, &attached.cancel).await;
+    stats.count(moved, true);
+}
+
+/// Datagram channels of a UDP entrance: one per attached connection.
+struct EntranceChannels {
+    current: Arc<Current>,
+    stats: Arc<TunnelStats>,
+}
+
+impl ChannelSource for EntranceChannels {
+    type Session = Attached;
+
+    fn pick(&self) -> Option<Arc<Attached>> {
+        self.current.get()
+    }
+
+    fn session_cancel(&self, session: &Attached) -> CancellationToken {
+        session.cancel.clone()
+    }
+
+    fn is_live(&self, session: &Attached) -> bool {
+        !session.cancel.is_cancelled()
+    }
+
+    async fn open(&self, session: Arc<Attached>) -> Result<Stream, String> {
+        let stream = session
+            .link
+            .open_stream(&StreamOpen::new(SERVICE))
+            .await
+            .map_err(|e| e.to_string())?;
+        self.stats.streams.fetch_add(1, Ordering::Relaxed);
+        Ok(stream)
+    }
+}
+
+async fn send_hello(connection: &quinn::Connection, kind: Kind) -> Result<(), TunnelError> {
+    let hello = Hello {
+        version: HELLO_VERSION,
+        kind,
+    };
+    // Invariant: a struct of a number and an enum always serialises.
+    let bytes = serde_json::to_vec(&hello).unwrap_or_default();
+    let mut send = connection.open_uni().await?;
+    // A failed write means the connection is going; `closed()` reports it next.
+    let _ = send.write_all(&bytes).await;
+    let _ = send.finish();
+    Ok(())
+}
+
+/// Waits (bounded) for a side's tasks to stop after their cancellation.
+async fn drain(tasks: TaskTracker) {
+    tasks.close();
+    if tokio::time::timeout(DRAIN_TIMEOUT, tasks.wait())
+        .await
+        .is_err()
+    {
+        debug!(
+            event = "tunnel_drain_timeout",
+            "tunnel tasks still running after the connection ended"
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_hello_is_small_json_with_a_version() {
+        let bytes = serde_json::to_vec(&Hello {
+            version: HELLO_VERSION,
+            kind: Kind::Udp,
+        })
+        .unwrap();
+        assert_eq!(bytes, br#"{"version":1,"kind":"udp"}"#);
+        assert!(bytes.len() < HELLO_MAX);
+    }
+}
