@@ -3,7 +3,7 @@
 # tests against the release binary. CI runs it through .ci/run.
 #
 # On a fresh Debian machine it first installs what is missing (iperf3, dnsmasq-base,
-# dnsutils, microsocks, tinyproxy, haproxy, nftables, curl, wrk, nginx and chromium via apt-get; the rustfmt
+# dnsutils, microsocks, tinyproxy, haproxy, nftables, curl, wrk, nginx, chromium and openssh via apt-get; the rustfmt
 # and clippy components via rustup; playwright in a venv under target/); on a machine that has
 # everything it installs nothing. Usage: scripts/test.sh
 set -euo pipefail
@@ -41,6 +41,8 @@ command -v curl >/dev/null 2>&1 || missing_packages+=(curl)
 command -v wrk >/dev/null 2>&1 || missing_packages+=(wrk)
 { command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ]; } || missing_packages+=(nginx)
 command -v chromium >/dev/null 2>&1 || missing_packages+=(chromium)
+command -v scp >/dev/null 2>&1 || missing_packages+=(openssh-client)
+[ -x /usr/sbin/sshd ] || missing_packages+=(openssh-server)
 if [ "${#missing_packages[@]}" -gt 0 ]; then
     echo "installing: ${missing_packages[*]}"
     # tshark asks whether non-root users may capture; answer no without a prompt.
@@ -61,7 +63,7 @@ if [ "${#missing_packages[@]}" -gt 0 ]; then
         as_root rm -f /usr/sbin/policy-rc.d
     fi
 else
-    echo "have: iperf3 dnsmasq dig sockperf microsocks tinyproxy haproxy iptables nft ip prlimit tshark curl wrk nginx chromium"
+    echo "have: iperf3 dnsmasq dig sockperf microsocks tinyproxy haproxy iptables nft ip prlimit tshark curl wrk nginx chromium scp sshd"
 fi
 for component in rustfmt clippy; do
     if ! cargo "${component/rustfmt/fmt}" --version >/dev/null 2>&1; then
@@ -121,8 +123,8 @@ bash bench/run.sh --files --smoke
 banner "6/9 hostile peers and resource exhaustion (release; prints the measurements)"
 cargo test --release --locked -p warren --test hostile -- --nocapture --test-threads=1
 
-banner "7/9 faults: chaos relay, network namespaces (root, ip, iptables), the NAT matrix through warren send/receive (nft), security"
-WARREN_NETNS_TESTS=1 cargo test --release --locked -p warren --test faults --test netns --test e2e_files_nat -- --nocapture
+banner "7/9 faults: chaos relay, network namespaces (root, ip, iptables), the NAT matrix through warren send/receive and through P2P tunnels with ssh and dig (nft), security"
+WARREN_NETNS_TESTS=1 cargo test --release --locked -p warren --test faults --test netns --test e2e_files_nat --test e2e_p2p_nat -- --nocapture
 WARREN_E2E_REQUIRE_TOOLS=1 cargo test --release --locked -p warren --test security -- --nocapture
 
 banner "8/9 cargo deny (licenses, bans, sources; advisories when the database is reachable)"

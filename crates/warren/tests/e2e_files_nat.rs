@@ -17,26 +17,11 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use nat_lab::{Lab, Layout, Nat};
+use nat_lab::{Lab, Layout, Nat, PSK, SERVER, Side, WARREN, expected, side_events, start_server};
 use rand::RngCore;
 use serde_json::Value;
 use tokio::time::Instant;
 
-/// The binary under test (the release binary under `cargo test --release`).
-const WARREN: &str = env!("CARGO_BIN_EXE_warren");
-const PSK: &str = "nat-matrix-psk-0123456789-abcdefgh";
-/// The server's TCP port (mailbox) and, by default, its UDP port (reflector and relay).
-const SERVER: &str = "203.0.113.1:7000";
-/// Many runs from one router's address within a minute: the default rate limit (30
-/// allocations and claims per client IP per minute) would refuse the later ones.
-const SERVER_TOML: &str = r#"# e2e_files_nat server
-[server]
-bind = "203.0.113.1:7000"
-psk = "${WARREN_PSK}"
-
-[server.p2p]
-rate_per_minute = 10000
-"#;
 /// A run's sender and receiver both exit within this (a relayed run: ~3 s of checks, the
 /// relay, 3 MiB, the close).
 const RUN_TIMEOUT: Duration = Duration::from_secs(60);
@@ -115,37 +100,6 @@ fn hash_tree(dir: &Path) -> BTreeMap<String, blake3::Hash> {
     hashes
 }
 
-/// What one side printed: its `connected` event and whether it finished.
-#[derive(Debug, Default)]
-struct Side {
-    route: Option<String>,
-    address: Option<String>,
-    connect_ms: Option<u64>,
-    finished: bool,
-}
-
-fn side_events(stdout: &str) -> Side {
-    let mut side = Side::default();
-    for line in stdout.lines() {
-        let Ok(event) = serde_json::from_str::<Value>(line) else {
-            continue;
-        };
-        match event["event"].as_str() {
-            Some("connected") => {
-                side.route = event["route"].as_str().map(str::to_owned);
-                side.address = event["address"].as_str().map(str::to_owned);
-                side.connect_ms = Some(
-                    event["agreed_ms"].as_u64().unwrap_or(0)
-                        + event["connected_ms"].as_u64().unwrap_or(0),
-                );
-            }
-            Some("finished") => side.finished = true,
-            _ => {}
-        }
-    }
-    side
-}
-
 /// One `warren send` / `warren receive` pair's result.
 struct Run {
     /// Each side's `connected` event (sender, receiver).
@@ -199,26 +153,6 @@ fn wait_both(
         }
     }
     result
-}
-
-/// Starts `warren server` in the public namespace and waits (bounded) until it listens.
-fn start_server(lab: &mut Lab) -> usize {
-    let config = lab.dir.join("server.toml");
-    std::fs::write(&config, SERVER_TOML).unwrap();
-    let config = config.to_str().unwrap().to_owned();
-    let server = lab.spawn_cmd(
-        &lab.ns("pub"),
-        "server",
-        WARREN,
-        &["server", &config],
-        &[("WARREN_PSK", PSK.into())],
-    );
-    assert!(
-        lab.wait_stderr(server, "warren server listening", Duration::from_secs(10)),
-        "warren server did not start:\n{}",
-        lab.stderr(server)
-    );
-    server
 }
 
 /// One transfer: `warren send` in peer1's namespace, `warren receive` in peer2's.
@@ -315,40 +249,13 @@ fn transfer(lab: &mut Lab, tree: &Tree, run: usize) -> Run {
     }
 }
 
-/// The route P2P.md expects: direct unless both mappings are endpoint-dependent or one is
-/// and the other side filters by port (no port prediction); restr × symm is direct through
-/// peer-reflexive answers; behind one NAT, through host candidates.
-fn expected(left: Nat, right: Nat, layout: Layout) -> &'static str {
-    use Nat::{Port, Symm};
-    match (layout, left, right) {
-        (Layout::Shared, _, _) => "direct",
-        (_, Symm, Symm) | (_, Port, Symm) | (_, Symm, Port) => "relayed",
-        _ => "direct",
-    }
-}
-
 #[test]
 fn send_and_receive_through_every_nat_pairing() {
     if std::env::var("WARREN_LAB_SIDE").is_ok() || nat_lab::skip("nat_matrix") {
         return;
     }
     let runs = nat_lab::runs(5);
-    let mut cells = Vec::new();
-    for (i, &left) in Nat::ALL.iter().enumerate() {
-        for &right in &Nat::ALL[i..] {
-            cells.push((left, right, Layout::Separate));
-        }
-    }
-    // Behind one NAT without hairpinning: only the host candidates connect.
-    cells.push((Nat::Symm, Nat::Symm, Layout::Shared));
-    cells.push((Nat::Port, Nat::Port, Layout::Shared));
-    if let Ok(only) = std::env::var("WARREN_LAB_CELLS") {
-        // For working on one cell: `WARREN_LAB_CELLS="port × symm,both behind one port"`.
-        cells.retain(|&(l, r, layout)| {
-            only.split(',')
-                .any(|c| c.trim() == nat_lab::cell_name(l, r, layout))
-        });
-    }
+    let cells = nat_lab::matrix_cells();
     let tree = Tree::new();
     let mut table = String::from(
         "| cell | expected | route per run | connect ms per run | byte-exact |\n|---|---|---|---|---|\n",
@@ -360,24 +267,7 @@ fn send_and_receive_through_every_nat_pairing() {
         let expected = expected(left, right, layout);
         let cell_started = Instant::now();
         let mut lab = Lab::new(left, right, layout);
-        lab.start_reflectors();
-        // The NATs must be what the cell says, or a rule typo could pass as "relayed".
-        let right_nat = if layout == Layout::Shared {
-            left
-        } else {
-            right
-        };
-        for (peer, nat) in [("peer1", left), ("peer2", right_nat)] {
-            match lab.classify(peer) {
-                Ok(mapping) if mapping == nat.mapping() => {}
-                Ok(mapping) => failures.push(format!(
-                    "{cell}: {peer}'s NAT maps {mapping}, a {} NAT maps {}",
-                    nat.name(),
-                    nat.mapping()
-                )),
-                Err(error) => failures.push(format!("{cell}: {error}")),
-            }
-        }
+        failures.extend(lab.check_nats(left, right, layout));
         let server = start_server(&mut lab);
         let (mut routes, mut times, mut exact) = (Vec::new(), Vec::new(), 0);
         for run in 0..runs {

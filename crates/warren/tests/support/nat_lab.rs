@@ -29,6 +29,7 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
+use serde_json::Value;
 use tokio::net::UdpSocket;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -637,4 +638,132 @@ pub fn mapping_line(seen1: std::net::SocketAddr, seen2: std::net::SocketAddr) ->
         "MAPPING {} {seen1} {seen2}",
         if seen1 == seen2 { "eim" } else { "edm" }
     )
+}
+
+// Warren through the lab: the server in the public namespace and what the commands print.
+
+/// The binary under test (the release binary under `cargo test --release`).
+pub const WARREN: &str = env!("CARGO_BIN_EXE_warren");
+pub const PSK: &str = "nat-matrix-psk-0123456789-abcdefgh";
+/// The server's TCP port (mailbox) and, by default, its UDP port (reflector and relay).
+pub const SERVER: &str = "203.0.113.1:7000";
+/// Many runs from one router's address within a minute: the default rate limit (30
+/// allocations and claims per client IP per minute) would refuse the later ones.
+const SERVER_TOML: &str = r#"# the NAT lab's Warren server
+[server]
+bind = "203.0.113.1:7000"
+psk = "${WARREN_PSK}"
+
+[server.p2p]
+rate_per_minute = 10000
+"#;
+/// What one side printed with `--json`: its (last) `connected` event and whether it
+/// finished.
+#[derive(Debug, Default)]
+pub struct Side {
+    pub route: Option<String>,
+    pub address: Option<String>,
+    pub connect_ms: Option<u64>,
+    pub finished: bool,
+}
+
+pub fn side_events(stdout: &str) -> Side {
+    let mut side = Side::default();
+    for line in stdout.lines() {
+        let Ok(event) = serde_json::from_str::<Value>(line) else {
+            continue;
+        };
+        match event["event"].as_str() {
+            Some("connected") => {
+                side.route = event["route"].as_str().map(str::to_owned);
+                side.address = event["address"].as_str().map(str::to_owned);
+                side.connect_ms = Some(
+                    event["agreed_ms"].as_u64().unwrap_or(0)
+                        + event["connected_ms"].as_u64().unwrap_or(0),
+                );
+            }
+            Some("finished") => side.finished = true,
+            _ => {}
+        }
+    }
+    side
+}
+
+/// Starts `warren server` in the public namespace and waits (bounded) until it listens.
+pub fn start_server(lab: &mut Lab) -> usize {
+    let config = lab.dir.join("server.toml");
+    std::fs::write(&config, SERVER_TOML).unwrap();
+    let config = config.to_str().unwrap().to_owned();
+    let server = lab.spawn_cmd(
+        &lab.ns("pub"),
+        "server",
+        WARREN,
+        &["server", &config],
+        &[("WARREN_PSK", PSK.into())],
+    );
+    assert!(
+        lab.wait_stderr(server, "warren server listening", Duration::from_secs(10)),
+        "warren server did not start:\n{}",
+        lab.stderr(server)
+    );
+    server
+}
+
+/// The route P2P.md expects: direct unless both mappings are endpoint-dependent or one is
+/// and the other side filters by port (no port prediction); restr × symm is direct through
+/// peer-reflexive answers; behind one NAT, through host candidates.
+pub fn expected(left: Nat, right: Nat, layout: Layout) -> &'static str {
+    use Nat::{Port, Symm};
+    match (layout, left, right) {
+        (Layout::Shared, _, _) => "direct",
+        (_, Symm, Symm) | (_, Port, Symm) | (_, Symm, Port) => "relayed",
+        _ => "direct",
+    }
+}
+
+/// The matrix's cells: every unordered pair of NAT kinds on separate routers, and two
+/// peers behind one router of the kinds that matter there. `WARREN_LAB_CELLS` keeps only
+/// the cells it names (`WARREN_LAB_CELLS="port × symm,both behind one port"`).
+pub fn matrix_cells() -> Vec<(Nat, Nat, Layout)> {
+    let mut cells = Vec::new();
+    for (i, &left) in Nat::ALL.iter().enumerate() {
+        for &right in &Nat::ALL[i..] {
+            cells.push((left, right, Layout::Separate));
+        }
+    }
+    // Behind one NAT without hairpinning: only the host candidates connect.
+    cells.push((Nat::Symm, Nat::Symm, Layout::Shared));
+    cells.push((Nat::Port, Nat::Port, Layout::Shared));
+    if let Ok(only) = std::env::var("WARREN_LAB_CELLS") {
+        cells
+            .retain(|&(l, r, layout)| only.split(',').any(|c| c.trim() == cell_name(l, r, layout)));
+    }
+    cells
+}
+
+impl Lab {
+    /// Starts the reflectors and checks each router maps as the cell says (a rule typo
+    /// must not pass as "relayed"); the problems found, named by `cell`.
+    pub fn check_nats(&mut self, left: Nat, right: Nat, layout: Layout) -> Vec<String> {
+        let cell = cell_name(left, right, layout);
+        self.start_reflectors();
+        let right_nat = if layout == Layout::Shared {
+            left
+        } else {
+            right
+        };
+        let mut problems = Vec::new();
+        for (peer, nat) in [("peer1", left), ("peer2", right_nat)] {
+            match self.classify(peer) {
+                Ok(mapping) if mapping == nat.mapping() => {}
+                Ok(mapping) => problems.push(format!(
+                    "{cell}: {peer}'s NAT maps {mapping}, a {} NAT maps {}",
+                    nat.name(),
+                    nat.mapping()
+                )),
+                Err(error) => problems.push(format!("{cell}: {error}")),
+            }
+        }
+        problems
+    }
 }

@@ -1,0 +1,462 @@
+//! The NAT matrix through P2P tunnels (issue 18, "Done when"): the release `warren server`
+//! in the lab's public namespace; behind one NAT an sshd and a dnsmasq on loopback, each
+//! offered by `warren p2p listen --json`; behind the other NAT, per run, one `warren p2p
+//! connect` to each code, then `scp` of a random file through the TCP tunnel (checked by
+//! hash) and `dig` through the UDP one. Every cell of the file-transfer matrix, each run's
+//! route (direct or relayed) must be the expected one on both sides. The listeners serve
+//! every run of a cell (one code, a new connection per run). The table prints with
+//! `--nocapture`.
+//!
+//! Needs root, `ip`, `nft`, `iptables` (the lab), `sshd`, `ssh-keygen`, `scp`, `dnsmasq`
+//! and `dig`; without them the test prints `SKIPPED …` and passes, unless
+//! `WARREN_NETNS_TESTS=1` (`scripts/test.sh` sets it). `WARREN_LAB_RUNS` sets the runs per
+//! cell (default 5), `WARREN_LAB_CELLS` picks cells.
+
+#[path = "support/nat_lab.rs"]
+mod nat_lab;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use nat_lab::{Lab, PSK, SERVER, WARREN, expected, side_events, start_server};
+use rand::RngCore;
+use serde_json::Value;
+use tokio::time::Instant;
+
+/// sshd's and dnsmasq's ports on the listening peer's loopback.
+const SSH_PORT: u16 = 2222;
+const DNS_PORT: u16 = 5353;
+/// The name dnsmasq answers, and its address.
+const DNS_NAME: &str = "svc.p2p.test";
+const DNS_ANSWER: &str = "10.11.12.13";
+/// Size of the file `scp` fetches through the TCP tunnel.
+const FILE_LEN: usize = (2 << 20) + 77;
+/// A connect's wait for its tunnel (a relayed one: ~3 s of checks, then the relay).
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(45);
+/// `scp` or `dig` through a tunnel.
+const TOOL_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The lab's children: the shared reflector and classifier.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nat_lab_child() {
+    let _ = nat_lab::child().await;
+}
+
+/// The external programs, or why they are missing.
+struct Tools {
+    sshd: PathBuf,
+    dnsmasq: PathBuf,
+}
+
+fn which(name: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .chain(["/usr/sbin".into(), "/sbin".into()])
+        .map(|dir| dir.join(name))
+        .find(|p| p.is_file())
+}
+
+fn tools() -> Result<Tools, String> {
+    for tool in ["ssh-keygen", "scp", "ssh", "dig"] {
+        which(tool).ok_or_else(|| {
+            format!("`{tool}` not found (apt-get install openssh-client dnsutils)")
+        })?;
+    }
+    Ok(Tools {
+        sshd: which("sshd").ok_or("`sshd` not found (apt-get install openssh-server)")?,
+        dnsmasq: which("dnsmasq").ok_or("`dnsmasq` not found (apt-get install dnsmasq-base)")?,
+    })
+}
+
+/// sshd's key pair, config and the file it serves, in the lab's directory.
+struct SshSetup {
+    client_key: PathBuf,
+    config: PathBuf,
+    file: PathBuf,
+    file_hash: blake3::Hash,
+}
+
+fn ssh_setup(dir: &Path) -> SshSetup {
+    let ssh = dir.join("ssh");
+    std::fs::create_dir_all(&ssh).unwrap();
+    for key in ["host_key", "client_key"] {
+        let made = std::process::Command::new("ssh-keygen")
+            .args(["-q", "-t", "ed25519", "-N", "", "-f"])
+            .arg(ssh.join(key))
+            .stdin(std::process::Stdio::null())
+            .status()
+            .unwrap();
+        assert!(made.success(), "ssh-keygen failed");
+    }
+    std::fs::copy(ssh.join("client_key.pub"), ssh.join("authorized_keys")).unwrap();
+    let config = ssh.join("sshd_config");
+    std::fs::write(
+        &config,
+        format!(
+            "Port {SSH_PORT}\nListenAddress 127.0.0.1\nHostKey {}\nAuthorizedKeysFile {}\n\
+             PidFile {}\nPermitRootLogin prohibit-password\nPasswordAuthentication no\n\
+             KbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\nUseDNS no\n\
+             Subsystem sftp internal-sftp\nLogLevel ERROR\n",
+            ssh.join("host_key").display(),
+            ssh.join("authorized_keys").display(),
+            ssh.join("sshd.pid").display(),
+        ),
+    )
+    .unwrap();
+    // The privilege separation directory sshd insists on.
+    std::fs::create_dir_all("/run/sshd").unwrap();
+    let mut bytes = vec![0u8; FILE_LEN];
+    rand::rng().fill_bytes(&mut bytes);
+    let file = dir.join("served.bin");
+    std::fs::write(&file, &bytes).unwrap();
+    SshSetup {
+        client_key: ssh.join("client_key"),
+        config,
+        file,
+        file_hash: blake3::hash(&bytes),
+    }
+}
+
+/// Runs `program args` in namespace `ns`, waiting at most `within`; its exit code (`None`:
+/// killed) and stdout.
+fn run_in(
+    lab: &mut Lab,
+    ns: &str,
+    name: &str,
+    program: &str,
+    args: &[&str],
+    within: Duration,
+) -> (Option<i32>, String) {
+    let child = lab.spawn_cmd(ns, name, program, args, &[]);
+    let status = lab.wait_exit(child, within);
+    if status.is_none() {
+        lab.kill(child);
+    }
+    (status.and_then(|s| s.code()), lab.stdout(child))
+}
+
+/// `scp` of the served file through the tunnel at `port` into `dest`.
+fn scp(lab: &mut Lab, ssh: &SshSetup, port: u16, dest: &Path) -> Option<i32> {
+    let ns = lab.ns("peer2");
+    let key = ssh.client_key.to_str().unwrap().to_owned();
+    let remote = format!("root@127.0.0.1:{}", ssh.file.display());
+    let port = port.to_string();
+    let args = [
+        "-q",
+        "-F",
+        "/dev/null",
+        "-P",
+        &port,
+        "-i",
+        &key,
+        "-o",
+        "BatchMode=yes",
+        "-o",
+        "StrictHostKeyChecking=no",
+        "-o",
+        "UserKnownHostsFile=/dev/null",
+        "-o",
+        "ConnectTimeout=10",
+        "-o",
+        "LogLevel=ERROR",
+        &remote,
+        dest.to_str().unwrap(),
+    ];
+    run_in(lab, &ns, "scp", "scp", &args, TOOL_TIMEOUT).0
+}
+
+/// `dig` through the tunnel at `port` in namespace `ns`: the answer, trimmed.
+fn dig(lab: &mut Lab, ns: &str, port: u16) -> String {
+    let port = port.to_string();
+    let args = [
+        "@127.0.0.1",
+        "-p",
+        &port,
+        "+short",
+        "+time=2",
+        "+tries=3",
+        DNS_NAME,
+    ];
+    run_in(lab, ns, "dig", "dig", &args, TOOL_TIMEOUT)
+        .1
+        .trim()
+        .to_owned()
+}
+
+/// Starts sshd and dnsmasq in peer1's namespace and waits (bounded) until both answer
+/// there.
+fn start_services(lab: &mut Lab, tools: &Tools, ssh: &SshSetup) -> Result<(), String> {
+    let ns = lab.ns("peer1");
+    let sshd = lab.spawn_cmd(
+        &ns,
+        "sshd",
+        tools.sshd.to_str().unwrap(),
+        &["-D", "-e", "-f", ssh.config.to_str().unwrap()],
+        &[],
+    );
+    let dns_port = format!("--port={DNS_PORT}");
+    let address = format!("--address=/{DNS_NAME}/{DNS_ANSWER}");
+    let pid = format!("--pid-file={}", lab.dir.join("dnsmasq.pid").display());
+    let dnsmasq = lab.spawn_cmd(
+        &ns,
+        "dnsmasq",
+        tools.dnsmasq.to_str().unwrap(),
+        &[
+            "--keep-in-foreground",
+            "--no-resolv",
+            "--no-hosts",
+            "--log-facility=-",
+            &dns_port,
+            "--listen-address=127.0.0.1",
+            "--bind-interfaces",
+            &address,
+            "--local=/p2p.test/",
+            &pid,
+            "--user=root",
+        ],
+        &[],
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let probe = lab.dir.join("probe.bin");
+    loop {
+        let dns_ok = dig(lab, &ns, DNS_PORT) == DNS_ANSWER;
+        // sshd, straight (no tunnel): scp inside peer1's namespace.
+        let key = ssh.client_key.to_str().unwrap().to_owned();
+        let remote = format!("root@127.0.0.1:{}", ssh.file.display());
+        let port = SSH_PORT.to_string();
+        let args = [
+            "-q",
+            "-F",
+            "/dev/null",
+            "-P",
+            &port,
+            "-i",
+            &key,
+            "-o",
+            "BatchMode=yes",
+            "-o",
+            "StrictHostKeyChecking=no",
+            "-o",
+            "UserKnownHostsFile=/dev/null",
+            "-o",
+            "LogLevel=ERROR",
+            &remote,
+            probe.to_str().unwrap(),
+        ];
+        let ssh_ok = run_in(lab, &ns, "probe", "scp", &args, TOOL_TIMEOUT).0 == Some(0);
+        if dns_ok && ssh_ok {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(format!(
+                "the services did not answer in peer1 within 10 s (dns {dns_ok}, ssh {ssh_ok}):\nsshd:\n{}\ndnsmasq:\n{}",
+                lab.stderr(sshd),
+                lab.stderr(dnsmasq)
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+fn env(code: Option<String>) -> Vec<(&'static str, String)> {
+    let mut env = vec![
+        ("WARREN_PSK", PSK.to_owned()),
+        ("WARREN_SERVER", SERVER.to_owned()),
+    ];
+    env.extend(code.map(|code| ("WARREN_CODE", code)));
+    env
+}
+
+/// `warren p2p listen --KIND 127.0.0.1:PORT --json` in peer1's namespace; its index and
+/// code.
+fn listen(lab: &mut Lab, kind: &str, port: u16) -> Result<(usize, String), String> {
+    let target = format!("127.0.0.1:{port}");
+    let flag = format!("--{kind}");
+    let ns = lab.ns("peer1");
+    let listener = lab.spawn_cmd(
+        &ns,
+        &format!("listen-{kind}"),
+        WARREN,
+        &["p2p", "listen", &flag, &target, "--json"],
+        &env(None),
+    );
+    let code = lab
+        .wait_line(listener, "\"event\":\"code\"", Duration::from_secs(15))
+        .and_then(|line| {
+            serde_json::from_str::<Value>(&line).ok()?["code"]
+                .as_str()
+                .map(str::to_owned)
+        });
+    match code {
+        Some(code) => Ok((listener, code)),
+        None => Err(format!(
+            "`warren p2p listen {flag}` printed no code:\n{}",
+            lab.stderr(listener)
+        )),
+    }
+}
+
+/// One run of one tunnel: starts `warren p2p connect` in peer2's namespace bound on
+/// `port`; its index.
+fn start_connect(lab: &mut Lab, kind: &str, code: &str, port: u16) -> usize {
+    let bind = format!("127.0.0.1:{port}");
+    let ns = lab.ns("peer2");
+    lab.spawn_cmd(
+        &ns,
+        &format!("connect-{kind}"),
+        WARREN,
+        &["p2p", "connect", "--bind", &bind, "--json"],
+        &env(Some(code.to_owned())),
+    )
+}
+
+/// Waits (bounded) until the connect `child` listens; why not, if it does not.
+fn connected(lab: &mut Lab, kind: &str, child: usize) -> Result<usize, String> {
+    if lab
+        .wait_line(child, "\"event\":\"listening\"", CONNECT_TIMEOUT)
+        .is_some()
+    {
+        Ok(child)
+    } else {
+        let logs = format!("{}{}", lab.stdout(child), lab.stderr(child));
+        lab.kill(child);
+        Err(format!(
+            "`warren p2p connect` ({kind}) did not connect:\n{logs}"
+        ))
+    }
+}
+
+#[test]
+fn ssh_and_dns_through_p2p_tunnels_in_every_nat_pairing() {
+    if std::env::var("WARREN_LAB_SIDE").is_ok() || nat_lab::skip("p2p_tunnel_matrix") {
+        return;
+    }
+    let tools = match tools() {
+        Ok(tools) => tools,
+        Err(why) if std::env::var("WARREN_NETNS_TESTS").as_deref() == Ok("1") => {
+            panic!("p2p_tunnel_matrix: WARREN_NETNS_TESTS=1 but {why}")
+        }
+        Err(why) => {
+            eprintln!("SKIPPED p2p_tunnel_matrix: {why}");
+            return;
+        }
+    };
+    let runs = nat_lab::runs(5);
+    let mut table = String::from(
+        "| cell | expected | tcp route per run | udp route per run | scp byte-exact | dig answered |\n|---|---|---|---|---|---|\n",
+    );
+    let mut failures = Vec::new();
+    let started = Instant::now();
+    for (left, right, layout) in nat_lab::matrix_cells() {
+        let cell = nat_lab::cell_name(left, right, layout);
+        let expected = expected(left, right, layout);
+        let cell_started = Instant::now();
+        let mut lab = Lab::new(left, right, layout);
+        failures.extend(lab.check_nats(left, right, layout));
+        let server = start_server(&mut lab);
+        let ssh = ssh_setup(&lab.dir);
+        if let Err(error) = start_services(&mut lab, &tools, &ssh) {
+            failures.push(format!("{cell}: {error}"));
+            continue;
+        }
+        let listeners = listen(&mut lab, "tcp", SSH_PORT)
+            .and_then(|tcp| Ok((tcp, listen(&mut lab, "udp", DNS_PORT)?)));
+        let ((tcp_listener, tcp_code), (udp_listener, udp_code)) = match listeners {
+            Ok(listeners) => listeners,
+            Err(error) => {
+                failures.push(format!("{cell}: {error}"));
+                continue;
+            }
+        };
+        let (mut tcp_routes, mut udp_routes, mut exact, mut answered) =
+            (Vec::new(), Vec::new(), 0, 0);
+        for run in 0..runs {
+            let (tcp_port, udp_port) = (6000 + run as u16, 6100 + run as u16);
+            let mut problems = Vec::new();
+            // Both connect at once (each relayed one spends ~3 s on its checks first).
+            let tcp = start_connect(&mut lab, "tcp", &tcp_code, tcp_port);
+            let udp = start_connect(&mut lab, "udp", &udp_code, udp_port);
+            let tcp = connected(&mut lab, "tcp", tcp);
+            let udp = connected(&mut lab, "udp", udp);
+            let dest = lab.dir.join(format!("got{run}.bin"));
+            if tcp.is_ok() {
+                let scp_exit = scp(&mut lab, &ssh, tcp_port, &dest);
+                let got = std::fs::read(&dest).map(|b| blake3::hash(&b)).ok();
+                if got == Some(ssh.file_hash) {
+                    exact += 1;
+                } else {
+                    problems.push(format!("scp exited {scp_exit:?} and the file differs"));
+                }
+                let _ = std::fs::remove_file(&dest);
+            }
+            if udp.is_ok() {
+                let ns = lab.ns("peer2");
+                let answer = dig(&mut lab, &ns, udp_port);
+                if answer == DNS_ANSWER {
+                    answered += 1;
+                } else {
+                    problems.push(format!("dig answered {answer:?}"));
+                }
+            }
+            // Each side's route: the connect's `connected` event, and the listener's last.
+            for (kind, outcome, listener, routes) in [
+                ("tcp", &tcp, tcp_listener, &mut tcp_routes),
+                ("udp", &udp, udp_listener, &mut udp_routes),
+            ] {
+                let child = match outcome {
+                    Ok(child) => *child,
+                    Err(error) => {
+                        problems.push(error.clone());
+                        routes.push("-".to_owned());
+                        continue;
+                    }
+                };
+                let visitor = side_events(&lab.stdout(child));
+                let listening = side_events(&lab.stdout(listener));
+                let route = visitor.route.clone().unwrap_or_else(|| "-".into());
+                if visitor.route.as_deref() != Some(expected)
+                    || listening.route.as_deref() != Some(expected)
+                {
+                    problems.push(format!(
+                        "{kind}: expected {expected} on both sides: connect {:?} via {:?}, listen {:?} via {:?}",
+                        visitor.route, visitor.address, listening.route, listening.address
+                    ));
+                }
+                routes.push(route);
+                lab.kill(child);
+            }
+            if !problems.is_empty() {
+                failures.push(format!(
+                    "{cell} run {run}: {}\nlisten tcp:\n{}{}\nlisten udp:\n{}{}\nserver:\n{}",
+                    problems.join("; "),
+                    lab.stdout(tcp_listener),
+                    lab.stderr(tcp_listener),
+                    lab.stdout(udp_listener),
+                    lab.stderr(udp_listener),
+                    lab.stderr(server)
+                ));
+            }
+        }
+        table.push_str(&format!(
+            "| {cell} | {expected} | {} | {} | {exact}/{runs} | {answered}/{runs} |\n",
+            tcp_routes.join(", "),
+            udp_routes.join(", "),
+        ));
+        eprintln!(
+            "{cell}: tcp {} udp {} in {:.1} s",
+            tcp_routes.join(", "),
+            udp_routes.join(", "),
+            cell_started.elapsed().as_secs_f64()
+        );
+    }
+    println!(
+        "NAT matrix through warren p2p listen / connect, {runs} runs per cell, {:.1} s:\n{table}",
+        started.elapsed().as_secs_f64()
+    );
+    assert!(
+        failures.is_empty(),
+        "{} bad:\n\n{}\n\n{table}",
+        failures.len(),
+        failures.join("\n\n")
+    );
+}
