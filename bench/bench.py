@@ -56,6 +56,8 @@ ALL_CONFIGS = [
     "warren-aegis128l",
     "warren-tcp",
     "warren-aegis256",
+    "warren-p2p",
+    "warren-p2p-relayed",
 ]
 # What `run` measures without --only (warren-baseline needs --baseline-warren).
 DEFAULT_CONFIGS = [c for c in ALL_CONFIGS if c != "warren-baseline"]
@@ -75,6 +77,8 @@ DISPLAY_ORDER = [
     "warren-tcp",
     "warren-quic",
     "warren-quic-loopback",
+    "warren-p2p",
+    "warren-p2p-relayed",
     "rathole-tcp",
     "rathole-noise",
     "frp-plain",
@@ -93,6 +97,8 @@ LABELS = {
     "warren-tcp": "Warren tcp (plaintext)",
     "warren-quic": "Warren quic, 1452-byte packets",
     "warren-quic-loopback": "Warren quic, loopback packets",
+    "warren-p2p": "Warren p2p tunnel, direct (no server hop)",
+    "warren-p2p-relayed": "Warren p2p tunnel, through the server's relay",
     "rathole-tcp": "rathole 0.5.0 tcp",
     "rathole-noise": "rathole 0.5.0 noise (NK, ChaChaPoly)",
     "frp-plain": "frp 0.71.0 plain",
@@ -652,6 +658,71 @@ class Warren(Tunnel):
             raise BenchError(f"warren check {name} failed: {out[-600:]}")
 
 
+class WarrenP2p(Tunnel):
+    """`warren p2p listen` beside the services and `warren p2p connect` beside the
+    visitors, one pair per service (a P2P tunnel carries one service; iperf3's UDP gets
+    its own pair on the same port number), meeting at a Warren server with [server.p2p]:
+    direct, or through the server's relay (`--relay`). Every process counts (server,
+    listeners, connects): memory and CPU are the whole system's."""
+
+    def start(self, targets):
+        relay = self.name == "warren-p2p-relayed"
+        host, target_host = NET.tunnel_host, NET.target_host
+        server_port = free_port(udp=True)
+        psk = secrets.token_hex(16)
+        (self.dir / "server.toml").write_text(
+            f'[server]\nbind = "{host}:{server_port}"\npsk = "{psk}"\n'
+            "\n[server.p2p]\nrate_per_minute = 1000\n")
+        self.server = PROCS.start([self.warren, "--log-level", "warn", "server",
+                                   str(self.dir / "server.toml")], self.dir / "server.log")
+        wait_listening(server_port, host=host, proc=self.server)
+        env = {"WARREN_PSK": psk, "WARREN_SERVER": f"{host}:{server_port}"}
+        flags = ["--json"] + (["--relay"] if relay else [])
+        visitors = {svc: free_port() for svc in targets}
+        pairs = [(svc, "tcp", targets[svc], visitors[svc]) for svc in targets]
+        if "iperf" in targets:
+            pairs.append(("iperf-udp", "udp", targets["iperf"], visitors["iperf"]))
+        self.others: list[subprocess.Popen] = []
+        for svc, kind, target, visitor in pairs:
+            log_file = self.dir / f"listen-{svc}.log"
+            listen = PROCS.start(NET.client_prefix + [
+                self.warren, "--log-level", "warn", "p2p", "listen", f"--{kind}",
+                f"{target_host}:{target}"] + flags, log_file, env)
+            self.others.append(listen)
+            code = _wait_json(log_file, "code", listen)["code"]
+            self.others.append(PROCS.start([
+                self.warren, "--log-level", "warn", "p2p", "connect", "--bind",
+                f"{LOOPBACK}:{visitor}"] + flags, self.dir / f"connect-{svc}.log",
+                dict(env, WARREN_CODE=code)))
+        return visitors
+
+    def pids(self) -> list[int]:
+        return super().pids() + [p.pid for p in getattr(self, "others", [])]
+
+    def alive(self) -> bool:
+        return super().alive() and all(p.poll() is None for p in getattr(self, "others", []))
+
+    def stop(self) -> None:
+        for p in getattr(self, "others", []):
+            PROCS.stop(p)
+        self.others = []
+        super().stop()
+
+
+def _wait_json(log_file: Path, event: str, proc: subprocess.Popen, timeout: float = 20.0) -> dict:
+    """The first `--json` line of `event` a command wrote to `log_file`."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for line in log_file.read_text(errors="replace").splitlines():
+            if line.startswith("{") and f'"event":"{event}"' in line:
+                return json.loads(line)
+        if proc.poll() is not None:
+            break
+        time.sleep(0.05)
+    raise BenchError(f"no {event} event in {log_file.name}: "
+                     f"{log_file.read_text(errors='replace')[-500:]}")
+
+
 def _lacks_quic(text: str) -> bool:
     """Whether a config error says this binary does not know QUIC at all: `unknown
     transport `quic`` or `unknown key `quic`` (or "unknown variant" from serde)."""
@@ -740,6 +811,8 @@ class Frp(Tunnel):
 def make_tunnel(name: str, workdir: Path, bench_home: Path, warren: str) -> Tunnel:
     if name == "raw":
         cls = Raw
+    elif name.startswith("warren-p2p"):
+        cls = WarrenP2p
     elif name.startswith("warren-"):
         cls = Warren
     elif name.startswith("rathole-"):

@@ -25,6 +25,7 @@
 
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -43,7 +44,7 @@ use super::net::tcp_leg::PipeSocket;
 use super::pake::{CertFingerprint, Outcome, Pake, PakeError, Role};
 use super::transfer::identity::{self, Identity, SERVER_NAME};
 use crate::transport::quic::error::QuicError;
-use crate::transport::quic::settings::QuicSettings;
+use crate::transport::quic::settings::{MAX_GSO_UDP_PAYLOAD, QuicSettings};
 
 /// First byte of a mailbox body holding a [`PathOffer`] (PAKE messages start with their
 /// version, 1).
@@ -597,7 +598,14 @@ impl PeerSocket {
                     connection_receive_window: 16 * 1024 * 1024,
                     ..preset
                 },
-                // Many streams at once, as on a server tunnel.
+                // Many streams at once, as on a server tunnel. Both peers on this
+                // machine: the largest packets loopback carries, GSO off (what
+                // `max_packet = 65527` gives a server tunnel, ~20 % faster there).
+                Purpose::Tunnel if bind.ip().is_loopback() => QuicSettings {
+                    max_udp_payload: u16::MAX - 8,
+                    segmentation_offload: false,
+                    ..preset
+                },
                 Purpose::Tunnel => preset,
             }
         });
@@ -692,6 +700,7 @@ impl PeerSocket {
             }
         }
         let relay = relay.ok_or_else(|| no_relay(&punch_note))?;
+        let client = identity::client_config(identity, outcome, &self.path_settings(true))?;
         relay::join(
             &mut channel,
             relay,
@@ -722,6 +731,11 @@ impl PeerSocket {
             .set_server_config(Some(identity::server_config(
                 identity, outcome, &self.quic,
             )?));
+        let relayed = Arc::new(identity::server_config(
+            identity,
+            outcome,
+            &self.path_settings(true),
+        )?);
         let channel = self.take_channel()?;
         let token = RelayToken::from_key(&outcome.relay_key);
         let auth = RelayAuth::from_psk(&options.server.psk);
@@ -757,14 +771,14 @@ impl PeerSocket {
         };
         let deadline = options.punch.deadline + DIRECT_DIAL_WAIT + 2 * HANDSHAKE_TIMEOUT;
         let accepted = tokio::select! {
-            accepted = tokio::time::timeout(deadline, accept_peer(&endpoint)) => {
+            accepted = tokio::time::timeout(deadline, accept_peer(&endpoint, relay, &relayed)) => {
                 accepted.map_err(|_| format!(
                     "the receiver never connected in {deadline:?} (the relay paired us)"
                 ))
             }
             note = side => {
                 // No path from here: a receiver that found one is dialling by now.
-                tokio::time::timeout(FAILED_GRACE, accept_peer(&endpoint))
+                tokio::time::timeout(FAILED_GRACE, accept_peer(&endpoint, relay, &relayed))
                     .await
                     .map_err(|_| note)
             }
@@ -784,6 +798,22 @@ impl PeerSocket {
         }
     }
 
+    /// The settings of a connection on the direct path or through the relay. The relay
+    /// forwards one datagram at a time through ordinary socket buffers, so a relayed
+    /// connection never grows past GSO-sized packets (loopback's 64 KiB packets measured
+    /// 1.3-4x slower relayed, and 1.2x faster direct).
+    fn path_settings(&self, relayed: bool) -> QuicSettings {
+        if relayed && self.quic.max_udp_payload > MAX_GSO_UDP_PAYLOAD {
+            QuicSettings {
+                max_udp_payload: MAX_GSO_UDP_PAYLOAD,
+                segmentation_offload: true,
+                ..self.quic.clone()
+            }
+        } else {
+            self.quic.clone()
+        }
+    }
+
     fn take_channel(&mut self) -> Result<StunChannel, SessionError> {
         self.channel
             .take()
@@ -792,10 +822,21 @@ impl PeerSocket {
 }
 
 /// The first incoming connection whose handshake succeeds (the TLS config admits only the
-/// peer); `None` when the endpoint closed.
-async fn accept_peer(endpoint: &quinn::Endpoint) -> Option<quinn::Connection> {
+/// peer); `None` when the endpoint closed. One from the relay at `relay` gets `relayed`'s
+/// settings.
+async fn accept_peer(
+    endpoint: &quinn::Endpoint,
+    relay: Option<SocketAddr>,
+    relayed: &Arc<quinn::ServerConfig>,
+) -> Option<quinn::Connection> {
     while let Some(incoming) = endpoint.accept().await {
-        match tokio::time::timeout(HANDSHAKE_TIMEOUT, incoming).await {
+        let connecting = if Some(incoming.remote_address()) == relay {
+            incoming.accept_with(Arc::clone(relayed))
+        } else {
+            incoming.accept()
+        };
+        let Ok(connecting) = connecting else { continue };
+        match tokio::time::timeout(HANDSHAKE_TIMEOUT, connecting).await {
             Ok(Ok(connection)) => return Some(connection),
             Ok(Err(error)) => {
                 tracing::debug!(event = "p2p_handshake_refused", %error, "a dial that was not the peer's");
