@@ -317,6 +317,24 @@ pub enum MailboxOp {
         /// Whether the PAKE failed.
         failed: bool,
     },
+    /// Offer the named P2P service `service` (`[server.p2p.services]`): the server keeps a
+    /// nameplate for it while this session lives, which visitors reach by the name
+    /// ([`MailboxOp::VisitService`]) and never by its number. Answered like
+    /// [`MailboxOp::Allocate`].
+    OfferService {
+        /// The service name, as in the server's config.
+        service: String,
+        /// The service token's proof, bound to this session's handshake.
+        proof: [u8; PROOF_LEN],
+    },
+    /// Join the nameplate of the named P2P service `service` (its visitor's side).
+    /// Answered like [`MailboxOp::Claim`].
+    VisitService {
+        /// The service name.
+        service: String,
+        /// The service token's proof, bound to this session's handshake.
+        proof: [u8; PROOF_LEN],
+    },
 }
 
 /// What the server tells a mailbox client.
@@ -763,6 +781,10 @@ mod tests {
                 prop::collection::vec(any::<u8>(), 0..200)
                     .prop_map(|body| MailboxOp::Send { body }),
                 any::<bool>().prop_map(|failed| MailboxOp::Release { failed }),
+                ("[a-z]{1,12}", any::<[u8; PROOF_LEN]>())
+                    .prop_map(|(service, proof)| MailboxOp::OfferService { service, proof }),
+                ("[a-z]{1,12}", any::<[u8; PROOF_LEN]>())
+                    .prop_map(|(service, proof)| MailboxOp::VisitService { service, proof }),
             ]
             .prop_map(|op| ControlMessage::Mailbox { op }),
             prop_oneof![

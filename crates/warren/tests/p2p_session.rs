@@ -40,7 +40,7 @@ async fn transfer(sender: Options, receiver: Options) -> (Route, Route) {
     std::fs::create_dir(&out).unwrap();
 
     let mut offering = Offering::open(sender).await.expect("a code");
-    let code = Code::parse(&offering.code().reveal()).unwrap();
+    let code = Code::parse(&offering.code().unwrap().reveal()).unwrap();
     let sources = Sources::walk(std::slice::from_ref(&src), &[]).unwrap();
     let sending = tokio::spawn(async move {
         let connected = offering.next_receiver().await.expect("the sender connects");

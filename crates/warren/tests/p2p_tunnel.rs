@@ -1,7 +1,8 @@
 //! Peer-to-peer tunnels (issue 18, `p2p::tunnel`), in process against a real server with
 //! `[server.p2p]`: TCP streams and UDP flows through the direct path and through the
 //! relay, bytes checked by hash; an entrance that keeps its port and joins again when the
-//! connection drops; a code used with the wrong pair of commands.
+//! connection drops; a named service (`[server.p2p.services]`) reached by name and token;
+//! a code used with the wrong pair of commands.
 
 mod support;
 
@@ -14,13 +15,21 @@ use tokio::net::UdpSocket;
 use tokio_util::sync::CancellationToken;
 use warren::Server;
 use warren::config::{HostPort, UdpSettings};
+use warren::crypto::secret::Secret;
 use warren::p2p::code::Code;
+use warren::p2p::mailbox::MailboxError;
 use warren::p2p::mailbox::MailboxServer;
-use warren::p2p::session::{self, Offering, Options, Purpose, Route, SessionError};
+use warren::p2p::session::{self, Meeting, Offering, Options, Purpose, Route, SessionError};
 use warren::p2p::tunnel::{Entrance, Exit, Kind, TunnelStats, Visit};
 
+/// The named service of [`server`]'s config, and its token.
+const SERVICE: &str = "ssh";
+const SERVICE_TOKEN: &str = "p2p-service-token-0123456789";
+
 async fn server() -> (MailboxServer, StopOnDrop) {
-    let config = p2p_server_config("");
+    let config = p2p_server_config(&format!(
+        "[server.p2p.services.{SERVICE}]\ntoken = \"{SERVICE_TOKEN}\"\n"
+    ));
     let bound = Server::from_config(config).unwrap().bind().await.unwrap();
     let stop = StopOnDrop(bound.shutdown_token());
     let target = mailbox_target(bound.local_addr());
@@ -38,7 +47,7 @@ fn tunnel_options(server: &MailboxServer, relay_only: bool) -> Options {
 /// A listening side serving `kind` at `target` to every peer that joins its code, each
 /// connection's serving cancelled by `drop_peers` (the listener itself goes on).
 struct Listener {
-    code: Code,
+    meeting: Meeting,
     stop: CancellationToken,
     drop_peers: Arc<tokio::sync::Notify>,
 }
@@ -49,9 +58,31 @@ impl Drop for Listener {
     }
 }
 
-async fn listen(options: Options, kind: Kind, target: SocketAddr) -> Listener {
-    let mut offering = Offering::open(options).await.expect("a code");
-    let code = Code::parse(&offering.code().reveal()).unwrap();
+/// Listens with a fresh code (`service` `None`) or as the named service.
+async fn listen(
+    options: Options,
+    kind: Kind,
+    target: SocketAddr,
+    service: Option<&str>,
+) -> Listener {
+    let (mut offering, meeting) = match service {
+        Some(name) => {
+            let token = Secret::new(SERVICE_TOKEN);
+            let meeting = Meeting::Service {
+                name: name.to_owned(),
+                token: token.clone(),
+            };
+            let offering = Offering::open_service(options, name, token)
+                .await
+                .expect("offered");
+            (offering, meeting)
+        }
+        None => {
+            let offering = Offering::open(options).await.expect("a code");
+            let code = Code::parse(&offering.code().unwrap().reveal()).unwrap();
+            (offering, Meeting::Code(code))
+        }
+    };
     let exit = Arc::new(Exit {
         kind,
         target: HostPort::from(target),
@@ -90,15 +121,17 @@ async fn listen(options: Options, kind: Kind, target: SocketAddr) -> Listener {
         }
     });
     Listener {
-        code,
+        meeting,
         stop,
         drop_peers,
     }
 }
 
-/// Joins `code`, reads the kind, binds an entrance on a free loopback port.
-async fn connect(code: &Code, options: &Options) -> (Entrance, session::Connected) {
-    let connected = session::join(code, options).await.expect("joined");
+/// Joins `meeting`, reads the kind, binds an entrance on a free loopback port.
+async fn connect(meeting: &Meeting, options: &Options) -> (Entrance, session::Connected) {
+    let connected = session::join_meeting(meeting, options)
+        .await
+        .expect("joined");
     let kind = Entrance::hello(&connected.connection).await.expect("hello");
     let entrance = Entrance::bind(kind, "127.0.0.1:0".parse().unwrap(), UdpSettings::DEFAULT)
         .await
@@ -132,8 +165,8 @@ async fn tcp_connections_go_through_the_direct_path_and_the_relay() {
     let echo = echo_target().await;
     for relay_only in [false, true] {
         let options = tunnel_options(&server, relay_only);
-        let listener = listen(options.clone(), Kind::Tcp, echo).await;
-        let (entrance, connected) = connect(&listener.code, &options).await;
+        let listener = listen(options.clone(), Kind::Tcp, echo, None).await;
+        let (entrance, connected) = connect(&listener.meeting, &options).await;
         assert_eq!(entrance.kind(), Kind::Tcp);
         match (relay_only, connected.route) {
             (false, Route::Direct(_)) | (true, Route::Relayed(_)) => {}
@@ -142,10 +175,11 @@ async fn tcp_connections_go_through_the_direct_path_and_the_relay() {
         let local = entrance.local_addr();
         let stop = CancellationToken::new();
         let keeping = {
-            let (code, options, stop) = (listener.code.clone(), options.clone(), stop.clone());
+            let (meeting, options, stop) =
+                (listener.meeting.clone(), options.clone(), stop.clone());
             async move {
                 entrance
-                    .keep_joined(connected, &code, &options, &stop, |_| {})
+                    .keep_joined(connected, &meeting, &options, &stop, |_| {})
                     .await
                     .expect("kept");
                 entrance
@@ -210,8 +244,8 @@ async fn udp_flows_go_through_the_direct_path_and_the_relay() {
     let echo = udp_echo().await;
     for relay_only in [false, true] {
         let options = tunnel_options(&server, relay_only);
-        let listener = listen(options.clone(), Kind::Udp, echo).await;
-        let (entrance, connected) = connect(&listener.code, &options).await;
+        let listener = listen(options.clone(), Kind::Udp, echo, None).await;
+        let (entrance, connected) = connect(&listener.meeting, &options).await;
         assert_eq!(entrance.kind(), Kind::Udp);
         let local = entrance.local_addr();
         let stop = CancellationToken::new();
@@ -219,7 +253,7 @@ async fn udp_flows_go_through_the_direct_path_and_the_relay() {
             check_udp_echoes(local, 20).await;
             stop.cancel();
         };
-        let keeping = entrance.keep_joined(connected, &listener.code, &options, &stop, |_| {});
+        let keeping = entrance.keep_joined(connected, &listener.meeting, &options, &stop, |_| {});
         let (kept, ()) = tokio::join!(keeping, checking);
         kept.expect("kept");
         entrance.close().await;
@@ -228,15 +262,22 @@ async fn udp_flows_go_through_the_direct_path_and_the_relay() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_entrance_keeps_its_port_and_joins_again_when_the_connection_drops() {
+    for service in [None, Some(SERVICE)] {
+        keeps_its_port(service).await;
+    }
+}
+
+/// The reconnect check, with a code or by the named service.
+async fn keeps_its_port(service: Option<&str>) {
     let (server, _stop) = server().await;
     let echo = echo_target().await;
     let options = tunnel_options(&server, false);
-    let listener = listen(options.clone(), Kind::Tcp, echo).await;
-    let (entrance, connected) = connect(&listener.code, &options).await;
+    let listener = listen(options.clone(), Kind::Tcp, echo, service).await;
+    let (entrance, connected) = connect(&listener.meeting, &options).await;
     let local = entrance.local_addr();
     let stop = CancellationToken::new();
     let (events_tx, mut events) = tokio::sync::mpsc::unbounded_channel();
-    let keeping = entrance.keep_joined(connected, &listener.code, &options, &stop, |visit| {
+    let keeping = entrance.keep_joined(connected, &listener.meeting, &options, &stop, |visit| {
         let _ = events_tx.send(match visit {
             Visit::Connected(_) => "connected",
             Visit::Disconnected { .. } => "disconnected",
@@ -270,7 +311,7 @@ async fn a_tunnel_code_used_for_files_fails_on_both_sides_with_the_commands() {
     let mut offering = Offering::open(tunnel_options(&server, false))
         .await
         .expect("a code");
-    let code = Code::parse(&offering.code().reveal()).unwrap();
+    let code = Code::parse(&offering.code().unwrap().reveal()).unwrap();
     let listening = tokio::spawn(async move { offering.next_receiver().await.map(|_| ()) });
     let joined = session::join(&code, &Options::new(server.clone())).await;
     let error = joined.expect_err("a file receiver must not connect to a tunnel");
@@ -287,4 +328,52 @@ async fn a_tunnel_code_used_for_files_fails_on_both_sides_with_the_commands() {
         matches!(listened, Err(SessionError::WrongPurpose { .. })),
         "{listened:?}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_named_service_is_reached_by_its_name_with_its_token_only() {
+    let (server, _stop) = server().await;
+    let echo = echo_target().await;
+    let options = tunnel_options(&server, false);
+    let listener = listen(options.clone(), Kind::Tcp, echo, Some(SERVICE)).await;
+    // A second listener for the same name is refused while the first is there.
+    let second = Offering::open_service(options.clone(), SERVICE, Secret::new(SERVICE_TOKEN)).await;
+    assert!(
+        matches!(&second, Err(SessionError::Mailbox(MailboxError::Refused(reason))) if reason.contains("offered by another client")),
+        "{second:?}"
+    );
+    // The wrong token, or a name the server does not have, gets nowhere.
+    for (name, token, says) in [
+        (SERVICE, "not-the-token-0123456789", "wrong token"),
+        ("web", SERVICE_TOKEN, "no P2P service `web`"),
+    ] {
+        let meeting = Meeting::Service {
+            name: name.to_owned(),
+            token: Secret::new(token),
+        };
+        let error = session::join_meeting(&meeting, &options)
+            .await
+            .expect_err("refused");
+        assert!(error.to_string().contains(says), "{error}");
+    }
+    // Two visitors at once, both through.
+    let (a, a_connected) = connect(&listener.meeting, &options).await;
+    let (b, b_connected) = connect(&listener.meeting, &options).await;
+    let stop = CancellationToken::new();
+    let checking = async {
+        tokio::join!(
+            check_tcp_echoes(a.local_addr(), 4, 128 * 1024),
+            check_tcp_echoes(b.local_addr(), 4, 128 * 1024)
+        );
+        stop.cancel();
+    };
+    let (kept_a, kept_b, ()) = tokio::join!(
+        a.keep_joined(a_connected, &listener.meeting, &options, &stop, |_| {}),
+        b.keep_joined(b_connected, &listener.meeting, &options, &stop, |_| {}),
+        checking
+    );
+    kept_a.expect("kept");
+    kept_b.expect("kept");
+    a.close().await;
+    b.close().await;
 }

@@ -162,7 +162,8 @@ pub async fn send(args: SendArgs) -> Result<(), Failure> {
     let mut offering = Offering::open(options)
         .await
         .map_err(|e| Failure::Failed(e.to_string()))?;
-    let code = offering.code().reveal();
+    // Invariant: `Offering::open` always makes a code.
+    let code = offering.code().map(Code::reveal).unwrap_or_default();
     out.event(json!({"event": "code", "code": code}));
     out.say(&format!(
         "Code: {code}\nOn the other machine: warren receive   (then type the code; or WARREN_CODE={code} warren receive)"

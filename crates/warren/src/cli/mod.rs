@@ -88,6 +88,14 @@ pub fn psk(psk_file: Option<&Path>) -> Result<Secret, String> {
     secret("PSK", None, psk_file, "WARREN_PSK", "--psk-file")
 }
 
+/// A service token alone, from `--token-file` or `WARREN_TOKEN` (`warren p2p --service`).
+///
+/// # Errors
+/// A message saying the token is missing or the file cannot be read.
+pub fn token(token_file: Option<&Path>) -> Result<Secret, String> {
+    secret("token", None, token_file, "WARREN_TOKEN", "--token-file")
+}
+
 fn secret(
     what: &str,
     flag: Option<&str>,

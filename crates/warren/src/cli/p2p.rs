@@ -3,12 +3,15 @@
 //!
 //! `listen` prints a code and serves every `connect` that brings it (one after another at
 //! the mailbox, then all at once), until stopped or until nobody has used the code for the
-//! server's `nameplate_ttl`. `connect` binds its local port once, joins, and when the
+//! server's `nameplate_ttl`. With `--service NAME` (a `[server.p2p.services.NAME]` of the
+//! server's, and its token from `WARREN_TOKEN` or `--token-file`) there is no code: both
+//! sides meet by the name for as long as the listener runs, and the token is the password
+//! of their key exchange (never sent). `connect` binds its local port once, joins, and when the
 //! connection drops joins again with the same code, keeping the port; visitors that come
 //! while it is away are reset (TCP) or dropped (UDP).
 //!
 //! Output as for `warren send`: lines for people on stderr, `--json` events on stdout
-//! (`code`, `connected`, `listening`, `disconnected`, `notice`).
+//! (`code` or `offered`, `connected`, `listening`, `disconnected`, `notice`).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -20,13 +23,18 @@ use serde_json::json;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use warren::config::{HostPort, UdpSettings};
-use warren::p2p::session::{self, Offering, Purpose, SessionError};
+use warren::p2p::session::{self, Meeting, Offering, Purpose, SessionError};
 use warren::p2p::tunnel::{Entrance, Exit, Kind, TunnelStats, Visit};
 
 use super::files::{Failure, Output, ServerArgs, options, read_code};
 
 /// Peers one `warren p2p listen` serves at once.
 const MAX_PEERS: u32 = 256;
+/// First pause before a `listen --service` offers its service again (the server was
+/// unreachable, or another client offers it); it doubles up to [`REOFFER_MAX_PAUSE`].
+const REOFFER_FIRST_PAUSE: Duration = Duration::from_millis(500);
+/// Longest pause between two offers.
+const REOFFER_MAX_PAUSE: Duration = Duration::from_secs(30);
 
 /// `warren p2p`.
 #[derive(Debug, Clone, Subcommand)]
@@ -61,7 +69,35 @@ pub struct ListenArgs {
     #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=MAX_PEERS as i64))]
     pub max_peers: u32,
     #[command(flatten)]
+    pub named: NamedArgs,
+    #[command(flatten)]
     pub server: ServerArgs,
+}
+
+/// A named P2P service instead of a code (both commands).
+#[derive(Debug, Clone, Args)]
+pub struct NamedArgs {
+    /// Meet by this name, a [server.p2p.services.NAME] of the server's, instead of a code:
+    /// for tunnels that stay. Its token comes from WARREN_TOKEN or --token-file.
+    #[arg(long, value_name = "NAME")]
+    pub service: Option<String>,
+    /// Read the service's token from this file (first line). Default: WARREN_TOKEN.
+    #[arg(long, value_name = "FILE", requires = "service")]
+    pub token_file: Option<std::path::PathBuf>,
+}
+
+impl NamedArgs {
+    /// The named service and its token, if `--service` was given.
+    fn meeting(&self) -> Result<Option<Meeting>, Failure> {
+        let Some(name) = &self.service else {
+            return Ok(None);
+        };
+        let token = crate::cli::token(self.token_file.as_deref()).map_err(Failure::Usage)?;
+        Ok(Some(Meeting::Service {
+            name: name.clone(),
+            token,
+        }))
+    }
 }
 
 /// `warren p2p connect`.
@@ -69,11 +105,13 @@ pub struct ListenArgs {
 pub struct ConnectArgs {
     /// The code from `warren p2p listen`. Other users can see arguments in `ps`: prefer
     /// WARREN_CODE or typing it at the prompt.
-    #[arg(value_name = "CODE")]
+    #[arg(value_name = "CODE", conflicts_with = "service")]
     pub code: Option<String>,
     /// The local address visitors use (TCP or UDP, as the other side serves).
     #[arg(long, short = 'b', value_name = "ADDR:PORT")]
     pub bind: SocketAddr,
+    #[command(flatten)]
+    pub named: NamedArgs,
     #[command(flatten)]
     pub server: ServerArgs,
 }
@@ -110,24 +148,97 @@ async fn listen(args: ListenArgs, stop: CancellationToken) -> Result<(), Failure
     let out = Output::new(args.server.json);
     let mut options = options(&args.server)?;
     options.purpose = Purpose::Tunnel;
-    let mut offering = Offering::open(options)
-        .await
-        .map_err(|e| Failure::Failed(e.to_string()))?;
-    let code = offering.code().reveal();
-    out.event(json!({"event": "code", "code": code}));
-    out.say(&format!(
-        "Serving {} {} to whoever has the code:\n\n    {code}\n\nOn the other side: warren p2p connect --bind 127.0.0.1:PORT (and the code)",
-        kind.word(),
-        exit.target
-    ));
+    let meeting = args.named.meeting()?;
     let stats = Arc::new(TunnelStats::default());
     let mut peers = JoinSet::new();
+    let mut pause = REOFFER_FIRST_PAUSE;
     let failure = loop {
+        let opened = match &meeting {
+            Some(Meeting::Service { name, token }) => {
+                Offering::open_service(options.clone(), name, token.clone()).await
+            }
+            _ => Offering::open(options.clone()).await,
+        };
+        let mut offering = match opened {
+            Ok(offering) => offering,
+            // A named service outlives server restarts and a client that offers it
+            // already: offer again, pausing longer each time.
+            Err(error) if meeting.is_some() => {
+                out.notice(&format!(
+                    "cannot offer the service ({error}); trying again in {:.1} s",
+                    pause.as_secs_f32()
+                ));
+                tokio::select! {
+                    () = stop.cancelled() => break None,
+                    () = tokio::time::sleep(pause) => {}
+                }
+                pause = (pause * 2).min(REOFFER_MAX_PAUSE);
+                continue;
+            }
+            Err(error) => return Err(Failure::Failed(error.to_string())),
+        };
+        pause = REOFFER_FIRST_PAUSE;
+        announce(&out, &offering, &args.named, &exit);
+        let ended = serve_peers(&mut offering, &exit, &stats, &mut peers, &args, &out, &stop).await;
+        offering.close().await;
+        match ended {
+            None => break None,
+            Some(error) if meeting.is_some() => {
+                out.notice(&format!(
+                    "lost the server's mailbox ({error}); offering again"
+                ));
+            }
+            Some(error) => break Some(error),
+        }
+    };
+    stop.cancel();
+    while peers.join_next().await.is_some() {}
+    match failure {
+        Some(error) => Err(Failure::Failed(error)),
+        None => Ok(()),
+    }
+}
+
+/// Says how to reach the offering: its code, or its service name.
+fn announce(out: &Output, offering: &Offering, named: &NamedArgs, exit: &Exit) {
+    let kind = exit.kind.word();
+    match (offering.code(), &named.service) {
+        (Some(code), _) => {
+            let code = code.reveal();
+            out.event(json!({"event": "code", "code": code}));
+            out.say(&format!(
+                "Serving {kind} {} to whoever has the code:\n\n    {code}\n\nOn the other side: warren p2p connect --bind 127.0.0.1:PORT (and the code)",
+                exit.target
+            ));
+        }
+        (None, service) => {
+            let service = service.as_deref().unwrap_or_default();
+            out.event(json!({"event": "offered", "service": service}));
+            out.say(&format!(
+                "Serving {kind} {} as P2P service `{service}`: on the other side, warren p2p connect --service {service} --bind 127.0.0.1:PORT (with the service's token)",
+                exit.target
+            ));
+        }
+    }
+}
+
+/// Serves every peer that comes to `offering` (each in `peers`) until `stop` (`None`) or
+/// the mailbox fails (`Some`, why).
+async fn serve_peers(
+    offering: &mut Offering,
+    exit: &Arc<Exit>,
+    stats: &Arc<TunnelStats>,
+    peers: &mut JoinSet<()>,
+    args: &ListenArgs,
+    out: &Output,
+    stop: &CancellationToken,
+) -> Option<String> {
+    loop {
         while peers.try_join_next().is_some() {}
         // `next_receiver` is not cancel-safe, which only matters for the peer of the
         // moment: a stop ends everything anyway.
         let connected = tokio::select! {
-            () = stop.cancelled() => break None,
+            () = stop.cancelled() => return None,
             connected = offering.next_receiver() => connected,
         };
         let connected = match connected {
@@ -140,7 +251,7 @@ async fn listen(args: ListenArgs, stop: CancellationToken) -> Result<(), Failure
                 out.notice(&format!("a peer could not connect: {error}"));
                 continue;
             }
-            Err(error) => break Some(error.to_string()),
+            Err(error) => return Some(error.to_string()),
         };
         let who = connected.peer.short();
         if peers.len() >= args.max_peers as usize {
@@ -155,8 +266,8 @@ async fn listen(args: ListenArgs, stop: CancellationToken) -> Result<(), Failure
         }
         out.connected(&connected);
         let (exit, stats, stop, out) = (
-            Arc::clone(&exit),
-            Arc::clone(&stats),
+            Arc::clone(exit),
+            Arc::clone(stats),
             stop.clone(),
             out.clone(),
         );
@@ -170,22 +281,18 @@ async fn listen(args: ListenArgs, stop: CancellationToken) -> Result<(), Failure
             let _ =
                 tokio::time::timeout(Duration::from_secs(1), connected.endpoint.wait_idle()).await;
         });
-    };
-    stop.cancel();
-    offering.close().await;
-    while peers.join_next().await.is_some() {}
-    match failure {
-        Some(error) => Err(Failure::Failed(error)),
-        None => Ok(()),
     }
 }
 
 async fn connect(args: ConnectArgs, stop: CancellationToken) -> Result<(), Failure> {
-    let code = read_code(args.code.as_deref()).await?;
+    let meeting = match args.named.meeting()? {
+        Some(meeting) => meeting,
+        None => Meeting::Code(read_code(args.code.as_deref()).await?),
+    };
     let out = Output::new(args.server.json);
     let mut options = options(&args.server)?;
     options.purpose = Purpose::Tunnel;
-    let connected = session::join(&code, &options)
+    let connected = session::join_meeting(&meeting, &options)
         .await
         .map_err(|e| Failure::Failed(e.to_string()))?;
     let kind = Entrance::hello(&connected.connection)
@@ -202,7 +309,7 @@ async fn connect(args: ConnectArgs, stop: CancellationToken) -> Result<(), Failu
         kind.word()
     ));
     let result = entrance
-        .keep_joined(connected, &code, &options, &stop, |visit| match visit {
+        .keep_joined(connected, &meeting, &options, &stop, |visit| match visit {
             Visit::Connected(connected) => out.connected(connected),
             Visit::Disconnected { peer, reason } => {
                 disconnected(&out, &peer.peer.short(), reason, entrance.stats());

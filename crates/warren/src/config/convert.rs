@@ -201,7 +201,13 @@ pub(crate) fn convert_server(file: FileServer, report: &mut Report) -> ServerCon
         }
     }
     config.http = super::http::convert_listen(report, file.http);
-    config.p2p = super::p2p::convert(report, file.p2p, config.bind, config.transport);
+    config.p2p = super::p2p::convert(
+        report,
+        file.p2p,
+        config.bind,
+        config.transport,
+        default_token.as_ref(),
+    );
     let (services, forwards) = server_services(
         report,
         file.services,

@@ -372,7 +372,8 @@ mod tests {
                 "relay_max_bytes",
                 "relay_rate",
                 "relay_max_pairs",
-                "relay_idle"
+                "relay_idle",
+                "services"
             ]
         );
         assert_eq!(

@@ -14,11 +14,15 @@
 //! relay_rate = "1GiB"        # bytes per second per transfer ("1GiB/s" works too)
 //! relay_max_pairs = 256      # transfers relayed at once
 //! relay_idle = "60s"         # a relayed transfer silent this long is forgotten
+//!
+//! [server.p2p.services.ssh]   # a named P2P service (`warren p2p listen --service ssh`)
+//! token = "${SSH_TOKEN}"      # both peers prove it; default: the server's default_token
 //! ```
 //!
 //! The section's presence turns the mailbox and the UDP port on; without it a client's
 //! mailbox request is refused with a message naming the section.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -29,6 +33,7 @@ use super::error::{ConfigError, Report};
 use super::file::RawDuration;
 use super::middleware::{FileSize, parse_size};
 use super::typed::Transport;
+use crate::crypto::secret::Secret;
 
 /// Default per-transfer relay cap: 16 GiB (both directions together, QUIC overhead
 /// included). A relayed transfer is one the NATs forced through the server, and real ones
@@ -72,10 +77,20 @@ pub struct FileP2p {
     pub relay_max_pairs: Option<u32>,
     /// A relayed transfer with no datagram for this long is forgotten. Default `"60s"`.
     pub relay_idle: Option<RawDuration>,
+    /// Named P2P services: peers that prove the token meet by the name.
+    pub services: Option<BTreeMap<String, FileP2pService>>,
+}
+
+/// A `[server.p2p.services.NAME]` table as written.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileP2pService {
+    /// The token both peers prove. Default: the server's `default_token`.
+    pub token: Option<String>,
 }
 
 /// The settings of the mailbox, the reflector and the relay.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct P2pConfig {
     /// How long an allocated nameplate waits for a receiver.
     pub nameplate_ttl: Duration,
@@ -96,6 +111,10 @@ pub struct P2pConfig {
     pub relay_max_pairs: u32,
     /// A relayed transfer with no datagram for this long is forgotten.
     pub relay_idle: Duration,
+    /// Named P2P services and their tokens: a client offers or visits one by its name
+    /// after proving the token (`warren p2p listen --service NAME`), and the token is
+    /// the peers' PAKE password.
+    pub services: BTreeMap<String, Secret>,
 }
 
 impl Default for P2pConfig {
@@ -111,8 +130,49 @@ impl Default for P2pConfig {
             relay_rate: DEFAULT_RELAY_RATE,
             relay_max_pairs: DEFAULT_RELAY_MAX_PAIRS,
             relay_idle: DEFAULT_RELAY_IDLE,
+            services: BTreeMap::new(),
         }
     }
+}
+
+/// The named P2P services with their tokens.
+fn services(
+    report: &mut Report,
+    file: BTreeMap<String, FileP2pService>,
+    default_token: Option<&Secret>,
+) -> BTreeMap<String, Secret> {
+    let mut services = BTreeMap::new();
+    for (name, service) in file {
+        let key = format!("server.p2p.services.{name}");
+        if name.is_empty()
+            || name.len() > 64
+            || !name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+        {
+            report.fail(
+                ConfigError::new(&key, "not a usable service name").with_hint(
+                    "use 1 to 64 letters, digits, `-` or `_`, e.g. [server.p2p.services.ssh]",
+                ),
+            );
+            continue;
+        }
+        let token = match (service.token, default_token) {
+            (Some(token), _) => Secret::new(token),
+            (None, Some(default)) => default.clone(),
+            (None, None) => {
+                report.fail(
+                    ConfigError::new(format!("{key}.token"), "no token, and [server] has no default_token")
+                        .with_hint(format!(
+                            "add token = \"${{WARREN_TOKEN}}\" to [{key}]: both peers of the service prove it"
+                        )),
+                );
+                continue;
+            }
+        };
+        services.insert(name, token);
+    }
+    services
 }
 
 /// Converts `[server.p2p]`; `bind` and `transport` are the server's (the UDP port's
@@ -122,6 +182,7 @@ pub(crate) fn convert(
     file: Option<FileP2p>,
     bind: SocketAddr,
     transport: Transport,
+    default_token: Option<&Secret>,
 ) -> Option<P2pConfig> {
     let file = file?;
     let default = P2pConfig::default();
@@ -172,6 +233,7 @@ pub(crate) fn convert(
             file.relay_idle.as_ref(),
             default.relay_idle,
         ),
+        services: services(report, file.services.unwrap_or_default(), default_token),
     };
     if config.nameplate_ttl < Duration::from_secs(10) {
         report.fail(

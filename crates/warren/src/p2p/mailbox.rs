@@ -12,6 +12,7 @@ use warren_proto::message::{ControlMessage, MAX_MAILBOX_BODY, MailboxEvent, Mail
 
 use crate::client::establish::{self, EstablishError};
 use crate::config::HostPort;
+use crate::crypto::keys;
 use crate::crypto::secret::Secret;
 use crate::session::stream::Stream;
 use crate::session::{self as control};
@@ -89,6 +90,8 @@ pub struct Mailbox {
     deadline: Duration,
     /// The address the session reached (the server's name resolved).
     server_addr: SocketAddr,
+    /// The session's handshake hash: service token proofs are bound to it.
+    handshake_hash: [u8; 32],
 }
 
 impl std::fmt::Debug for Mailbox {
@@ -109,6 +112,7 @@ impl Mailbox {
             held: std::collections::VecDeque::new(),
             deadline: target.deadline,
             server_addr: session.server_addr,
+            handshake_hash: *session.keys.handshake_hash(),
         })
     }
 
@@ -150,6 +154,49 @@ impl Mailbox {
     /// Refused (no such nameplate, another receiver holds it), or the session failed.
     pub async fn claim(&mut self, nameplate: u32) -> Result<Option<u16>, MailboxError> {
         self.op(MailboxOp::Claim { nameplate }).await?;
+        match self.next(self.deadline).await? {
+            MailboxEvent::Claimed { udp_port } => Ok(udp_port),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Offers the named P2P service `service`, proving `token` (the listening side):
+    /// answered as [`Mailbox::allocate`], with the nameplate it stands for.
+    ///
+    /// # Errors
+    /// Refused (no such service, wrong token, offered by another client), or the session
+    /// failed.
+    pub async fn offer_service(
+        &mut self,
+        service: &str,
+        token: &Secret,
+    ) -> Result<(u32, Option<u16>), MailboxError> {
+        let proof = keys::token_proof(token, &self.handshake_hash, service);
+        let service = service.to_owned();
+        self.op(MailboxOp::OfferService { service, proof }).await?;
+        match self.next(self.deadline).await? {
+            MailboxEvent::Allocated {
+                nameplate,
+                udp_port,
+            } => Ok((nameplate, udp_port)),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Joins the named P2P service `service`, proving `token` (the visiting side):
+    /// answered as [`Mailbox::claim`].
+    ///
+    /// # Errors
+    /// Refused (no such service, wrong token, nobody offers it), [`MailboxError::Busy`]
+    /// (another visitor is connecting), or the session failed.
+    pub async fn visit_service(
+        &mut self,
+        service: &str,
+        token: &Secret,
+    ) -> Result<Option<u16>, MailboxError> {
+        let proof = keys::token_proof(token, &self.handshake_hash, service);
+        let service = service.to_owned();
+        self.op(MailboxOp::VisitService { service, proof }).await?;
         match self.next(self.deadline).await? {
             MailboxEvent::Claimed { udp_port } => Ok(udp_port),
             other => Err(unexpected(other)),

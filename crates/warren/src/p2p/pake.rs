@@ -34,6 +34,9 @@
 //!   bound to its nameplate and protocol. Its output is K (32 bytes).
 //! * transcript = `warren-files/1` || nameplate (u32 BE) || sender's Spake message ||
 //!   receiver's Spake message (roles, not arrival order, fix the order).
+//! * A named P2P service ([`Pake::for_service`]) runs the same exchange with password =
+//!   the service's token, identity = `warren-p2p-service/1 service=<name>`, and
+//!   `service=<name>` in the transcript where a code has its nameplate.
 //! * k_x = HKDF-SHA256(ikm = K, salt = SHA-256(transcript), info = `warren-files/1 ` || x)
 //!   for x in `confirm sender`, `confirm receiver`, `seal sender`, `seal receiver`,
 //!   `relay`; 32 bytes each.
@@ -65,7 +68,7 @@ use warren_proto::files::pake::{
     FINGERPRINT_LEN, PakeMessageError, SEALED_FINGERPRINT_LEN, SPAKE_LEN,
 };
 
-use super::code::{Code, Nameplate};
+use super::code::Code;
 use crate::crypto::kdf::{KdfError, hkdf_expand, hmac_sha256, verify_hmac_sha256};
 
 /// Protocol label; also the ALPN of the file protocol.
@@ -296,7 +299,9 @@ impl State {
 /// One side of the key exchange (see the module docs for the flow and call order).
 pub struct Pake {
     role: Role,
-    nameplate: Nameplate,
+    /// What binds the transcript to this meeting: the nameplate's four bytes (a code), or
+    /// `service=NAME` (a named P2P service).
+    context: Vec<u8>,
     fingerprint: CertFingerprint,
     state: State,
     outbox: VecDeque<Vec<u8>>,
@@ -307,7 +312,7 @@ impl fmt::Debug for Pake {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Pake")
             .field("role", &self.role)
-            .field("nameplate", &self.nameplate)
+            .field("context", &String::from_utf8_lossy(&self.context))
             .field("state", &self.state.expected())
             .finish_non_exhaustive()
     }
@@ -319,9 +324,45 @@ impl Pake {
     /// from it. Queues the first message.
     pub fn new(role: Role, code: &Code, fingerprint: CertFingerprint, seed: [u8; 32]) -> Pake {
         let nameplate = code.nameplate();
-        let identity = format!("warren-files/1 nameplate={nameplate}");
+        Pake::start(
+            role,
+            &format!("warren-files/1 nameplate={nameplate}"),
+            nameplate.get().to_be_bytes().to_vec(),
+            code.password().as_bytes(),
+            fingerprint,
+            seed,
+        )
+    }
+
+    /// Starts the exchange for the named P2P service `service`, whose token both sides
+    /// hold (the password: never sent, and a side without it fails the confirmation).
+    pub fn for_service(
+        role: Role,
+        service: &str,
+        token: &[u8],
+        fingerprint: CertFingerprint,
+        seed: [u8; 32],
+    ) -> Pake {
+        Pake::start(
+            role,
+            &format!("warren-p2p-service/1 service={service}"),
+            format!("service={service}").into_bytes(),
+            token,
+            fingerprint,
+            seed,
+        )
+    }
+
+    fn start(
+        role: Role,
+        identity: &str,
+        context: Vec<u8>,
+        password: &[u8],
+        fingerprint: CertFingerprint,
+        seed: [u8; 32],
+    ) -> Pake {
         let (spake, msg) = Spake2::<Ed25519Group>::start_symmetric_with_rng(
-            &Password::new(code.password().as_bytes()),
+            &Password::new(password),
             &Identity::new(identity.as_bytes()),
             SeedRng::new(seed),
         );
@@ -332,7 +373,7 @@ impl Pake {
         outbox.push_back(PakeMessage::Spake(mine).encode());
         Pake {
             role,
-            nameplate,
+            context,
             fingerprint,
             state: State::AwaitSpake { spake, mine },
             outbox,
@@ -384,7 +425,7 @@ impl Pake {
                     Role::Sender => (&mine, &theirs),
                     Role::Receiver => (&theirs, &mine),
                 };
-                let keys = derive_keys(&key, self.nameplate, sender_msg, receiver_msg)?;
+                let keys = derive_keys(&key, &self.context, sender_msg, receiver_msg)?;
                 let tag = hmac_sha256(keys.confirm(self.role), &[&keys.transcript]);
                 self.outbox.push_back(PakeMessage::Confirm(tag).encode());
                 State::AwaitConfirm(Box::new(keys))
@@ -427,13 +468,13 @@ impl Pake {
 
 fn derive_keys(
     key: &[u8],
-    nameplate: Nameplate,
+    context: &[u8],
     sender_msg: &[u8; SPAKE_LEN],
     receiver_msg: &[u8; SPAKE_LEN],
 ) -> Result<Keys, KdfError> {
-    let mut transcript = Vec::with_capacity(LABEL.len() + 4 + 2 * SPAKE_LEN);
+    let mut transcript = Vec::with_capacity(LABEL.len() + context.len() + 2 * SPAKE_LEN);
     transcript.extend_from_slice(LABEL);
-    transcript.extend_from_slice(&nameplate.get().to_be_bytes());
+    transcript.extend_from_slice(context);
     transcript.extend_from_slice(sender_msg);
     transcript.extend_from_slice(receiver_msg);
     let salt = digest::digest(&digest::SHA256, &transcript);
@@ -785,5 +826,58 @@ mod tests {
         assert_eq!(ma, mb);
         assert_ne!(ma, mc);
         assert_eq!(fp(3).short().len(), 19);
+    }
+
+    /// Runs two machines to the end, passing messages both ways; each side's result.
+    fn run_pair(mut a: Pake, mut b: Pake) -> (Result<(), PakeError>, Result<(), PakeError>) {
+        let (mut ra, mut rb) = (Ok(()), Ok(()));
+        for _ in 0..10 {
+            while let Some(m) = a.poll_transmit() {
+                if rb.is_ok() {
+                    rb = b.handle_message(&m);
+                }
+            }
+            while let Some(m) = b.poll_transmit() {
+                if ra.is_ok() {
+                    ra = a.handle_message(&m);
+                }
+            }
+        }
+        (ra, rb)
+    }
+
+    #[test]
+    fn a_service_exchange_agrees_on_the_token_and_fails_on_another_token_or_name() {
+        let start = |role, service: &str, token: &[u8], n: u8| {
+            Pake::for_service(role, service, token, fp(n), [n; 32])
+        };
+        let mut a = start(Role::Sender, "ssh", b"token-one-0123456789", 1);
+        let mut b = start(Role::Receiver, "ssh", b"token-one-0123456789", 2);
+        let mut done = false;
+        for _ in 0..10 {
+            while let Some(m) = a.poll_transmit() {
+                b.handle_message(&m).unwrap();
+            }
+            while let Some(m) = b.poll_transmit() {
+                a.handle_message(&m).unwrap();
+            }
+            if let (Some(x), Some(y)) = (a.outcome(), b.outcome()) {
+                assert_eq!(x.peer_fingerprint, fp(2));
+                assert_eq!(y.peer_fingerprint, fp(1));
+                done = true;
+                break;
+            }
+        }
+        assert!(done);
+        let (x, y) = run_pair(
+            start(Role::Sender, "ssh", b"token-one-0123456789", 1),
+            start(Role::Receiver, "ssh", b"token-two-0123456789", 2),
+        );
+        assert!(x.is_err() || y.is_err(), "another token must fail");
+        let (x, y) = run_pair(
+            start(Role::Sender, "ssh", b"token-one-0123456789", 1),
+            start(Role::Receiver, "web", b"token-one-0123456789", 2),
+        );
+        assert!(x.is_err() || y.is_err(), "another service must fail");
     }
 }

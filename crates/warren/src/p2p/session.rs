@@ -43,6 +43,7 @@ use super::net::relay::{self, JoinConfig, RelayAuth, RelayToken};
 use super::net::tcp_leg::PipeSocket;
 use super::pake::{CertFingerprint, Outcome, Pake, PakeError, Role};
 use super::transfer::identity::{self, Identity, SERVER_NAME};
+use crate::crypto::secret::Secret;
 use crate::transport::quic::error::QuicError;
 use crate::transport::quic::settings::{MAX_GSO_UDP_PAYLOAD, QuicSettings};
 
@@ -84,6 +85,39 @@ impl Purpose {
         match self {
             Purpose::Files => "`warren send` / `warren receive` (a file transfer)",
             Purpose::Tunnel => "`warren p2p listen` / `warren p2p connect` (a tunnel)",
+        }
+    }
+}
+
+/// How the two peers find each other at the server's mailbox, and the password of their
+/// key exchange.
+#[derive(Debug, Clone)]
+pub enum Meeting {
+    /// A join code (`warren send`, `warren p2p listen`): the server gives its number, the
+    /// words are the password.
+    Code(Code),
+    /// A named P2P service in the server's `[server.p2p.services]` (`--service NAME`):
+    /// the name finds it, both sides prove its token to the server, and the token is the
+    /// password.
+    Service {
+        /// The service name.
+        name: String,
+        /// Its token.
+        token: Secret,
+    },
+}
+
+impl Meeting {
+    fn pake(&self, role: Role, identity: &Identity) -> Pake {
+        match self {
+            Meeting::Code(code) => Pake::new(role, code, identity.fingerprint(), rand::random()),
+            Meeting::Service { name, token } => Pake::for_service(
+                role,
+                name,
+                token.as_bytes(),
+                identity.fingerprint(),
+                rand::random(),
+            ),
         }
     }
 }
@@ -206,7 +240,7 @@ pub enum SessionError {
 /// The sender's place at the mailbox: one code, any number of receivers in turn.
 pub struct Offering {
     mailbox: Mailbox,
-    code: Code,
+    meeting: Meeting,
     udp: Option<SocketAddr>,
     options: Options,
     /// A receiver is at the nameplate (joined, not yet left).
@@ -216,7 +250,7 @@ pub struct Offering {
 impl std::fmt::Debug for Offering {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Offering")
-            .field("nameplate", &self.code.nameplate())
+            .field("meeting", &self.meeting)
             .finish_non_exhaustive()
     }
 }
@@ -240,16 +274,46 @@ impl Offering {
         let udp = udp_port.map(|port| mailbox.udp_addr(port));
         Ok(Offering {
             mailbox,
-            code,
+            meeting: Meeting::Code(code),
             udp,
             options,
             receiver_present: false,
         })
     }
 
-    /// The code to give the receiver.
-    pub fn code(&self) -> &Code {
-        &self.code
+    /// Offers the server's named P2P service `name`, proving `token`: peers reach it by
+    /// the name for as long as this lives (no code to pass around).
+    ///
+    /// # Errors
+    ///
+    /// The mailbox could not be reached or refused (no such service, a wrong token, the
+    /// service offered by another client).
+    pub async fn open_service(
+        options: Options,
+        name: &str,
+        token: Secret,
+    ) -> Result<Offering, SessionError> {
+        let mut mailbox = Mailbox::connect(&options.server).await?;
+        let (_, udp_port) = mailbox.offer_service(name, &token).await?;
+        let udp = udp_port.map(|port| mailbox.udp_addr(port));
+        Ok(Offering {
+            mailbox,
+            meeting: Meeting::Service {
+                name: name.to_owned(),
+                token,
+            },
+            udp,
+            options,
+            receiver_present: false,
+        })
+    }
+
+    /// The code to give the receiver (`None` for a named service).
+    pub fn code(&self) -> Option<&Code> {
+        match &self.meeting {
+            Meeting::Code(code) => Some(code),
+            Meeting::Service { .. } => None,
+        }
     }
 
     /// Waits for the next receiver (as long as the nameplate lives), agrees on keys with
@@ -268,12 +332,7 @@ impl Offering {
             self.wait_for_leaving().await?;
         }
         let identity = Identity::generate()?;
-        let mut pake = Pake::new(
-            Role::Sender,
-            &self.code,
-            identity.fingerprint(),
-            rand::random(),
-        );
+        let mut pake = self.meeting.pake(Role::Sender, &identity);
         // Our first message waits at the server for the receiver.
         flush(&mut self.mailbox, &mut pake).await?;
         let early = self.wait_for_receiver().await?;
@@ -363,12 +422,22 @@ impl Offering {
 /// [`SessionError::Pake`] for a wrong code (the server is told, and burns the nameplate
 /// after a few), the mailbox's refusal (no such code), no path to the sender.
 pub async fn join(code: &Code, options: &Options) -> Result<Connected, SessionError> {
+    join_meeting(&Meeting::Code(code.clone()), options).await
+}
+
+/// [`join`] for any [`Meeting`]: a code, or a named P2P service.
+///
+/// # Errors
+///
+/// As [`join`]; for a service, the server's refusal (no such service, a wrong token,
+/// nobody offers it now).
+pub async fn join_meeting(meeting: &Meeting, options: &Options) -> Result<Connected, SessionError> {
     let mut mailbox = Mailbox::connect(&options.server).await?;
-    let udp_port = claim_in_turn(&mut mailbox, code.nameplate()).await?;
+    let udp_port = claim_in_turn(&mut mailbox, meeting).await?;
     let joined = Instant::now();
     let udp = udp_port.map(|port| mailbox.udp_addr(port));
     let identity = Identity::generate()?;
-    let mut pake = Pake::new(Role::Receiver, code, identity.fingerprint(), rand::random());
+    let mut pake = meeting.pake(Role::Receiver, &identity);
     let mut socket = PeerSocket::open(options, mailbox.server_addr())?;
     let (reflexive, agreed) = tokio::join!(
         socket.discover(udp),
@@ -412,16 +481,20 @@ pub async fn join(code: &Code, options: &Options) -> Result<Connected, SessionEr
     })
 }
 
-/// Claims `nameplate`, waiting while other receivers of the same sender take their turn
-/// (each holds it for the key exchange only, well under a second).
+/// Claims the meeting's nameplate, waiting while other receivers of the same sender take
+/// their turn (each holds it for the key exchange only, well under a second).
 async fn claim_in_turn(
     mailbox: &mut Mailbox,
-    nameplate: Nameplate,
+    meeting: &Meeting,
 ) -> Result<Option<u16>, SessionError> {
     let until = Instant::now() + 2 * STEP_TIMEOUT;
     let mut pause = Duration::from_millis(50);
     loop {
-        match mailbox.claim(nameplate.get()).await {
+        let claimed = match meeting {
+            Meeting::Code(code) => mailbox.claim(code.nameplate().get()).await,
+            Meeting::Service { name, token } => mailbox.visit_service(name, token).await,
+        };
+        match claimed {
             Err(MailboxError::Busy) if Instant::now() + pause < until => {
                 // Jitter, so receivers that queued together do not collide again.
                 let jitter = Duration::from_millis(rand::random_range(0..50));

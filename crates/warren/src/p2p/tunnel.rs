@@ -32,9 +32,8 @@ use tokio_util::task::TaskTracker;
 use tracing::{debug, warn};
 use warren_proto::message::StreamOpen;
 
-use super::code::Code;
 use super::mailbox::MailboxError;
-use super::session::{self, Connected, Options, SessionError};
+use super::session::{self, Connected, Meeting, Options, SessionError};
 use crate::config::{HostPort, UdpSettings};
 use crate::relay::udp::targets::{self, TargetSide};
 use crate::relay::udp::visitors::{self, ChannelSource, VisitorSide};
@@ -406,7 +405,7 @@ impl Entrance {
         reason
     }
 
-    /// Carries visitors over `first`, and whenever the connection drops joins `code`
+    /// Carries visitors over `first`, and whenever the connection drops joins `meeting`
     /// again (with pauses growing from 0.5 to 30 s) and carries them over the new one,
     /// until `stop` fires (`Ok`) or the code is gone for good (`Err`, why). `report` hears
     /// each step.
@@ -418,7 +417,7 @@ impl Entrance {
     pub async fn keep_joined(
         &self,
         first: Connected,
-        code: &Code,
+        meeting: &Meeting,
         options: &Options,
         stop: &CancellationToken,
         mut report: impl FnMut(Visit<'_>),
@@ -436,17 +435,17 @@ impl Entrance {
                 peer: &now,
                 reason: &reason,
             });
-            match self.rejoin(code, options, stop, &mut report).await? {
+            match self.rejoin(meeting, options, stop, &mut report).await? {
                 Some(again) => now = again,
                 None => return Ok(()),
             }
         }
     }
 
-    /// Joins `code` again after the connection dropped; `Ok(None)` when stopped.
+    /// Joins `meeting` again after the connection dropped; `Ok(None)` when stopped.
     async fn rejoin(
         &self,
-        code: &Code,
+        meeting: &Meeting,
         options: &Options,
         stop: &CancellationToken,
         report: &mut impl FnMut(Visit<'_>),
@@ -460,10 +459,10 @@ impl Entrance {
             pause = (pause * 2).min(REJOIN_MAX_PAUSE);
             let joined = tokio::select! {
                 () = stop.cancelled() => return Ok(None),
-                joined = session::join(code, options) => joined,
+                joined = session::join_meeting(meeting, options) => joined,
             };
             let failure = match joined {
-                Err(error) if gone_for_good(&error) => return Err(error.to_string()),
+                Err(error) if gone_for_good(meeting, &error) => return Err(error.to_string()),
                 Err(error) => error.to_string(),
                 Ok(connected) => match Entrance::hello(&connected.connection).await {
                     Ok(kind) if kind == self.kind => {
@@ -515,14 +514,18 @@ pub enum Visit<'a> {
     },
 }
 
-/// Errors after which joining the same code again cannot work.
-fn gone_for_good(error: &SessionError) -> bool {
-    matches!(
-        error,
-        SessionError::Pake(_)
-            | SessionError::WrongPurpose { .. }
-            | SessionError::Mailbox(MailboxError::Refused(_) | MailboxError::Burned)
-    )
+/// Errors after which joining the same meeting again cannot work. A code's refusal is
+/// final (its listener stopped, so the number is gone or someone else's); a named
+/// service's is not (its listener may be restarting), so only a failed key exchange or
+/// the wrong pair of commands ends the wait.
+fn gone_for_good(meeting: &Meeting, error: &SessionError) -> bool {
+    match error {
+        SessionError::Pake(_) | SessionError::WrongPurpose { .. } => true,
+        SessionError::Mailbox(MailboxError::Refused(_) | MailboxError::Burned) => {
+            matches!(meeting, Meeting::Code(_))
+        }
+        _ => false,
+    }
 }
 
 /// Accepts TCP visitors and sends each through the attached connection.

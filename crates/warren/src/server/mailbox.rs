@@ -16,6 +16,13 @@
 //!   counts against the nameplate, which is burned after [`MAX_FAILURES`] (each guess
 //!   costs a guesser a claim; the real sender learns of each).
 //!
+//! A *named P2P service* (`[server.p2p.services]`) works the same way, with two
+//! differences: its side proves the service's token to offer it (`OfferService`) or visit
+//! it (`VisitService`, the only way to claim its nameplate: its number is never accepted
+//! by `Claim`), and its nameplate lives as long as the offering session, never expiring
+//! nor burning (a failed exchange there means a visitor with the wrong token, which could
+//! only come from a token holder). One session offers a service at a time.
+//!
 //! A session holds at most one nameplate. When it ends, its side leaves: a sender's leaving
 //! frees the nameplate, a receiver's lets another receiver claim it.
 //!
@@ -33,6 +40,7 @@ use warren_proto::handshake::SessionId;
 use warren_proto::message::{ControlMessage, MailboxEvent, MailboxOp};
 
 use crate::config::p2p::P2pConfig;
+use crate::crypto::keys;
 
 /// Messages kept for a receiver that has not joined yet.
 pub const QUEUE_MESSAGES: usize = 16;
@@ -69,11 +77,15 @@ struct Plate {
     queued: VecDeque<Vec<u8>>,
     queued_bytes: usize,
     failures: u8,
+    /// The named P2P service it stands for.
+    service: Option<String>,
 }
 
 #[derive(Default)]
 struct Table {
     plates: HashMap<u32, Plate>,
+    /// The nameplate of each named P2P service on offer.
+    services: HashMap<String, u32>,
     /// Which nameplate each session is at, and whether as the sender.
     sessions: HashMap<SessionId, (u32, bool)>,
     /// Per client IP: the start of its current one-minute window and its requests in it.
@@ -103,6 +115,8 @@ pub struct Caller<'a> {
     pub ip: IpAddr,
     /// Where answers go.
     pub to: &'a mpsc::Sender<ControlMessage>,
+    /// The session's handshake hash, which service token proofs are bound to.
+    pub handshake_hash: &'a [u8; 32],
 }
 
 impl Mailbox {
@@ -130,7 +144,10 @@ impl Mailbox {
         let mut table = self.table.lock().unwrap_or_else(PoisonError::into_inner);
         table.expire(config, Instant::now());
         match op {
-            MailboxOp::Allocate | MailboxOp::Claim { .. }
+            MailboxOp::Allocate
+            | MailboxOp::Claim { .. }
+            | MailboxOp::OfferService { .. }
+            | MailboxOp::VisitService { .. }
                 if table.sessions.contains_key(&caller.session) =>
             {
                 answer(refused(
@@ -150,6 +167,67 @@ impl Mailbox {
                         "the server holds as many codes as it may (max_nameplates); try again in a few minutes",
                     )),
                 }
+            }
+            MailboxOp::OfferService { service, proof } => {
+                if let Err(reason) = check_service(config, caller, &service, &proof) {
+                    return answer(refused(&reason));
+                }
+                if table.services.contains_key(&service) {
+                    return answer(refused(&format!(
+                        "P2P service `{service}` is offered by another client already; this one takes over when that one leaves"
+                    )));
+                }
+                match table.allocate(config, caller) {
+                    Some(nameplate) => {
+                        if let Some(plate) = table.plates.get_mut(&nameplate) {
+                            plate.service = Some(service.clone());
+                        }
+                        table.services.insert(service, nameplate);
+                        answer(MailboxEvent::Allocated {
+                            nameplate,
+                            udp_port: self.udp_port,
+                        });
+                    }
+                    None => answer(refused(
+                        "the server holds as many codes as it may (max_nameplates); try again in a few minutes",
+                    )),
+                }
+            }
+            MailboxOp::VisitService { service, proof } => {
+                if let Err(reason) = check_service(config, caller, &service, &proof) {
+                    return answer(refused(&reason));
+                }
+                let Some(&nameplate) = table.services.get(&service) else {
+                    return answer(refused(&format!(
+                        "nobody offers P2P service `{service}` right now: start `warren p2p listen --service {service}` on its side"
+                    )));
+                };
+                if table
+                    .plates
+                    .get(&nameplate)
+                    .is_some_and(|plate| plate.receiver.is_some())
+                {
+                    return answer(MailboxEvent::Busy);
+                }
+                if !table.within_rate(config, caller.ip) {
+                    return answer(slow_down(config));
+                }
+                if let Err(reason) = table.claim(nameplate, caller, self.udp_port) {
+                    answer(refused(&reason));
+                }
+            }
+            MailboxOp::Claim { nameplate }
+                if table
+                    .plates
+                    .get(&nameplate)
+                    .is_some_and(|plate| plate.service.is_some()) =>
+            {
+                // A service's nameplate is reached by its name and token only; to a
+                // guesser it looks like no code at all.
+                if !table.within_rate(config, caller.ip) {
+                    return answer(slow_down(config));
+                }
+                answer(refused(&no_such_code(nameplate)));
             }
             MailboxOp::Claim { nameplate } => {
                 // Checked before the rate limit, so receivers waiting their turn at a
@@ -196,6 +274,33 @@ impl Mailbox {
     }
 }
 
+/// Why `caller` may not offer or visit `service`, if it may not.
+fn check_service(
+    config: &P2pConfig,
+    caller: &Caller<'_>,
+    service: &str,
+    proof: &[u8; 32],
+) -> Result<(), String> {
+    let Some(token) = config.services.get(service) else {
+        return Err(format!(
+            "this server has no P2P service `{service}`: its operator adds [server.p2p.services.{service}]"
+        ));
+    };
+    if keys::verify_token_proof(token, caller.handshake_hash, service, proof) {
+        Ok(())
+    } else {
+        Err(format!(
+            "wrong token for P2P service `{service}`: use the token of [server.p2p.services.{service}]"
+        ))
+    }
+}
+
+fn no_such_code(nameplate: u32) -> String {
+    format!(
+        "no code starts with {nameplate} on this server: check the code, or ask the sender to run `warren send` again"
+    )
+}
+
 fn refused(reason: &str) -> MailboxEvent {
     MailboxEvent::Refused {
         reason: reason.to_owned(),
@@ -236,7 +341,9 @@ impl Table {
             .plates
             .iter()
             .filter(|(_, p)| {
-                p.receiver.is_none() && now.duration_since(p.waiting_since) > config.nameplate_ttl
+                p.receiver.is_none()
+                    && p.service.is_none()
+                    && now.duration_since(p.waiting_since) > config.nameplate_ttl
             })
             .map(|(n, _)| *n)
             .collect();
@@ -277,6 +384,7 @@ impl Table {
                 queued: VecDeque::new(),
                 queued_bytes: 0,
                 failures: 0,
+                service: None,
             },
         );
         self.sessions.insert(caller.session, (nameplate, true));
@@ -290,9 +398,7 @@ impl Table {
         udp_port: Option<u16>,
     ) -> Result<(), String> {
         let Some(plate) = self.plates.get_mut(&nameplate) else {
-            return Err(format!(
-                "no code starts with {nameplate} on this server: check the code, or ask the sender to run `warren send` again"
-            ));
+            return Err(no_such_code(nameplate));
         };
         if plate.receiver.is_some() {
             return Err(format!(
@@ -365,11 +471,15 @@ impl Table {
         if failed {
             plate.failures = plate.failures.saturating_add(1);
         }
-        if is_sender || plate.failures >= MAX_FAILURES {
+        let burns = plate.failures >= MAX_FAILURES && plate.service.is_none();
+        if is_sender || burns {
             let Some(plate) = self.plates.remove(&nameplate) else {
                 return;
             };
-            let burned = plate.failures >= MAX_FAILURES;
+            if let Some(service) = &plate.service {
+                self.services.remove(service);
+            }
+            let burned = burns;
             let event = || {
                 if burned {
                     MailboxEvent::Burned
@@ -425,6 +535,7 @@ mod tests {
                 session: self.id,
                 ip: IpAddr::from([192, 0, 2, 1]),
                 to: &self.tx,
+                handshake_hash: &HASH,
             }
         }
 
@@ -439,6 +550,9 @@ mod tests {
             events
         }
     }
+
+    /// Every test session's handshake hash.
+    const HASH: [u8; 32] = [9; 32];
 
     fn allocate(mailbox: &Mailbox, sender: &mut Side) -> u32 {
         mailbox.handle(Some(&config()), &sender.caller(), MailboxOp::Allocate);
@@ -659,5 +773,128 @@ mod tests {
                 |e| matches!(e, MailboxEvent::Refused { reason } if reason.contains("expired"))
             )
         );
+    }
+
+    fn with_service() -> P2pConfig {
+        let mut config = config();
+        config.services.insert(
+            "ssh".into(),
+            crate::crypto::secret::Secret::new("ssh-token-0123456789"),
+        );
+        config
+    }
+
+    fn proof(token: &str, service: &str) -> [u8; 32] {
+        keys::token_proof(&crate::crypto::secret::Secret::new(token), &HASH, service)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_named_service_is_reached_by_name_and_token_only_and_never_expires_or_burns() {
+        let mailbox = Mailbox::default();
+        let config = with_service();
+        let (mut offer, mut visitor, mut guesser) = (side(1), side(2), side(3));
+        let op = |service: &str, token: &str, visit: bool| {
+            let (service, proof) = (service.to_owned(), proof(token, service));
+            if visit {
+                MailboxOp::VisitService { service, proof }
+            } else {
+                MailboxOp::OfferService { service, proof }
+            }
+        };
+        // A wrong token, an unknown service: refused, naming what to fix.
+        mailbox.handle(
+            Some(&config),
+            &offer.caller(),
+            op("ssh", "not-the-token", false),
+        );
+        mailbox.handle(
+            Some(&config),
+            &offer.caller(),
+            op("web", "ssh-token-0123456789", false),
+        );
+        let events = offer.events();
+        assert!(
+            matches!(&events[0], MailboxEvent::Refused { reason } if reason.contains("wrong token")),
+            "{events:?}"
+        );
+        assert!(
+            matches!(&events[1], MailboxEvent::Refused { reason } if reason.contains("no P2P service `web`")),
+            "{events:?}"
+        );
+        mailbox.handle(
+            Some(&config),
+            &offer.caller(),
+            op("ssh", "ssh-token-0123456789", false),
+        );
+        let nameplate = match offer.events().as_slice() {
+            [MailboxEvent::Allocated { nameplate, .. }] => *nameplate,
+            other => panic!("{other:?}"),
+        };
+        // Its number is no way in.
+        mailbox.handle(
+            Some(&config),
+            &guesser.caller(),
+            MailboxOp::Claim { nameplate },
+        );
+        assert!(
+            matches!(&guesser.events()[..], [MailboxEvent::Refused { reason }] if reason.contains("no code starts with"))
+        );
+        // Nor is the name without the token.
+        mailbox.handle(
+            Some(&config),
+            &guesser.caller(),
+            op("ssh", "guess-0123456789", true),
+        );
+        assert!(
+            matches!(&guesser.events()[..], [MailboxEvent::Refused { reason }] if reason.contains("wrong token"))
+        );
+        // Long past the TTL, and after more failed exchanges than burn a code, a visitor
+        // with the token still gets in.
+        tokio::time::advance(config.nameplate_ttl * 3).await;
+        for _ in 0..MAX_FAILURES + 1 {
+            mailbox.handle(
+                Some(&config),
+                &visitor.caller(),
+                op("ssh", "ssh-token-0123456789", true),
+            );
+            assert!(matches!(
+                visitor.events().first(),
+                Some(MailboxEvent::Claimed { .. })
+            ));
+            mailbox.handle(
+                Some(&config),
+                &visitor.caller(),
+                MailboxOp::Release { failed: true },
+            );
+        }
+        mailbox.handle(
+            Some(&config),
+            &visitor.caller(),
+            op("ssh", "ssh-token-0123456789", true),
+        );
+        assert!(matches!(
+            visitor.events().first(),
+            Some(MailboxEvent::Claimed { .. })
+        ));
+        // A second offer waits for the first to leave; then the name is free again.
+        let mut second = side(4);
+        mailbox.handle(
+            Some(&config),
+            &second.caller(),
+            op("ssh", "ssh-token-0123456789", false),
+        );
+        assert!(
+            matches!(&second.events()[..], [MailboxEvent::Refused { reason }] if reason.contains("offered by another client"))
+        );
+        mailbox.session_ended(&offer.id);
+        mailbox.handle(
+            Some(&config),
+            &second.caller(),
+            op("ssh", "ssh-token-0123456789", false),
+        );
+        assert!(matches!(
+            &second.events()[..],
+            [MailboxEvent::Allocated { .. }]
+        ));
     }
 }

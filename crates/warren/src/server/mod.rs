@@ -1315,6 +1315,7 @@ async fn run_session(shared: &Arc<Shared>, session: Arc<ServerSession>, channel:
                     session: session.id(),
                     ip: session.peer.ip(),
                     to: &control_queue,
+                    handshake_hash: session.keys.handshake_hash(),
                 },
                 op,
             ),

@@ -165,8 +165,13 @@ pub(super) async fn apply(shared: &Arc<Shared>, mut new: ServerConfig) -> Reload
     crate::crypto::speed::prepare(&new.ciphers, new.cipher_choice).await;
     *shared.live.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(Live::new(new.clone()));
     if let Some(settings) = &shared.p2p_settings {
-        let mut next =
-            super::relay_settings(&new.p2p.unwrap_or(old.p2p.unwrap_or_default()), &new.psk);
+        let mut next = super::relay_settings(
+            new.p2p
+                .as_ref()
+                .or(old.p2p.as_ref())
+                .unwrap_or(&Default::default()),
+            &new.psk,
+        );
         // Without the section the mailbox refuses everything; the relay stops pairing too.
         next.config.enabled &= new.p2p.is_some();
         settings.send_replace(next);
