@@ -584,6 +584,8 @@ impl Output {
         let route = match connected.route {
             session::Route::Direct(addr) | session::Route::Relayed(addr) => addr,
         };
+        // The handshake's round trips measured it: the path's RTT, peer to peer.
+        let rtt_ms = connected.connection.rtt().as_secs_f64() * 1e3;
         self.event(json!({
             "event": "connected",
             "peer": connected.peer.short(),
@@ -591,9 +593,10 @@ impl Output {
             "address": route.to_string(),
             "agreed_ms": connected.agreed_in.as_millis() as u64,
             "connected_ms": connected.connected_in.as_millis() as u64,
+            "rtt_ms": rtt_ms,
         }));
         self.say(&format!(
-            "Connected to {} ({}, via {route}) after {} ms",
+            "Connected to {} ({}, via {route}, RTT {rtt_ms:.1} ms) after {} ms",
             connected.peer.short(),
             connected.route.word(),
             (connected.agreed_in + connected.connected_in).as_millis()

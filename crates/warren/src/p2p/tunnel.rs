@@ -39,7 +39,7 @@ use crate::relay::udp::targets::{self, TargetSide};
 use crate::relay::udp::visitors::{self, ChannelSource, VisitorSide};
 use crate::relay::udp::{UdpStats, bind_service_socket};
 use crate::relay::{self, Transferred};
-use crate::session::link::{Replenish, StreamHandler};
+use crate::session::link::{OpenError, Replenish, StreamHandler};
 use crate::session::quic::QuicLink;
 use crate::session::stream::Stream;
 use crate::transport::tcp::{self, Family};
@@ -52,6 +52,8 @@ const HELLO_VERSION: u8 = 1;
 const HELLO_MAX: usize = 1024;
 /// How long the entrance waits for the exit's [`Hello`] once connected.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long opening a stream for a TCP visitor may take.
+const STREAM_OPEN_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long dialing the exit's target may take.
 const TARGET_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a side waits for its streams to stop after the connection ended.
@@ -573,9 +575,14 @@ async fn carry_visitor(
         visitor: Some(peer),
         local: visitor.local_addr().ok(),
     };
+    // Opening waits while the peer's stream limit (4096) is reached: bounded, so visitors
+    // beyond it are reset instead of piling up.
+    let opening = tokio::time::timeout(STREAM_OPEN_TIMEOUT, attached.link.open_stream(&open));
     let opened = tokio::select! {
         () = attached.cancel.cancelled() => { tcp::reset(visitor); return; }
-        opened = attached.link.open_stream(&open) => opened,
+        opened = opening => opened.unwrap_or_else(|_| Err(OpenError::Failed(format!(
+            "no stream free within {} s", STREAM_OPEN_TIMEOUT.as_secs()
+        )))),
     };
     let mut stream = match opened {
         Ok(stream) => stream,
