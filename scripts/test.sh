@@ -108,15 +108,16 @@ cargo clippy --all-targets --locked -- -D warnings
 banner "4/9 cargo test --locked (debug: unit, integration, doc tests)"
 cargo test --locked
 
-banner "5/9 release build and end-to-end tests (real binary with iperf3, dnsmasq, dig, microsocks, tinyproxy, haproxy; two servers and two clients behind haproxy)"
+banner "5/9 release build and end-to-end tests (real binary with iperf3, dnsmasq, dig, microsocks, tinyproxy, haproxy; two servers and two clients behind haproxy; send/receive and p2p tunnels)"
 cargo build --release --locked
-WARREN_E2E_REQUIRE_TOOLS=1 cargo test --release --locked -p warren --test e2e --test e2e_dns --test e2e_ops --test e2e_proxy --test e2e_ha --test e2e_http --test e2e_files
+WARREN_E2E_REQUIRE_TOOLS=1 cargo test --release --locked -p warren --test e2e --test e2e_dns --test e2e_ops --test e2e_proxy --test e2e_ha --test e2e_http --test e2e_files --test e2e_p2p
 
 banner "5a/9 dashboard in a real browser (Chromium + Playwright against the release binary; screenshots in target/dashboard-screenshots/)"
 "$browser_venv/bin/python" tests/browser/dashboard.py
 
-banner "5b/9 benchmark smoke (bench/run.sh --smoke, --http --smoke, --files --smoke: the harnesses still measure working transfers)"
+banner "5b/9 benchmark smoke (bench/run.sh --smoke, --smoke --only warren-p2p, --http --smoke, --files --smoke: the harnesses still measure working transfers)"
 bash bench/run.sh --smoke
+bash bench/run.sh --smoke --only warren-p2p
 bash bench/run.sh --http --smoke
 bash bench/run.sh --files --smoke
 
