@@ -10,7 +10,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use e2e_support::{PSK, Proc, TestDir, free_port};
+use e2e_support::{PSK, Proc, TestDir, free_port, json_events};
 use rand::RngCore;
 use serde_json::Value;
 
@@ -67,7 +67,7 @@ impl FileServer {
         let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
         let mut proc = Proc::warren(dir, name, &all, &env);
         let out = proc.wait_stdout("\"code\"", Duration::from_secs(10)).await;
-        let code = events(&out)
+        let code = json_events(&out)
             .into_iter()
             .find(|e| e["event"] == "code")
             .and_then(|e| e["code"].as_str().map(str::to_owned))
@@ -86,17 +86,9 @@ impl FileServer {
     }
 }
 
-/// The `--json` events of an output.
-fn events(stdout: &str) -> Vec<Value> {
-    stdout
-        .lines()
-        .filter_map(|line| serde_json::from_str(line).ok())
-        .collect()
-}
-
 /// The one event named `name`.
 fn event(proc: &Proc, name: &str) -> Value {
-    events(&proc.stdout())
+    json_events(&proc.stdout())
         .into_iter()
         .find(|e| e["event"] == name)
         .unwrap_or_else(|| panic!("no {name} event:\n{}", proc.logs()))
@@ -388,7 +380,7 @@ async fn three_receivers_of_one_code_get_the_files_at_the_same_time() {
         same_tree(&dir.path().join("src"), out);
     }
     // Each receiver had its own key exchange, identity and connection.
-    let peers: std::collections::BTreeSet<String> = events(&sender.stdout())
+    let peers: std::collections::BTreeSet<String> = json_events(&sender.stdout())
         .into_iter()
         .filter(|e| e["event"] == "finished")
         .map(|e| e["peer"].as_str().unwrap().to_owned())
@@ -423,7 +415,7 @@ async fn stdin_goes_to_the_receivers_stdout() {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     let code = loop {
         let out = std::fs::read_to_string(dir.path().join("send.out")).unwrap();
-        if let Some(code) = events(&out)
+        if let Some(code) = json_events(&out)
             .into_iter()
             .find_map(|e| e["code"].as_str().map(str::to_owned))
         {

@@ -11,10 +11,12 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use e2e_support::{PSK, Proc, TestDir, free_port, random_bytes};
+use e2e_support::{
+    PSK, Proc, TestDir, echo_target, free_port, json_events, random_bytes, round_trip,
+    udp_echo_target,
+};
 use serde_json::Value;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream, UdpSocket};
+use tokio::net::{TcpStream, UdpSocket};
 
 const TOKEN: &str = "e2e-p2p-service-token-0123456789";
 /// A connect's wait for its tunnel.
@@ -83,47 +85,12 @@ impl P2pServer {
     }
 }
 
-/// The `--json` events of an output.
-fn events(stdout: &str) -> Vec<Value> {
-    stdout
-        .lines()
-        .filter_map(|line| serde_json::from_str(line).ok())
-        .collect()
-}
-
 /// The last event named `name`.
 fn last_event(proc: &Proc, name: &str) -> Value {
-    events(&proc.stdout())
+    json_events(&proc.stdout())
         .into_iter()
         .rfind(|e| e["event"] == name)
         .unwrap_or_else(|| panic!("no {name} event:\n{}", proc.logs()))
-}
-
-async fn echo_tcp() -> SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        while let Ok((mut stream, _)) = listener.accept().await {
-            tokio::spawn(async move {
-                let (mut r, mut w) = stream.split();
-                let _ = tokio::io::copy(&mut r, &mut w).await;
-                let _ = w.shutdown().await;
-            });
-        }
-    });
-    addr
-}
-
-async fn echo_udp() -> SocketAddr {
-    let socket = UdpSocket::bind("127.0.0.1:0").await.unwrap();
-    let addr = socket.local_addr().unwrap();
-    tokio::spawn(async move {
-        let mut buf = vec![0u8; 65_536];
-        while let Ok((len, peer)) = socket.recv_from(&mut buf).await {
-            let _ = socket.send_to(&buf[..len], peer).await;
-        }
-    });
-    addr
 }
 
 /// `count` connections at once through `port`, each a random payload echoed back and
@@ -133,17 +100,10 @@ async fn tcp_echoes(port: u16, count: usize, len: usize) {
     for i in 0..count {
         runs.spawn(async move {
             let payload = random_bytes(len + i);
-            let mut stream = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
-            let (mut r, mut w) = stream.split();
-            let send = async {
-                w.write_all(&payload).await?;
-                w.shutdown().await
-            };
-            let mut reply = Vec::new();
-            let recv = r.read_to_end(&mut reply);
-            tokio::time::timeout(Duration::from_secs(30), async {
-                tokio::try_join!(send, recv)
-            })
+            let reply = tokio::time::timeout(
+                Duration::from_secs(30),
+                round_trip(SocketAddr::from(([127, 0, 0, 1], port)), &payload),
+            )
             .await
             .expect("in time")
             .expect("round trip");
@@ -202,7 +162,10 @@ async fn connect(
 async fn a_code_carries_tcp_and_udp_through_the_real_binary() {
     let dir = TestDir::new("e2e-p2p-code");
     let server = P2pServer::start(&dir).await;
-    let (tcp, udp) = (echo_tcp().await.to_string(), echo_udp().await.to_string());
+    let (tcp, udp) = (
+        echo_target().await.to_string(),
+        udp_echo_target().await.to_string(),
+    );
     for (kind, target) in [("tcp", &tcp), ("udp", &udp)] {
         let flag = format!("--{kind}");
         let mut listen = server.p2p(
@@ -214,7 +177,7 @@ async fn a_code_carries_tcp_and_udp_through_the_real_binary() {
         let out = listen
             .wait_stdout("\"event\":\"code\"", Duration::from_secs(10))
             .await;
-        let code = events(&out)
+        let code = json_events(&out)
             .into_iter()
             .find(|e| e["event"] == "code")
             .and_then(|e| e["code"].as_str().map(str::to_owned))
@@ -243,7 +206,7 @@ async fn a_code_carries_tcp_and_udp_through_the_real_binary() {
 async fn a_named_service_works_through_a_server_restart() {
     let dir = TestDir::new("e2e-p2p-service");
     let mut server = P2pServer::start(&dir).await;
-    let target = echo_tcp().await.to_string();
+    let target = echo_target().await.to_string();
     let token = [("WARREN_TOKEN", TOKEN)];
     let mut listen = server.p2p(
         &dir,
@@ -272,7 +235,7 @@ async fn a_named_service_works_through_a_server_restart() {
     tcp_echoes(first_port, 4, 256 * 1024).await;
     // The listener offers the name again (it says so twice by then): a new visitor gets in.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    while events(&listen.stdout())
+    while json_events(&listen.stdout())
         .iter()
         .filter(|e| e["event"] == "offered")
         .count()

@@ -135,9 +135,9 @@ fn run_in(
     (status.and_then(|s| s.code()), lab.stdout(child))
 }
 
-/// `scp` of the served file through the tunnel at `port` into `dest`.
-fn scp(lab: &mut Lab, ssh: &SshSetup, port: u16, dest: &Path) -> Option<i32> {
-    let ns = lab.ns("peer2");
+/// `scp` of the served file from 127.0.0.1:`port` in namespace `ns` (through a tunnel,
+/// or straight to sshd) into `dest`: its exit code.
+fn scp(lab: &mut Lab, ns: &str, ssh: &SshSetup, port: u16, dest: &Path) -> Option<i32> {
     let key = ssh.client_key.to_str().unwrap().to_owned();
     let remote = format!("root@127.0.0.1:{}", ssh.file.display());
     let port = port.to_string();
@@ -162,7 +162,7 @@ fn scp(lab: &mut Lab, ssh: &SshSetup, port: u16, dest: &Path) -> Option<i32> {
         &remote,
         dest.to_str().unwrap(),
     ];
-    run_in(lab, &ns, "scp", "scp", &args, TOOL_TIMEOUT).0
+    run_in(lab, ns, "scp", "scp", &args, TOOL_TIMEOUT).0
 }
 
 /// `dig` through the tunnel at `port` in namespace `ns`: the answer, trimmed.
@@ -221,29 +221,7 @@ fn start_services(lab: &mut Lab, tools: &Tools, ssh: &SshSetup) -> Result<(), St
     loop {
         let dns_ok = dig(lab, &ns, DNS_PORT) == DNS_ANSWER;
         // sshd, straight (no tunnel): scp inside peer1's namespace.
-        let key = ssh.client_key.to_str().unwrap().to_owned();
-        let remote = format!("root@127.0.0.1:{}", ssh.file.display());
-        let port = SSH_PORT.to_string();
-        let args = [
-            "-q",
-            "-F",
-            "/dev/null",
-            "-P",
-            &port,
-            "-i",
-            &key,
-            "-o",
-            "BatchMode=yes",
-            "-o",
-            "StrictHostKeyChecking=no",
-            "-o",
-            "UserKnownHostsFile=/dev/null",
-            "-o",
-            "LogLevel=ERROR",
-            &remote,
-            probe.to_str().unwrap(),
-        ];
-        let ssh_ok = run_in(lab, &ns, "probe", "scp", &args, TOOL_TIMEOUT).0 == Some(0);
+        let ssh_ok = scp(lab, &ns, ssh, SSH_PORT, &probe) == Some(0);
         if dns_ok && ssh_ok {
             return Ok(());
         }
@@ -380,7 +358,8 @@ fn ssh_and_dns_through_p2p_tunnels_in_every_nat_pairing() {
             let udp = connected(&mut lab, "udp", udp);
             let dest = lab.dir.join(format!("got{run}.bin"));
             if tcp.is_ok() {
-                let scp_exit = scp(&mut lab, &ssh, tcp_port, &dest);
+                let peer2 = lab.ns("peer2");
+                let scp_exit = scp(&mut lab, &peer2, &ssh, tcp_port, &dest);
                 let got = std::fs::read(&dest).map(|b| blake3::hash(&b)).ok();
                 if got == Some(ssh.file_hash) {
                     exact += 1;

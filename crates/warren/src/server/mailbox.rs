@@ -46,6 +46,9 @@ use crate::crypto::keys;
 pub const QUEUE_MESSAGES: usize = 16;
 /// Bytes kept for a receiver that has not joined yet.
 pub const QUEUE_BYTES: usize = 32 * 1024;
+/// The answer when the table holds `max_nameplates` already.
+const TABLE_FULL: &str =
+    "the server holds as many codes as it may (max_nameplates); try again in a few minutes";
 /// Failed exchanges after which a nameplate is burned.
 pub const MAX_FAILURES: u8 = 3;
 /// Client IPs whose recent requests are counted; when full, the oldest windows go.
@@ -163,9 +166,7 @@ impl Mailbox {
                         nameplate,
                         udp_port: self.udp_port,
                     }),
-                    None => answer(refused(
-                        "the server holds as many codes as it may (max_nameplates); try again in a few minutes",
-                    )),
+                    None => answer(refused(TABLE_FULL)),
                 }
             }
             MailboxOp::OfferService { service, proof } => {
@@ -188,9 +189,7 @@ impl Mailbox {
                             udp_port: self.udp_port,
                         });
                     }
-                    None => answer(refused(
-                        "the server holds as many codes as it may (max_nameplates); try again in a few minutes",
-                    )),
+                    None => answer(refused(TABLE_FULL)),
                 }
             }
             MailboxOp::VisitService { service, proof } => {
@@ -202,18 +201,8 @@ impl Mailbox {
                         "nobody offers P2P service `{service}` right now: start `warren p2p listen --service {service}` on its side"
                     )));
                 };
-                if table
-                    .plates
-                    .get(&nameplate)
-                    .is_some_and(|plate| plate.receiver.is_some())
-                {
-                    return answer(MailboxEvent::Busy);
-                }
-                if !table.within_rate(config, caller.ip) {
-                    return answer(slow_down(config));
-                }
-                if let Err(reason) = table.claim(nameplate, caller, self.udp_port) {
-                    answer(refused(&reason));
+                if let Some(event) = table.claim_in_turn(config, caller, nameplate, self.udp_port) {
+                    answer(event);
                 }
             }
             MailboxOp::Claim { nameplate }
@@ -230,21 +219,8 @@ impl Mailbox {
                 answer(refused(&no_such_code(nameplate)));
             }
             MailboxOp::Claim { nameplate } => {
-                // Checked before the rate limit, so receivers waiting their turn at a
-                // sender with several do not spend their address's budget. All it tells a
-                // guesser is that a receiver is at a nameplate right now.
-                if table
-                    .plates
-                    .get(&nameplate)
-                    .is_some_and(|plate| plate.receiver.is_some())
-                {
-                    return answer(MailboxEvent::Busy);
-                }
-                if !table.within_rate(config, caller.ip) {
-                    return answer(slow_down(config));
-                }
-                if let Err(reason) = table.claim(nameplate, caller, self.udp_port) {
-                    answer(refused(&reason));
+                if let Some(event) = table.claim_in_turn(config, caller, nameplate, self.udp_port) {
+                    answer(event);
                 }
             }
             MailboxOp::Send { body } => {
@@ -389,6 +365,32 @@ impl Table {
         );
         self.sessions.insert(caller.session, (nameplate, true));
         Some(nameplate)
+    }
+
+    /// Claims `nameplate` for `caller` in turn; the answer when it did not go through.
+    /// `Busy` is checked before the rate limit, so receivers waiting their turn at a
+    /// sender with several do not spend their address's budget. All it tells a guesser is
+    /// that a receiver is at a nameplate right now.
+    fn claim_in_turn(
+        &mut self,
+        config: &P2pConfig,
+        caller: &Caller<'_>,
+        nameplate: u32,
+        udp_port: Option<u16>,
+    ) -> Option<MailboxEvent> {
+        if self
+            .plates
+            .get(&nameplate)
+            .is_some_and(|plate| plate.receiver.is_some())
+        {
+            return Some(MailboxEvent::Busy);
+        }
+        if !self.within_rate(config, caller.ip) {
+            return Some(slow_down(config));
+        }
+        self.claim(nameplate, caller, udp_port)
+            .err()
+            .map(|reason| refused(&reason))
     }
 
     fn claim(

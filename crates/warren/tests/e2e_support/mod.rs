@@ -679,6 +679,29 @@ pub async fn echo_target() -> SocketAddr {
     addr
 }
 
+/// A UDP echo target on a spawned task of the current runtime.
+pub async fn udp_echo_target() -> SocketAddr {
+    let socket = tokio::net::UdpSocket::bind("127.0.0.1:0")
+        .await
+        .expect("bind udp echo");
+    let addr = socket.local_addr().expect("udp echo addr");
+    tokio::spawn(async move {
+        let mut buf = vec![0u8; 65_536];
+        while let Ok((len, peer)) = socket.recv_from(&mut buf).await {
+            let _ = socket.send_to(&buf[..len], peer).await;
+        }
+    });
+    addr
+}
+
+/// The `--json` events a command printed, one per line (other lines skipped).
+pub fn json_events(stdout: &str) -> Vec<serde_json::Value> {
+    stdout
+        .lines()
+        .filter_map(|line| serde_json::from_str(line).ok())
+        .collect()
+}
+
 /// What the hashing target saw on one connection.
 #[derive(Debug, Clone, Copy)]
 pub struct Served {
