@@ -1358,6 +1358,21 @@ def split_results(text: str) -> tuple[str, str, str]:
     return text[:main_end], netns, scale
 
 
+def replace_section(heading: str, section: str) -> None:
+    """Replaces the section of bench/RESULTS.md that starts with `heading` (up to the next
+    `## `) with `section`, or appends it. For the other harnesses' sections, which
+    `write_outputs` keeps since they come after "## Scale"."""
+    path = HERE / "RESULTS.md"
+    text = path.read_text() if path.exists() else ""
+    at = text.find("\n" + heading)
+    if at < 0:
+        path.write_text(text.rstrip("\n") + "\n\n" + section)
+        return
+    nxt = text.find("\n## ", at + 1)
+    rest = text[nxt:] if nxt >= 0 else ""
+    path.write_text(text[:at].rstrip("\n") + "\n\n" + section + rest)
+
+
 def write_outputs(doc: dict) -> None:
     results = HERE / "RESULTS.md"
     old = results.read_text() if results.exists() else ""

@@ -134,6 +134,19 @@ def verify(got_root: Path, sums: dict[str, str]) -> None:
         raise Failed(f"{len(missing)} files missing from the output, e.g. {sorted(missing)[0]}")
 
 
+def both_exit(tool: str, snd, rcv, stop, watcher) -> None:
+    """Waits for the receiving side (TIMEOUT), then stops the first-byte watcher and waits
+    for the sending side (30 s); `Failed` with the side's output when either exits non-zero."""
+    rc = rcv.wait(TIMEOUT)
+    stop.set()
+    watcher.join(2)
+    if rc != 0:
+        raise Failed(f"{tool} receive exited {rc}: {rcv.stderr()[-800:]} {rcv.stdout()[-800:]}")
+    rc = snd.wait(30)
+    if rc != 0:
+        raise Failed(f"{tool} send exited {rc}: {snd.stderr()[-800:]}")
+
+
 def first_byte_watch(root: Path, stop: threading.Event, out: dict) -> threading.Thread:
     """Polls root (recursively, hidden names included) every ~1 ms until some regular file
     in it has a size above 0; stores the monotonic time in out["t"]."""
@@ -384,14 +397,7 @@ def run_one(tool: str, ds: str, src: Path, send_path: Path, dst: Path, ctx: dict
             watcher = first_byte_watch(dst, stop, fb)
             rcv = Proc([ctx["warren"], "receive", "--out", str(dst), "--yes", "--json"] + relay, wd,
                        "recv", env=env | {"WARREN_CODE": m.group(1)})
-            rc = rcv.wait(TIMEOUT)
-            stop.set()
-            watcher.join(2)
-            if rc != 0:
-                raise Failed(f"warren receive exited {rc}: {rcv.stderr()[-800:]} {rcv.stdout()[-800:]}")
-            rc = snd.wait(30)
-            if rc != 0:
-                raise Failed(f"warren send exited {rc}: {snd.stderr()[-800:]}")
+            both_exit("warren", snd, rcv, stop, watcher)
         finally:
             snd.kill()
         res["wall_s"] = rcv.t_exit - rcv.t0
@@ -451,14 +457,7 @@ def run_one(tool: str, ds: str, src: Path, send_path: Path, dst: Path, ctx: dict
             # --ip: straight to the relay, no multicast discovery of local senders.
             rcv = Proc([croc] + common + ["--ip", relay.addr, "--out", str(dst)], wd, "recv",
                        env=home | {"CROC_SECRET": code})
-            rc = rcv.wait(TIMEOUT)
-            stop.set()
-            watcher.join(2)
-            if rc != 0:
-                raise Failed(f"croc receive exited {rc}: {rcv.stderr()[-800:]}")
-            rc = snd.wait(30)
-            if rc != 0:
-                raise Failed(f"croc send exited {rc}: {snd.stderr()[-800:]}")
+            both_exit("croc", snd, rcv, stop, watcher)
         finally:
             snd.kill()
         res["wall_s"] = rcv.t_exit - rcv.t0
@@ -835,16 +834,7 @@ def readme_rows(doc: dict) -> str:
 
 
 def write_results(doc: dict) -> None:
-    path = HERE / "RESULTS.md"
-    text = path.read_text() if path.exists() else ""
-    section = render(doc, "##")
-    at = text.find("\n" + SECTION)
-    if at < 0:
-        path.write_text(text.rstrip("\n") + "\n\n" + section)
-    else:
-        nxt = text.find("\n## ", at + 1)
-        rest = text[nxt:] if nxt >= 0 else ""
-        path.write_text(text[:at].rstrip("\n") + "\n\n" + section + rest)
+    B.replace_section(SECTION, render(doc, "##"))
     log("wrote bench/RESULTS.md's section \"File transfer (issue 17)\"")
     readme = REPO / "README.md"
     t = readme.read_text()

@@ -748,16 +748,7 @@ def render(doc: dict, heading: str = "##") -> str:
 def write_results(doc: dict) -> None:
     """Replaces (or appends) this section of bench/RESULTS.md. bench.py keeps every section
     from "## Scale" on when it rewrites the file, and this one is written after those."""
-    path = HERE / "RESULTS.md"
-    text = path.read_text() if path.exists() else ""
-    section = render(doc, "##")
-    at = text.find("\n" + SECTION)
-    if at < 0:
-        path.write_text(text.rstrip("\n") + "\n\n" + section)
-        return
-    nxt = text.find("\n## ", at + 1)
-    rest = text[nxt:] if nxt >= 0 else ""
-    path.write_text(text[:at].rstrip("\n") + "\n\n" + section + rest)
+    B.replace_section(SECTION, render(doc, "##"))
 
 
 # ---------------------------------------------------------------- main

@@ -327,16 +327,7 @@ fn send_and_receive_through_every_nat_pairing() {
             cell_started.elapsed().as_secs_f64()
         );
     }
-    println!(
-        "NAT matrix through warren send / receive, {runs} runs per cell, {:.1} s:\n{table}",
-        started.elapsed().as_secs_f64()
-    );
-    assert!(
-        failures.is_empty(),
-        "{} bad:\n\n{}\n\n{table}",
-        failures.len(),
-        failures.join("\n\n")
-    );
+    nat_lab::report("warren send / receive", runs, started, &table, &failures);
 }
 
 /// All UDP dropped on the receiver's router (a network that passes only TCP): the

@@ -428,14 +428,11 @@ fn ssh_and_dns_through_p2p_tunnels_in_every_nat_pairing() {
             cell_started.elapsed().as_secs_f64()
         );
     }
-    println!(
-        "NAT matrix through warren p2p listen / connect, {runs} runs per cell, {:.1} s:\n{table}",
-        started.elapsed().as_secs_f64()
-    );
-    assert!(
-        failures.is_empty(),
-        "{} bad:\n\n{}\n\n{table}",
-        failures.len(),
-        failures.join("\n\n")
+    nat_lab::report(
+        "warren p2p listen / connect",
+        runs,
+        started,
+        &table,
+        &failures,
     );
 }

@@ -136,14 +136,7 @@ impl Mailbox {
     /// Refused (no `[server.p2p]`, the table is full, too many requests), or the session
     /// failed.
     pub async fn allocate(&mut self) -> Result<(u32, Option<u16>), MailboxError> {
-        self.op(MailboxOp::Allocate).await?;
-        match self.next(self.deadline).await? {
-            MailboxEvent::Allocated {
-                nameplate,
-                udp_port,
-            } => Ok((nameplate, udp_port)),
-            other => Err(unexpected(other)),
-        }
+        self.allocating(MailboxOp::Allocate).await
     }
 
     /// Joins `nameplate` (the receiver's side); messages the sender already sent follow as
@@ -153,11 +146,7 @@ impl Mailbox {
     /// # Errors
     /// Refused (no such nameplate, another receiver holds it), or the session failed.
     pub async fn claim(&mut self, nameplate: u32) -> Result<Option<u16>, MailboxError> {
-        self.op(MailboxOp::Claim { nameplate }).await?;
-        match self.next(self.deadline).await? {
-            MailboxEvent::Claimed { udp_port } => Ok(udp_port),
-            other => Err(unexpected(other)),
-        }
+        self.claiming(MailboxOp::Claim { nameplate }).await
     }
 
     /// Offers the named P2P service `service`, proving `token` (the listening side):
@@ -173,14 +162,8 @@ impl Mailbox {
     ) -> Result<(u32, Option<u16>), MailboxError> {
         let proof = keys::token_proof(token, &self.handshake_hash, service);
         let service = service.to_owned();
-        self.op(MailboxOp::OfferService { service, proof }).await?;
-        match self.next(self.deadline).await? {
-            MailboxEvent::Allocated {
-                nameplate,
-                udp_port,
-            } => Ok((nameplate, udp_port)),
-            other => Err(unexpected(other)),
-        }
+        self.allocating(MailboxOp::OfferService { service, proof })
+            .await
     }
 
     /// Joins the named P2P service `service`, proving `token` (the visiting side):
@@ -196,7 +179,25 @@ impl Mailbox {
     ) -> Result<Option<u16>, MailboxError> {
         let proof = keys::token_proof(token, &self.handshake_hash, service);
         let service = service.to_owned();
-        self.op(MailboxOp::VisitService { service, proof }).await?;
+        self.claiming(MailboxOp::VisitService { service, proof })
+            .await
+    }
+
+    /// Sends `op` (an allocation) and reads its `Allocated`.
+    async fn allocating(&mut self, op: MailboxOp) -> Result<(u32, Option<u16>), MailboxError> {
+        self.op(op).await?;
+        match self.next(self.deadline).await? {
+            MailboxEvent::Allocated {
+                nameplate,
+                udp_port,
+            } => Ok((nameplate, udp_port)),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Sends `op` (a claim) and reads its `Claimed`.
+    async fn claiming(&mut self, op: MailboxOp) -> Result<Option<u16>, MailboxError> {
+        self.op(op).await?;
         match self.next(self.deadline).await? {
             MailboxEvent::Claimed { udp_port } => Ok(udp_port),
             other => Err(unexpected(other)),

@@ -685,6 +685,17 @@ impl PeerSocket {
         let (std_socket, _) = crate::transport::quic::endpoint::bind_socket(bind, &quic)?;
         let (socket, channel) = DemuxSocket::wrap(std_socket)?;
         let local = socket.local_addr()?;
+        PeerSocket::drive(socket, channel, quic, local)
+    }
+
+    /// The quinn endpoint over `socket` (whose STUN side is `channel`), with `quic`'s
+    /// settings.
+    fn drive(
+        socket: Arc<DemuxSocket>,
+        channel: StunChannel,
+        quic: QuicSettings,
+        local: SocketAddr,
+    ) -> Result<PeerSocket, SessionError> {
         let config = quic.endpoint_config().map_err(QuicError::from)?;
         let endpoint = demux::endpoint_with(socket, None, config)?;
         Ok(PeerSocket {
@@ -709,14 +720,7 @@ impl PeerSocket {
         // Internet settings: the path is a TCP connection of unknown reach, and packets no
         // bigger than the smallest QUIC allows are the cheapest to carry in records.
         let quic = options.quic.clone().unwrap_or_else(QuicSettings::internet);
-        let config = quic.endpoint_config().map_err(QuicError::from)?;
-        let endpoint = demux::endpoint_with(socket, None, config)?;
-        Ok(PeerSocket {
-            endpoint,
-            quic,
-            channel: Some(channel),
-            local,
-        })
+        PeerSocket::drive(socket, channel, quic, local)
     }
 
     /// Our address as the server's reflector sees it; `None` when there is no reflector

@@ -161,13 +161,7 @@ impl Mailbox {
                 if !table.within_rate(config, caller.ip) {
                     return answer(slow_down(config));
                 }
-                match table.allocate(config, caller) {
-                    Some(nameplate) => answer(MailboxEvent::Allocated {
-                        nameplate,
-                        udp_port: self.udp_port,
-                    }),
-                    None => answer(refused(TABLE_FULL)),
-                }
+                answer(self.allocated(table.allocate(config, caller, None)));
             }
             MailboxOp::OfferService { service, proof } => {
                 if let Err(reason) = check_service(config, caller, &service, &proof) {
@@ -178,19 +172,7 @@ impl Mailbox {
                         "P2P service `{service}` is offered by another client already; this one takes over when that one leaves"
                     )));
                 }
-                match table.allocate(config, caller) {
-                    Some(nameplate) => {
-                        if let Some(plate) = table.plates.get_mut(&nameplate) {
-                            plate.service = Some(service.clone());
-                        }
-                        table.services.insert(service, nameplate);
-                        answer(MailboxEvent::Allocated {
-                            nameplate,
-                            udp_port: self.udp_port,
-                        });
-                    }
-                    None => answer(refused(TABLE_FULL)),
-                }
+                answer(self.allocated(table.allocate(config, caller, Some(service))));
             }
             MailboxOp::VisitService { service, proof } => {
                 if let Err(reason) = check_service(config, caller, &service, &proof) {
@@ -229,6 +211,17 @@ impl Mailbox {
                 }
             }
             MailboxOp::Release { failed } => table.leave(caller.session, failed),
+        }
+    }
+
+    /// The answer to an allocation: the nameplate, or the table is full.
+    fn allocated(&self, nameplate: Option<u32>) -> MailboxEvent {
+        match nameplate {
+            Some(nameplate) => MailboxEvent::Allocated {
+                nameplate,
+                udp_port: self.udp_port,
+            },
+            None => refused(TABLE_FULL),
         }
     }
 
@@ -334,7 +327,14 @@ impl Table {
         }
     }
 
-    fn allocate(&mut self, config: &P2pConfig, caller: &Caller<'_>) -> Option<u32> {
+    /// A fresh nameplate held by `caller`, standing for the named P2P `service` if any;
+    /// `None` when the table is full.
+    fn allocate(
+        &mut self,
+        config: &P2pConfig,
+        caller: &Caller<'_>,
+        service: Option<String>,
+    ) -> Option<u32> {
         let max = usize::try_from(config.max_nameplates).unwrap_or(usize::MAX);
         if self.plates.len() >= max {
             return None;
@@ -360,9 +360,12 @@ impl Table {
                 queued: VecDeque::new(),
                 queued_bytes: 0,
                 failures: 0,
-                service: None,
+                service: service.clone(),
             },
         );
+        if let Some(service) = service {
+            self.services.insert(service, nameplate);
+        }
         self.sessions.insert(caller.session, (nameplate, true));
         Some(nameplate)
     }

@@ -741,6 +741,21 @@ pub fn matrix_cells() -> Vec<(Nat, Nat, Layout)> {
     cells
 }
 
+/// Prints a matrix's `table` (its runs per cell and how long it took since `started`) and
+/// fails with every entry of `failures`, if any.
+pub fn report(what: &str, runs: usize, started: Instant, table: &str, failures: &[String]) {
+    println!(
+        "NAT matrix through {what}, {runs} runs per cell, {:.1} s:\n{table}",
+        started.elapsed().as_secs_f64()
+    );
+    assert!(
+        failures.is_empty(),
+        "{} bad:\n\n{}\n\n{table}",
+        failures.len(),
+        failures.join("\n\n")
+    );
+}
+
 impl Lab {
     /// Starts the reflectors and checks each router maps as the cell says (a rule typo
     /// must not pass as "relayed"); the problems found, named by `cell`.
