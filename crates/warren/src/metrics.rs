@@ -40,6 +40,7 @@
 //! | `warren_p2p_relay_datagrams_total` | counter | (server: datagrams the P2P relay forwarded) |
 //! | `warren_p2p_relay_pairs_total` | counter | (server: transfers the P2P relay paired) |
 //! | `warren_p2p_relay_pairs_active` | gauge | (server: transfers the P2P relay carries now) |
+//! | `warren_p2p_peer_rtt_seconds` | gauge | `service`, `peer`, `route` (client, P2P services: each connected peer's path, `direct` or `relayed`, and its round trip) |
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -91,6 +92,27 @@ struct ResultLabel {
 struct StateLabel {
     service: String,
     state: &'static str,
+}
+
+/// Labels of a P2P service's peers.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct P2pPeerLabel {
+    service: String,
+    peer: String,
+    route: &'static str,
+}
+
+/// One connected peer of a P2P service ([`Metrics::set_p2p`]).
+#[derive(Debug, Clone)]
+pub struct P2pGauges {
+    /// The service.
+    pub service: String,
+    /// The peer's short fingerprint.
+    pub peer: String,
+    /// `direct` or `relayed`.
+    pub route: &'static str,
+    /// The path's round trip now.
+    pub rtt_seconds: f64,
 }
 
 /// Labels of per-session metrics.
@@ -202,6 +224,7 @@ pub struct Metrics {
     http_duration: HistogramFamily,
     http_captures_dropped: Counter,
     p2p_relay: P2pRelayMeter,
+    p2p_peers: Family<P2pPeerLabel, Gauge<f64, AtomicU64>>,
     /// Requests of every service by status class (1xx..5xx): the dashboard's totals, read
     /// without walking the labelled family.
     http_class_totals: [Counter; 5],
@@ -294,6 +317,7 @@ impl Metrics {
             http_duration: HistogramFamily::new_with_constructor(latency_histogram),
             http_captures_dropped: Counter::default(),
             p2p_relay: P2pRelayMeter::default(),
+            p2p_peers: Family::default(),
             http_class_totals: Default::default(),
             registry: Registry::default(),
         };
@@ -346,6 +370,11 @@ impl Metrics {
             "session_quic_mtu_bytes",
             "QUIC sessions: UDP payload size found by path MTU discovery",
             metrics.quic_mtu.clone(),
+        );
+        registry.register(
+            "p2p_peer_rtt_seconds",
+            "Client, P2P services: each connected peer, its route (direct, relayed) and round trip",
+            metrics.p2p_peers.clone(),
         );
         registry.register(
             "health_checks",
@@ -604,6 +633,20 @@ impl Metrics {
         }
     }
 
+    /// Replaces the P2P peer gauges (before a scrape).
+    pub fn set_p2p(&self, peers: impl IntoIterator<Item = P2pGauges>) {
+        self.p2p_peers.clear();
+        for peer in peers {
+            self.p2p_peers
+                .get_or_create(&P2pPeerLabel {
+                    service: peer.service,
+                    peer: peer.peer,
+                    route: peer.route,
+                })
+                .set(peer.rtt_seconds);
+        }
+    }
+
     /// Counts a health-check transition of `service` to up or down.
     pub fn health_changed(&self, service: &str, up: bool) {
         self.health_checks
@@ -645,11 +688,11 @@ fn side_name(side: Side) -> &'static str {
 #[derive(Debug, Clone)]
 pub struct ServiceMeter {
     retries: Counter,
-    bytes_in: Counter,
-    bytes_out: Counter,
-    active: Gauge,
-    total: Counter,
-    errors: Counter,
+    pub(crate) bytes_in: Counter,
+    pub(crate) bytes_out: Counter,
+    pub(crate) active: Gauge,
+    pub(crate) total: Counter,
+    pub(crate) errors: Counter,
     connect_latency: Arc<LazyHistogram>,
 }
 

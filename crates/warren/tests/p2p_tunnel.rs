@@ -20,7 +20,7 @@ use warren::p2p::code::Code;
 use warren::p2p::mailbox::MailboxError;
 use warren::p2p::mailbox::MailboxServer;
 use warren::p2p::session::{self, Meeting, Offering, Options, Purpose, Route, SessionError};
-use warren::p2p::tunnel::{Entrance, Exit, Kind, TunnelStats, Visit};
+use warren::p2p::tunnel::{Entrance, Event, Exit, Kind, Reporter, TunnelStats};
 
 /// The named service of [`server`]'s config, and its token.
 const SERVICE: &str = "ssh";
@@ -127,15 +127,26 @@ async fn listen(
     }
 }
 
+/// A reporter that hears nothing.
+fn quiet() -> &'static Reporter {
+    static QUIET: std::sync::LazyLock<Reporter> = std::sync::LazyLock::new(|| Arc::new(|_| {}));
+    &QUIET
+}
+
 /// Joins `meeting`, reads the kind, binds an entrance on a free loopback port.
 async fn connect(meeting: &Meeting, options: &Options) -> (Entrance, session::Connected) {
     let connected = session::join_meeting(meeting, options)
         .await
         .expect("joined");
     let kind = Entrance::hello(&connected.connection).await.expect("hello");
-    let entrance = Entrance::bind(kind, "127.0.0.1:0".parse().unwrap(), UdpSettings::DEFAULT)
-        .await
-        .expect("bound");
+    let entrance = Entrance::bind(
+        kind,
+        "127.0.0.1:0".parse().unwrap(),
+        UdpSettings::DEFAULT,
+        Arc::default(),
+    )
+    .await
+    .expect("bound");
     (entrance, connected)
 }
 
@@ -179,7 +190,7 @@ async fn tcp_connections_go_through_the_direct_path_and_the_relay() {
                 (listener.meeting.clone(), options.clone(), stop.clone());
             async move {
                 entrance
-                    .keep_joined(connected, &meeting, &options, &stop, |_| {})
+                    .keep_joined(Some(connected), &meeting, &options, &stop, quiet())
                     .await
                     .expect("kept");
                 entrance
@@ -191,8 +202,8 @@ async fn tcp_connections_go_through_the_direct_path_and_the_relay() {
         };
         let (entrance, ()) = tokio::join!(keeping, checking);
         let stats = entrance.stats();
-        assert_eq!(stats.streams.load(std::sync::atomic::Ordering::Relaxed), 16);
-        assert_eq!(stats.failed.load(std::sync::atomic::Ordering::Relaxed), 0);
+        assert_eq!(stats.streams.get(), 16);
+        assert_eq!(stats.failed.get(), 0);
         entrance.close().await;
     }
 }
@@ -253,7 +264,8 @@ async fn udp_flows_go_through_the_direct_path_and_the_relay() {
             check_udp_echoes(local, 20).await;
             stop.cancel();
         };
-        let keeping = entrance.keep_joined(connected, &listener.meeting, &options, &stop, |_| {});
+        let keeping =
+            entrance.keep_joined(Some(connected), &listener.meeting, &options, &stop, quiet());
         let (kept, ()) = tokio::join!(keeping, checking);
         kept.expect("kept");
         entrance.close().await;
@@ -277,13 +289,16 @@ async fn keeps_its_port(service: Option<&str>) {
     let local = entrance.local_addr();
     let stop = CancellationToken::new();
     let (events_tx, mut events) = tokio::sync::mpsc::unbounded_channel();
-    let keeping = entrance.keep_joined(connected, &listener.meeting, &options, &stop, |visit| {
-        let _ = events_tx.send(match visit {
-            Visit::Connected(_) => "connected",
-            Visit::Disconnected { .. } => "disconnected",
-            Visit::Retrying { .. } => "retrying",
+    let report: Reporter = Arc::new(move |event| {
+        let _ = events_tx.send(match event {
+            Event::Connected(_) => "connected",
+            Event::Disconnected { .. } => "disconnected",
+            Event::Retrying { .. } => "retrying",
+            Event::Offered(_) | Event::Notice(_) => "other",
         });
     });
+    let keeping =
+        entrance.keep_joined(Some(connected), &listener.meeting, &options, &stop, &report);
     let checking = async {
         check_tcp_echoes(local, 2, 64 * 1024).await;
         listener.drop_peers.notify_waiters();
@@ -368,8 +383,20 @@ async fn a_named_service_is_reached_by_its_name_with_its_token_only() {
         stop.cancel();
     };
     let (kept_a, kept_b, ()) = tokio::join!(
-        a.keep_joined(a_connected, &listener.meeting, &options, &stop, |_| {}),
-        b.keep_joined(b_connected, &listener.meeting, &options, &stop, |_| {}),
+        a.keep_joined(
+            Some(a_connected),
+            &listener.meeting,
+            &options,
+            &stop,
+            quiet()
+        ),
+        b.keep_joined(
+            Some(b_connected),
+            &listener.meeting,
+            &options,
+            &stop,
+            quiet()
+        ),
         checking
     );
     kept_a.expect("kept");

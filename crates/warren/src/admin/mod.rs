@@ -285,6 +285,60 @@ pub struct ServiceInfo {
     /// Server, http services: the middleware chain in order, with what each refused.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub middleware: Option<Vec<MiddlewareInfo>>,
+    /// Client, P2P services: which end this is and its peers.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub p2p: Option<P2pInfo>,
+}
+
+impl ServiceInfo {
+    /// A service with nothing counted yet and none of the optional parts.
+    pub fn new(name: &str, kind: &str, state: &'static str) -> ServiceInfo {
+        ServiceInfo {
+            name: name.to_owned(),
+            kind: kind.to_owned(),
+            state,
+            active_connections: 0,
+            total_connections: 0,
+            bytes_in: 0,
+            bytes_out: 0,
+            errors: 0,
+            load_balance: None,
+            sessions: None,
+            retries: None,
+            health: None,
+            address: None,
+            hosts: None,
+            paths: None,
+            middleware: None,
+            p2p: None,
+        }
+    }
+}
+
+/// A client's P2P service (its `state` is `direct` or `relayed` as its first peer's route,
+/// `waiting` with no peer, `refused` after a failed try).
+#[derive(Debug, Clone, Serialize)]
+pub struct P2pInfo {
+    /// `exit` (this client has the service) or `entrance` (the visitors' end).
+    pub end: &'static str,
+    /// The peers connected now.
+    pub peers: Vec<P2pPeerInfo>,
+    /// Why the last try to connect failed, until a peer connects.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
+}
+
+/// One peer of a P2P service.
+#[derive(Debug, Clone, Serialize)]
+pub struct P2pPeerInfo {
+    /// The peer's certificate fingerprint, short.
+    pub peer: String,
+    /// `direct` or `relayed`.
+    pub route: &'static str,
+    /// The peer's address (direct) or the relay's (relayed).
+    pub address: String,
+    /// The path's round trip now, in milliseconds.
+    pub rtt_ms: f64,
 }
 
 /// One middleware of an http service's chain.

@@ -15,26 +15,20 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
-use std::time::Duration;
 
 use clap::{Args, Subcommand};
 use serde_json::json;
-use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use warren::config::{HostPort, UdpSettings};
-use warren::p2p::session::{self, Meeting, Offering, Purpose, SessionError};
-use warren::p2p::tunnel::{Entrance, Exit, Kind, TunnelStats, Visit};
+use warren::p2p::code::Code;
+use warren::p2p::listen::{self, Listener};
+use warren::p2p::session::{self, Meeting, Purpose};
+use warren::p2p::tunnel::{Entrance, Event, Exit, Kind, Reporter, TunnelStats};
 
 use super::files::{Failure, Output, ServerArgs, options, read_code};
 
 /// Peers one `warren p2p listen` serves at once.
 const MAX_PEERS: u32 = 256;
-/// First pause before a `listen --service` offers its service again (the server was
-/// unreachable, or another client offers it); it doubles up to [`REOFFER_MAX_PAUSE`].
-const REOFFER_FIRST_PAUSE: Duration = Duration::from_millis(500);
-/// Longest pause between two offers.
-const REOFFER_MAX_PAUSE: Duration = Duration::from_secs(30);
 
 /// `warren p2p`.
 #[derive(Debug, Clone, Subcommand)]
@@ -148,62 +142,37 @@ async fn listen(args: ListenArgs, stop: CancellationToken) -> Result<(), Failure
     let out = Output::new(args.server.json);
     let mut options = options(&args.server)?;
     options.purpose = Purpose::Tunnel;
-    let meeting = args.named.meeting()?;
-    let stats = Arc::new(TunnelStats::default());
-    let mut peers = JoinSet::new();
-    let mut pause = REOFFER_FIRST_PAUSE;
-    let failure = loop {
-        let opened = match &meeting {
-            Some(Meeting::Service { name, token }) => {
-                Offering::open_service(options.clone(), name, token.clone()).await
-            }
-            _ => Offering::open(options.clone()).await,
-        };
-        let mut offering = match opened {
-            Ok(offering) => offering,
-            // A named service outlives server restarts and a client that offers it
-            // already: offer again, pausing longer each time.
-            Err(error) if meeting.is_some() => {
-                out.notice(&format!(
-                    "cannot offer the service ({error}); trying again in {:.1} s",
-                    pause.as_secs_f32()
-                ));
-                tokio::select! {
-                    () = stop.cancelled() => break None,
-                    () = tokio::time::sleep(pause) => {}
-                }
-                pause = (pause * 2).min(REOFFER_MAX_PAUSE);
-                continue;
-            }
-            Err(error) => return Err(Failure::Failed(error.to_string())),
-        };
-        pause = REOFFER_FIRST_PAUSE;
-        announce(&out, &offering, &args.named, &exit);
-        let ended = serve_peers(&mut offering, &exit, &stats, &mut peers, &args, &out, &stop).await;
-        offering.close().await;
-        match ended {
-            None => break None,
-            Some(error) if meeting.is_some() => {
-                out.notice(&format!(
-                    "lost the server's mailbox ({error}); offering again"
-                ));
-            }
-            Some(error) => break Some(error),
-        }
+    let service = match args.named.meeting()? {
+        Some(Meeting::Service { name, token }) => Some((name, token)),
+        _ => None,
     };
-    stop.cancel();
-    while peers.join_next().await.is_some() {}
-    match failure {
-        Some(error) => Err(Failure::Failed(error)),
-        None => Ok(()),
-    }
+    let listener = Listener {
+        exit: Arc::clone(&exit),
+        service,
+        options,
+        max_peers: args.max_peers as usize,
+        stats: Arc::new(TunnelStats::default()),
+    };
+    let stats = Arc::clone(&listener.stats);
+    let service = args.named.service.clone();
+    let report: Reporter = Arc::new(move |event| match event {
+        Event::Offered(code) => announce(&out, code, service.as_deref(), &exit),
+        Event::Retrying { error, pause } => out.notice(&format!(
+            "{error}; trying again in {:.1} s",
+            pause.as_secs_f32()
+        )),
+        other => report_peer(&out, &stats, other),
+    });
+    listen::keep_offered(&listener, &stop, &report)
+        .await
+        .map_err(Failure::Failed)
 }
 
-/// Says how to reach the offering: its code, or its service name.
-fn announce(out: &Output, offering: &Offering, named: &NamedArgs, exit: &Exit) {
+/// Says how to reach the exit: its code, or its service name.
+fn announce(out: &Output, code: Option<&Code>, service: Option<&str>, exit: &Exit) {
     let kind = exit.kind.word();
-    match (offering.code(), &named.service) {
-        (Some(code), _) => {
+    match code {
+        Some(code) => {
             let code = code.reveal();
             out.event(json!({"event": "code", "code": code}));
             out.say(&format!(
@@ -211,8 +180,8 @@ fn announce(out: &Output, offering: &Offering, named: &NamedArgs, exit: &Exit) {
                 exit.target
             ));
         }
-        (None, service) => {
-            let service = service.as_deref().unwrap_or_default();
+        None => {
+            let service = service.unwrap_or_default();
             out.event(json!({"event": "offered", "service": service}));
             out.say(&format!(
                 "Serving {kind} {} as P2P service `{service}`: on the other side, warren p2p connect --service {service} --bind 127.0.0.1:PORT (with the service's token)",
@@ -222,65 +191,19 @@ fn announce(out: &Output, offering: &Offering, named: &NamedArgs, exit: &Exit) {
     }
 }
 
-/// Serves every peer that comes to `offering` (each in `peers`) until `stop` (`None`) or
-/// the mailbox fails (`Some`, why).
-async fn serve_peers(
-    offering: &mut Offering,
-    exit: &Arc<Exit>,
-    stats: &Arc<TunnelStats>,
-    peers: &mut JoinSet<()>,
-    args: &ListenArgs,
-    out: &Output,
-    stop: &CancellationToken,
-) -> Option<String> {
-    loop {
-        while peers.try_join_next().is_some() {}
-        // `next_receiver` is not cancel-safe, which only matters for the peer of the
-        // moment: a stop ends everything anyway.
-        let connected = tokio::select! {
-            () = stop.cancelled() => return None,
-            connected = offering.next_receiver() => connected,
-        };
-        let connected = match connected {
-            Ok(connected) => connected,
-            Err(error @ (SessionError::Pake(_) | SessionError::WrongPurpose { .. })) => {
-                out.notice(&format!("a peer was refused: {error}"));
-                continue;
-            }
-            Err(error @ (SessionError::PeerLeft(_) | SessionError::NoPath(_))) => {
-                out.notice(&format!("a peer could not connect: {error}"));
-                continue;
-            }
-            Err(error) => return Some(error.to_string()),
-        };
-        let who = connected.peer.short();
-        if peers.len() >= args.max_peers as usize {
-            connected
-                .connection
-                .close(1u32.into(), b"the listener has --max-peers peers already");
-            out.notice(&format!(
-                "refused peer {who}: {} peers are connected (--max-peers)",
-                peers.len()
-            ));
-            continue;
+/// The events both commands print the same way.
+fn report_peer(out: &Output, stats: &TunnelStats, event: Event<'_>) {
+    match event {
+        Event::Connected(connected) => out.connected(connected),
+        Event::Disconnected { peer, reason } => {
+            disconnected(out, &peer.peer.short(), reason, stats);
         }
-        out.connected(&connected);
-        let (exit, stats, stop, out) = (
-            Arc::clone(exit),
-            Arc::clone(stats),
-            stop.clone(),
-            out.clone(),
-        );
-        peers.spawn(async move {
-            let ended = exit.serve(&connected.connection, &stats, &stop).await;
-            let reason = match ended {
-                Ok(reason) => reason,
-                Err(error) => error.to_string(),
-            };
-            disconnected(&out, &who, &reason, &stats);
-            let _ =
-                tokio::time::timeout(Duration::from_secs(1), connected.endpoint.wait_idle()).await;
-        });
+        Event::Retrying { error, pause } => out.notice(&format!(
+            "joining again failed ({error}); next try in {:.1} s",
+            pause.as_secs_f32()
+        )),
+        Event::Notice(notice) => out.notice(notice),
+        Event::Offered(_) => {}
     }
 }
 
@@ -298,7 +221,8 @@ async fn connect(args: ConnectArgs, stop: CancellationToken) -> Result<(), Failu
     let kind = Entrance::hello(&connected.connection)
         .await
         .map_err(|e| Failure::Failed(e.to_string()))?;
-    let entrance = Entrance::bind(kind, args.bind, UdpSettings::DEFAULT)
+    let stats = Arc::new(TunnelStats::default());
+    let entrance = Entrance::bind(kind, args.bind, UdpSettings::DEFAULT, Arc::clone(&stats))
         .await
         .map_err(|e| Failure::Usage(e.to_string()))?;
     out.connected(&connected);
@@ -308,31 +232,17 @@ async fn connect(args: ConnectArgs, stop: CancellationToken) -> Result<(), Failu
         "Listening on {local} ({}): visitors reach the other side's service",
         kind.word()
     ));
+    let report: Reporter = Arc::new(move |event| report_peer(&out, &stats, event));
     let result = entrance
-        .keep_joined(connected, &meeting, &options, &stop, |visit| match visit {
-            Visit::Connected(connected) => out.connected(connected),
-            Visit::Disconnected { peer, reason } => {
-                disconnected(&out, &peer.peer.short(), reason, entrance.stats());
-            }
-            Visit::Retrying { error, pause } => out.notice(&format!(
-                "joining again failed ({error}); next try in {:.1} s",
-                pause.as_secs_f32()
-            )),
-        })
+        .keep_joined(Some(connected), &meeting, &options, &stop, &report)
         .await;
     entrance.close().await;
     result.map_err(Failure::Failed)
 }
 
 fn disconnected(out: &Output, who: &str, reason: &str, stats: &TunnelStats) {
-    let (streams, failed) = (
-        stats.streams.load(Ordering::Relaxed),
-        stats.failed.load(Ordering::Relaxed),
-    );
-    let (up, down) = (
-        stats.bytes_up.load(Ordering::Relaxed),
-        stats.bytes_down.load(Ordering::Relaxed),
-    );
+    let (streams, failed) = (stats.streams.get(), stats.failed.get());
+    let (up, down) = (stats.bytes_up.get(), stats.bytes_down.get());
     out.event(json!({
         "event": "disconnected", "peer": who, "reason": reason,
         "streams": streams, "failed": failed, "bytes_up": up, "bytes_down": down,

@@ -44,13 +44,16 @@ impl AdminSource for ClientAdmin {
             (status.connected, serving)
         };
         let config = self.shared.config();
-        let total = config.services.len();
+        // The session's services, then the P2P services (both by name).
+        let p2p = self.p2p_services();
+        let total = config.services.len() + p2p.len();
         let range = page.range(total);
+        let sessions = config.services.len();
         let items = config
             .services
             .values()
             .skip(range.start)
-            .take(range.len())
+            .take(range.end.min(sessions).saturating_sub(range.start))
             .map(|service| {
                 let state = if !connected {
                     "waiting"
@@ -63,30 +66,81 @@ impl AdminSource for ClientAdmin {
                     .shared
                     .meter(&service.name)
                     .unwrap_or_else(|| self.shared.telemetry.metrics.service(&service.name));
-                ServiceInfo {
-                    name: service.name.clone(),
-                    kind: service.kind.name().to_owned(),
-                    state,
-                    active_connections: meter.active(),
-                    total_connections: meter.total(),
-                    bytes_in: meter.bytes_in(),
-                    bytes_out: meter.bytes_out(),
-                    errors: meter.errors(),
-                    load_balance: None,
-                    sessions: None,
-                    retries: None,
-                    health: Some(self.shared.health.state(&service.name)),
-                    address: Some(service.target.to_string()),
-                    hosts: None,
-                    paths: None,
-                    middleware: None,
-                }
+                let mut info = ServiceInfo::new(&service.name, service.kind.name(), state);
+                info.active_connections = meter.active();
+                info.total_connections = meter.total();
+                info.bytes_in = meter.bytes_in();
+                info.bytes_out = meter.bytes_out();
+                info.errors = meter.errors();
+                info.health = Some(self.shared.health.state(&service.name));
+                info.address = Some(service.target.to_string());
+                info
             })
+            .chain(
+                p2p.into_iter()
+                    .skip(range.start.saturating_sub(sessions))
+                    .take(range.end.saturating_sub(sessions.max(range.start))),
+            )
             .collect();
         Paged { items, total }
     }
 
+    fn refresh_metrics(&self) {
+        #[cfg(unix)]
+        {
+            let running = self
+                .shared
+                .p2p
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let gauges: Vec<_> = running
+                .iter()
+                .flat_map(|(name, running)| running.state.gauges(name))
+                .collect();
+            drop(running);
+            self.shared.telemetry.metrics.set_p2p(gauges);
+        }
+    }
+
     fn reloader(&self) -> Option<Arc<dyn Reload>> {
         self.reloader.clone()
+    }
+}
+
+impl ClientAdmin {
+    /// The P2P services as the API lists them, by name.
+    fn p2p_services(&self) -> Vec<ServiceInfo> {
+        #[cfg(unix)]
+        {
+            let running = self
+                .shared
+                .p2p
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let mut items: Vec<ServiceInfo> = running
+                .values()
+                .map(|running| {
+                    let config = &running.config;
+                    let stats = &running.state.stats;
+                    let mut info =
+                        ServiceInfo::new(&config.name, config.kind.name(), running.state.state());
+                    info.active_connections = stats.active.get();
+                    info.total_connections = stats.streams.get();
+                    info.bytes_in = stats.bytes_up.get();
+                    info.bytes_out = stats.bytes_down.get();
+                    info.errors = stats.failed.get();
+                    info.address = Some(match &config.end {
+                        crate::config::P2pEnd::Exit { target } => target.to_string(),
+                        crate::config::P2pEnd::Entrance { bind } => bind.to_string(),
+                    });
+                    info.p2p = Some(running.state.info(&config.end));
+                    info
+                })
+                .collect();
+            items.sort_by(|a, b| a.name.cmp(&b.name));
+            items
+        }
+        #[cfg(not(unix))]
+        Vec::new()
     }
 }

@@ -17,6 +17,8 @@ mod admin;
 pub mod establish;
 mod forward;
 mod health;
+#[cfg(unix)]
+mod p2p;
 pub mod quic;
 mod reload;
 mod reverse;
@@ -446,7 +448,17 @@ impl Client {
             restart: watch::channel(0).0,
             health: health::Board::default(),
             quic_clients: Mutex::new(Vec::new()),
+            #[cfg(unix)]
+            p2p: Mutex::new(HashMap::new()),
         });
+        #[cfg(unix)]
+        {
+            let config = shared.config();
+            let started = p2p::start_all(&shared, &config).await.inspect_err(|_| {
+                shared.cancel.cancel();
+            })?;
+            *shared.p2p.lock().unwrap_or_else(PoisonError::into_inner) = started;
+        }
         let applying = Arc::clone(&shared);
         let reload_source = reloads.start(
             reloader,
@@ -480,6 +492,7 @@ impl Client {
             server = %servers.join(","),
             transport = %config.transport,
             services = config.services.len(),
+            p2p_services = config.p2p.len(),
             "warren client starting"
         );
         // One link per server, each with its own session and reconnect backoff: losing one
@@ -591,6 +604,9 @@ struct Shared {
     health: health::Board,
     /// QUIC endpoints by server, kept across reconnects (their TLS tickets resume).
     quic_clients: Mutex<Vec<CachedQuicClient>>,
+    /// P2P services, by name.
+    #[cfg(unix)]
+    p2p: Mutex<HashMap<String, p2p::Running>>,
 }
 
 /// A QUIC endpoint and the settings it was made for.
@@ -950,7 +966,8 @@ async fn establish_session(
             "the server refused these services: wrong token, or not in the server's config"
         );
     }
-    if accepted.is_empty() && forwards.is_empty() {
+    // A client with only P2P services claims nothing: its session is idle, not refused.
+    if accepted.is_empty() && forwards.is_empty() && !(refused.is_empty() && denied.is_empty()) {
         shared
             .telemetry
             .metrics

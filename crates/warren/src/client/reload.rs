@@ -12,6 +12,9 @@
 //!   an added one is bound, a removed one stops (its connections end), a changed one
 //!   restarts (on the same socket when its address and protocol stayed). Every new port is
 //!   bound before anything changes, so a taken port refuses the whole reload.
+//! * A P2P service runs beside the sessions: one whose settings changed (or all of them,
+//!   when the first server, PSK, transport or handshake timeout changed) stops and starts
+//!   again; a port that cannot be bound then is reported in the summary.
 //! * Heartbeat and reconnect timings apply from the next session; the admin API moves only
 //!   on restart (the summary says so).
 
@@ -105,7 +108,11 @@ pub(super) async fn apply(shared: &Arc<Shared>, new: ClientConfig) -> ReloadResu
             .push(format!("forward service {name} listens on {addr}"));
     }
 
-    // 4. Health checks the new config adds (removed ones end by themselves).
+    // 4. P2P services: the changed ones restart.
+    #[cfg(unix)]
+    super::p2p::apply(shared, &old, &new, &mut summary).await;
+
+    // 5. Health checks the new config adds (removed ones end by themselves).
     super::health::start_checks(shared);
     if new.servers().len() > old.servers().len() {
         summary
@@ -113,7 +120,7 @@ pub(super) async fn apply(shared: &Arc<Shared>, new: ClientConfig) -> ReloadResu
             .push("servers (a server added to the list is dialed after a restart)".to_owned());
     }
 
-    // 5. A new session when the server must hear of it.
+    // 6. A new session when the server must hear of it.
     if new_session {
         shared.restart_session();
         summary

@@ -24,10 +24,10 @@ use super::proxy::{PortRange, ProxySetting};
 use super::quic::{self, FileQuic, QuicConfig, Side as QuicSide};
 use super::suggest::did_you_mean;
 use super::typed::{
-    AdminConfig, ClientConfig, ClientForward, ClientService, DEFAULT_HANDSHAKE_TIMEOUT,
+    AdminConfig, ClientConfig, ClientForward, ClientP2p, ClientService, DEFAULT_HANDSHAKE_TIMEOUT,
     DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_HEARTBEAT_TIMEOUT, DEFAULT_RECONNECT_INITIAL_DELAY,
     DEFAULT_RECONNECT_MAX_DELAY, DEFAULT_UDP_IDLE_TIMEOUT, DEFAULT_UDP_MAX_SESSIONS, HostPort,
-    HostPortError, ProxyProtocol, ServerConfig, ServerForward, ServerService, ServiceKind,
+    HostPortError, P2pEnd, ProxyProtocol, ServerConfig, ServerForward, ServerService, ServiceKind,
     Transport, UdpSettings, has_aes_hardware, service_key,
 };
 use crate::crypto::secret::Secret;
@@ -336,6 +336,68 @@ fn server_services(
     (out, forwards)
 }
 
+/// A `p2p = true` service's end: the exit with `target`, the entrance with `bind`; the
+/// keys of server tunnels are refused with the reason.
+fn p2p_end(
+    report: &mut Report,
+    key: &str,
+    kind: ServiceKind,
+    service: &FileClientService,
+) -> Option<P2pEnd> {
+    if kind == ServiceKind::Http {
+        report.fail(
+            ConfigError::new(
+                join_key(key, "type"),
+                "a P2P service carries tcp or udp, not http",
+            )
+            .with_hint("write type = \"tcp\" (HTTP goes through it as TCP), or remove p2p"),
+        );
+        return None;
+    }
+    let why = "P2P services go between two clients, not through the server's ports";
+    for (set, field) in [
+        (service.remote_bind.is_some(), "remote_bind"),
+        (service.proxy_protocol.is_some(), "proxy_protocol"),
+        (service.weight.is_some(), "weight"),
+        (service.health_check.is_some(), "health_check"),
+        (service.subdomain.is_some(), "subdomain"),
+        (service.hosts.is_some(), "hosts"),
+    ] {
+        if set {
+            report.fail(
+                ConfigError::new(
+                    join_key(key, field),
+                    format!("`{field}` does not apply to a P2P service: {why}"),
+                )
+                .with_hint("remove it, or remove p2p = true"),
+            );
+        }
+    }
+    match (&service.target, &service.bind) {
+        (Some(_), Some(_)) => {
+            report.fail(
+                ConfigError::new(key.to_owned(), "a P2P service has `target` (this client has the service) or `bind` (this client is the visitors' end), not both")
+                    .with_hint("keep target on the side that has the service and bind on the other side's config"),
+            );
+            None
+        }
+        (Some(text), None) => {
+            host_port(report, &join_key(key, "target"), text).map(|target| P2pEnd::Exit { target })
+        }
+        (None, Some(text)) => {
+            socket_addr(report, &join_key(key, "bind"), text).map(|bind| P2pEnd::Entrance { bind })
+        }
+        (None, None) => {
+            missing(
+                report,
+                &join_key(key, "target"),
+                "the local service, e.g. target = \"127.0.0.1:22\" (or, on the visitors' side, bind = \"127.0.0.1:6000\")",
+            );
+            None
+        }
+    }
+}
+
 /// An http service: routed on `[server.http]`'s ports, so it has no `bind` or `target`.
 fn http_service(
     report: &mut Report,
@@ -475,9 +537,10 @@ pub(crate) fn convert_client(file: FileClient, report: &mut Report) -> ClientCon
             .with_hint("use transport = \"noise\" through the proxy, or remove proxy"),
         );
     }
-    let (services, forwards) = client_services(report, file.services, default_token.as_ref());
+    let (services, forwards, p2p) = client_services(report, file.services, default_token.as_ref());
     config.services = services;
     config.forwards = forwards;
+    config.p2p = p2p;
     config.default_token = default_token;
     report.extend_checked(config.check());
     config
@@ -486,6 +549,7 @@ pub(crate) fn convert_client(file: FileClient, report: &mut Report) -> ClientCon
 type ClientServices = (
     BTreeMap<String, ClientService>,
     BTreeMap<String, ClientForward>,
+    BTreeMap<String, ClientP2p>,
 );
 
 fn client_services(
@@ -495,6 +559,7 @@ fn client_services(
 ) -> ClientServices {
     let mut out = BTreeMap::new();
     let mut forwards = BTreeMap::new();
+    let mut p2p = BTreeMap::new();
     for (name, service) in services {
         let key = service_key("client", &name);
         let kind = service_kind(report, &key, service.kind.as_deref());
@@ -505,6 +570,27 @@ fn client_services(
             service.udp_idle_timeout.as_ref(),
             service.udp_max_sessions,
         );
+        if service.p2p == Some(true) {
+            let token = token(
+                report,
+                "client",
+                &name,
+                service.token.clone(),
+                default_token,
+            );
+            if let Some(end) = p2p_end(report, &key, kind, &service) {
+                p2p.insert(
+                    name.clone(),
+                    ClientP2p {
+                        name,
+                        kind,
+                        end,
+                        token,
+                    },
+                );
+            }
+            continue;
+        }
         let proxy_protocol = proxy_protocol(report, &key, service.proxy_protocol.as_deref());
         if kind == ServiceKind::Http {
             for (set, field, why) in [
@@ -612,7 +698,7 @@ fn client_services(
             },
         );
     }
-    (out, forwards)
+    (out, forwards, p2p)
 }
 
 /// A client http service's `subdomain` / `hosts`: a declared http service.

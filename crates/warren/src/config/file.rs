@@ -230,6 +230,10 @@ pub struct FileClientService {
     /// HTTP only, a client-declared service: route these host names (the server's
     /// `allow_hosts` must allow them) to it.
     pub hosts: Option<Vec<String>>,
+    /// `true`: a peer-to-peer service, met through the server's `[server.p2p.services]`
+    /// of the same name. With `target`, this client has the service; with `bind`, it is
+    /// the visitors' end. Default `false`.
+    pub p2p: Option<bool>,
 }
 
 /// A duration as written: a string such as `"10s"`, or a bare number, which is kept only
@@ -390,7 +394,8 @@ mod tests {
                 "weight",
                 "health_check",
                 "subdomain",
-                "hosts"
+                "hosts",
+                "p2p"
             ]
         );
     }

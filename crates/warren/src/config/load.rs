@@ -430,7 +430,7 @@ mod tests {
     use warren_proto::{CipherChoice, CipherSuite};
 
     use super::super::{
-        ClientConfig, Config, ConfigErrors, HostPort, ServerConfig, ServiceKind, Transport,
+        ClientConfig, Config, ConfigErrors, HostPort, P2pEnd, ServerConfig, ServiceKind, Transport,
         has_aes_hardware,
     };
     use crate::crypto::secret::Secret;
@@ -1069,6 +1069,54 @@ udp_max_sessions = 1
 
     fn errors_of(text: &str) -> ConfigErrors {
         errors(text)
+    }
+
+    #[test]
+    fn p2p_services_have_one_end_and_no_server_tunnel_keys() {
+        let head = "[client]\nserver = \"a:1\"\npsk = \"${WARREN_TEST_PSK}\"\ndefault_token = \"${WARREN_TEST_TOKEN}\"\n";
+        let config = client(&format!(
+            "{head}[client.services.ssh]\ntarget = \"127.0.0.1:22\"\np2p = true\n[client.services.dns]\ntype = \"udp\"\nbind = \"127.0.0.1:5353\"\np2p = true\n"
+        ));
+        assert!(config.services.is_empty() && config.forwards.is_empty());
+        assert_eq!(config.p2p.len(), 2);
+        assert!(matches!(config.p2p["ssh"].end, P2pEnd::Exit { .. }));
+        assert!(matches!(config.p2p["dns"].kind, ServiceKind::Udp(_)));
+        assert_eq!(
+            config.p2p["dns"].end,
+            P2pEnd::Entrance {
+                bind: "127.0.0.1:5353".parse().unwrap()
+            }
+        );
+        // Both ends, neither, http, the keys of server tunnels, a port a forward has.
+        let errors = errors(&format!(
+            "{head}[client.services.a]\ntarget = \"127.0.0.1:22\"\nbind = \"127.0.0.1:2222\"\np2p = true\n\
+             [client.services.b]\np2p = true\n\
+             [client.services.c]\ntype = \"http\"\ntarget = \"127.0.0.1:80\"\np2p = true\n\
+             [client.services.d]\ntarget = \"127.0.0.1:22\"\nweight = 2\np2p = true\n\
+             [client.services.e]\nbind = \"127.0.0.1:6000\"\n\
+             [client.services.f]\nbind = \"127.0.0.1:6000\"\np2p = true\n"
+        ));
+        let keys: Vec<String> = keys_and_lines(&errors)
+            .into_iter()
+            .map(|(k, _)| k)
+            .collect();
+        assert_eq!(
+            keys,
+            [
+                "client.services.a",
+                "client.services.b.target",
+                "client.services.c.type",
+                "client.services.d.weight",
+                "client.services.f.bind",
+            ],
+            "{errors}"
+        );
+        let text = errors.to_string();
+        assert!(text.contains("not both"), "{text}");
+        assert!(
+            text.contains("already used by client.services.e.bind"),
+            "{text}"
+        );
     }
 
     #[test]

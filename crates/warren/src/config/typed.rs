@@ -466,6 +466,9 @@ pub struct ClientConfig {
     pub services: BTreeMap<String, ClientService>,
     /// Forward services by name.
     pub forwards: BTreeMap<String, ClientForward>,
+    /// Peer-to-peer services (`p2p = true`) by name: met through the server's mailbox,
+    /// carried directly between the two clients (or through the server's relay).
+    pub p2p: BTreeMap<String, ClientP2p>,
     /// Reach the server through this proxy (control and data channels).
     pub proxy: Option<ProxySetting>,
     /// When a host name resolves to both, try IPv6 addresses first (default: IPv4 first).
@@ -515,6 +518,38 @@ pub struct ClientForward {
     pub target: Option<HostPort>,
     /// Token proving the client may use the service.
     pub token: Secret,
+}
+
+/// A peer-to-peer service (`p2p = true`): both ends are clients of the same server, which
+/// introduces them by the service's name (a `[server.p2p.services.NAME]` of its config)
+/// once each proves the token; the bytes then go between the two clients.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClientP2p {
+    /// The service name (same as its key in [`ClientConfig::p2p`]).
+    pub name: String,
+    /// TCP or UDP (with the flow table's bounds).
+    pub kind: ServiceKind,
+    /// Which end this client is.
+    pub end: P2pEnd,
+    /// The service's token: the password of the two ends' key exchange, and their proof
+    /// to the server (never sent as is).
+    pub token: Secret,
+}
+
+/// The two ends of a P2P service.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum P2pEnd {
+    /// The end that has the service (`target`): it offers the name and serves every
+    /// visitor that comes.
+    Exit {
+        /// The local service, dialed for each connection (each UDP flow).
+        target: HostPort,
+    },
+    /// The visitor's end (`bind`): a local port whose connections reach the exit.
+    Entrance {
+        /// Where local connections (or datagrams) come in.
+        bind: SocketAddr,
+    },
 }
 
 /// Whether this CPU has AES instructions, which decides the default cipher order.
@@ -718,6 +753,7 @@ impl ClientConfig {
             services: BTreeMap::new(),
             admin: None,
             forwards: BTreeMap::new(),
+            p2p: BTreeMap::new(),
             proxy: None,
             prefer_ipv6: false,
             quic: super::quic::QuicConfig::default(),
@@ -838,6 +874,40 @@ impl ClientConfig {
                 );
             }
             binds.push((forward.bind, forward.kind, bind_key));
+        }
+        for (name, p2p) in &self.p2p {
+            let key = service_key(side, name);
+            check_service(&mut errors, side, name, &p2p.name, &p2p.token, self);
+            check_udp(&mut errors, &key, p2p.kind);
+            match &p2p.end {
+                P2pEnd::Exit { target } if target.port == 0 => {
+                    errors.push(port_zero(&join_key(&key, "target")));
+                }
+                P2pEnd::Exit { .. } => {}
+                P2pEnd::Entrance { bind } => {
+                    let bind_key = join_key(&key, "bind");
+                    if let Some((_, _, other)) = binds.iter().find(|(addr, kind, _)| {
+                        bind.port() != 0
+                            && kind.shares_protocol(p2p.kind)
+                            && binds_conflict(*addr, *bind)
+                    }) {
+                        errors.push(
+                            ConfigError::new(
+                                &bind_key,
+                                format!("{bind} is already used by {other}"),
+                            )
+                            .with_hint("give every forward and P2P service its own port"),
+                        );
+                    }
+                    binds.push((*bind, p2p.kind, bind_key));
+                }
+            }
+            if self.services.contains_key(name) || self.forwards.contains_key(name) {
+                errors.push(
+                    ConfigError::new(&key, format!("two services are named `{name}`"))
+                        .with_hint("give every service its own name"),
+                );
+            }
         }
         errors
     }

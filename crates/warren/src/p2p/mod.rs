@@ -18,9 +18,12 @@
 //!   sender and the receiver, progress events.
 //! * [`tunnel`]: a TCP or UDP service over one QUIC connection: the listening side's exit
 //!   and the connecting side's entrance.
+//! * [`listen`]: keeping an exit offered (a code or a named service) and serving its peers.
 
 pub mod chunks;
 pub mod code;
+#[cfg(unix)]
+pub mod listen;
 pub mod mailbox;
 pub mod net;
 pub mod pake;

@@ -21,10 +21,11 @@
 
 use std::io;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
 use serde::{Deserialize, Serialize};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
@@ -35,6 +36,7 @@ use warren_proto::message::StreamOpen;
 use super::mailbox::MailboxError;
 use super::session::{self, Connected, Meeting, Options, SessionError};
 use crate::config::{HostPort, UdpSettings};
+use crate::metrics::ServiceMeter;
 use crate::relay::udp::targets::{self, TargetSide};
 use crate::relay::udp::visitors::{self, ChannelSource, VisitorSide};
 use crate::relay::udp::{UdpStats, bind_service_socket};
@@ -121,22 +123,55 @@ pub enum TunnelError {
     },
 }
 
-/// What one side of a tunnel moved (TCP: bytes of finished and running streams).
+/// What one side of a tunnel moved (TCP: bytes of finished and running streams). The
+/// counters are the service's own metrics in a client ([`TunnelStats::metered`]), or
+/// free-standing ones for a command.
 #[derive(Debug, Default)]
 pub struct TunnelStats {
     /// TCP connections carried (or UDP datagram channels opened).
-    pub streams: AtomicU64,
+    pub streams: Counter,
     /// Streams that ended with an error (target unreachable, reset, cut).
-    pub failed: AtomicU64,
+    pub failed: Counter,
+    /// Streams open now.
+    pub active: Gauge,
     /// Bytes from visitors towards the target.
-    pub bytes_up: AtomicU64,
+    pub bytes_up: Counter,
     /// Bytes from the target back to visitors.
-    pub bytes_down: AtomicU64,
+    pub bytes_down: Counter,
     /// The UDP flows' counters (UDP tunnels).
     pub udp: Arc<UdpStats>,
 }
 
+/// One open stream in [`TunnelStats::active`] until dropped.
+struct Open<'a>(&'a Gauge);
+
+impl Drop for Open<'_> {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
 impl TunnelStats {
+    /// Stats that add to `meter`, a service's metrics: streams are its connections, up
+    /// is `in` (visitor to target) and down is `out`.
+    pub fn metered(meter: &ServiceMeter) -> TunnelStats {
+        TunnelStats {
+            streams: meter.total.clone(),
+            failed: meter.errors.clone(),
+            active: meter.active.clone(),
+            bytes_up: meter.bytes_in.clone(),
+            bytes_down: meter.bytes_out.clone(),
+            udp: Arc::default(),
+        }
+    }
+
+    /// Counts a stream that starts now; it is active until the guard drops.
+    fn open(&self) -> Open<'_> {
+        self.streams.inc();
+        self.active.inc();
+        Open(&self.active)
+    }
+
     fn count(&self, moved: Result<Transferred, relay::RelayError>, up_is_to_tunnel: bool) {
         match moved {
             Ok(moved) => {
@@ -145,12 +180,12 @@ impl TunnelStats {
                 } else {
                     (moved.to_local, moved.to_tunnel)
                 };
-                self.bytes_up.fetch_add(up, Ordering::Relaxed);
-                self.bytes_down.fetch_add(down, Ordering::Relaxed);
+                self.bytes_up.inc_by(up);
+                self.bytes_down.inc_by(down);
             }
             Err(error) => {
                 debug!(event = "stream_aborted", service = SERVICE, %error, "tunnel stream aborted");
-                self.failed.fetch_add(1, Ordering::Relaxed);
+                self.failed.inc();
             }
         }
     }
@@ -218,7 +253,7 @@ impl StreamHandler for ExitStreams {
             let _ = stream.writer.reset("unknown service").await;
             return None;
         }
-        self.stats.streams.fetch_add(1, Ordering::Relaxed);
+        let _open = self.stats.open();
         match self.exit.kind {
             Kind::Udp => {
                 let side = TargetSide {
@@ -238,7 +273,7 @@ impl StreamHandler for ExitStreams {
                     Ok(stream) => stream,
                     Err(error) => {
                         warn!(event = "target_unreachable", service = SERVICE, %target, %error, "cannot reach the tunnel's target");
-                        self.stats.failed.fetch_add(1, Ordering::Relaxed);
+                        self.stats.failed.inc();
                         let _ = stream
                             .writer
                             .reset(&format!("target unreachable: {error}"))
@@ -293,7 +328,7 @@ struct Attached {
 
 impl Entrance {
     /// Binds `bind` for a `kind` tunnel and starts taking visitors (reset or dropped until
-    /// a connection is attached).
+    /// a connection is attached); what they move adds to `stats`.
     ///
     /// # Errors
     ///
@@ -302,12 +337,12 @@ impl Entrance {
         kind: Kind,
         bind: SocketAddr,
         udp: UdpSettings,
+        stats: Arc<TunnelStats>,
     ) -> Result<Entrance, TunnelError> {
         let bind_error = |source| TunnelError::Bind { addr: bind, source };
         let tasks = TaskTracker::new();
         let stop = CancellationToken::new();
         let current = Arc::new(Current::default());
-        let stats = Arc::new(TunnelStats::default());
         let local = match kind {
             Kind::Tcp => {
                 let listener = TcpListener::bind(bind).await.map_err(bind_error)?;
@@ -407,24 +442,34 @@ impl Entrance {
         reason
     }
 
-    /// Carries visitors over `first`, and whenever the connection drops joins `meeting`
-    /// again (with pauses growing from 0.5 to 30 s) and carries them over the new one,
-    /// until `stop` fires (`Ok`) or the code is gone for good (`Err`, why). `report` hears
-    /// each step.
+    /// Carries visitors over `first` (when given; else it joins `meeting` at once), and
+    /// whenever the connection drops joins `meeting` again (with pauses growing from 0.5
+    /// to 30 s) and carries them over the new one, until `stop` fires (`Ok`) or the
+    /// meeting is gone for good (`Err`, why). `report` hears each step.
     ///
     /// # Errors
     ///
-    /// The code no longer leads to the same service: the listener stopped (its nameplate
-    /// was freed, or taken by another code), or it now serves the other kind.
+    /// The meeting no longer leads to the same service: the listener stopped (its
+    /// nameplate was freed, or taken by another code), the key exchange failed (a wrong
+    /// token), or it now serves the other kind.
     pub async fn keep_joined(
         &self,
-        first: Connected,
+        first: Option<Connected>,
         meeting: &Meeting,
         options: &Options,
         stop: &CancellationToken,
-        mut report: impl FnMut(Visit<'_>),
+        report: &Reporter,
     ) -> Result<(), String> {
-        let mut now = first;
+        let mut now = match first {
+            Some(first) => first,
+            None => match self
+                .rejoin(meeting, options, stop, report, Duration::ZERO)
+                .await?
+            {
+                Some(connected) => connected,
+                None => return Ok(()),
+            },
+        };
         loop {
             let reason = tokio::select! {
                 reason = self.attach(&now.connection) => reason,
@@ -433,32 +478,36 @@ impl Entrance {
                     return Ok(());
                 }
             };
-            report(Visit::Disconnected {
+            report(Event::Disconnected {
                 peer: &now,
                 reason: &reason,
             });
-            match self.rejoin(meeting, options, stop, &mut report).await? {
+            match self
+                .rejoin(meeting, options, stop, report, REJOIN_FIRST_PAUSE)
+                .await?
+            {
                 Some(again) => now = again,
                 None => return Ok(()),
             }
         }
     }
 
-    /// Joins `meeting` again after the connection dropped; `Ok(None)` when stopped.
+    /// Joins `meeting` (again), first after `pause`, then after pauses doubling from
+    /// [`REJOIN_FIRST_PAUSE`]; `Ok(None)` when stopped.
     async fn rejoin(
         &self,
         meeting: &Meeting,
         options: &Options,
         stop: &CancellationToken,
-        report: &mut impl FnMut(Visit<'_>),
+        report: &Reporter,
+        mut pause: Duration,
     ) -> Result<Option<Connected>, String> {
-        let mut pause = REJOIN_FIRST_PAUSE;
         loop {
             tokio::select! {
                 () = stop.cancelled() => return Ok(None),
                 () = tokio::time::sleep(pause) => {}
             }
-            pause = (pause * 2).min(REJOIN_MAX_PAUSE);
+            pause = (pause * 2).clamp(REJOIN_FIRST_PAUSE, REJOIN_MAX_PAUSE);
             let joined = tokio::select! {
                 () = stop.cancelled() => return Ok(None),
                 joined = session::join_meeting(meeting, options) => joined,
@@ -468,12 +517,13 @@ impl Entrance {
                 Err(error) => error.to_string(),
                 Ok(connected) => match Entrance::hello(&connected.connection).await {
                     Ok(kind) if kind == self.kind => {
-                        report(Visit::Connected(&connected));
+                        report(Event::Connected(&connected));
                         return Ok(Some(connected));
                     }
                     Ok(other) => {
+                        connected.connection.close(0u32.into(), b"wrong kind");
                         return Err(format!(
-                            "the code now serves {} where it served {}: run `warren p2p connect` again",
+                            "the other side serves {} and this side listens for {}: make both ends the same type",
                             other.word(),
                             self.kind.word()
                         ));
@@ -481,7 +531,7 @@ impl Entrance {
                     Err(error) => error.to_string(),
                 },
             };
-            report(Visit::Retrying {
+            report(Event::Retrying {
                 error: &failure,
                 pause,
             });
@@ -495,10 +545,13 @@ impl Entrance {
     }
 }
 
-/// What [`Entrance::keep_joined`] reports.
+/// What a tunnel side reports as it goes ([`Entrance::keep_joined`],
+/// [`super::listen::keep_offered`]).
 #[derive(Debug)]
-pub enum Visit<'a> {
-    /// Connected again.
+pub enum Event<'a> {
+    /// The exit offers its service under this code, or by its name (no code).
+    Offered(Option<&'a super::code::Code>),
+    /// A peer connected.
     Connected(&'a Connected),
     /// The connection to this peer ended, for this reason.
     Disconnected {
@@ -507,14 +560,19 @@ pub enum Visit<'a> {
         /// Why.
         reason: &'a str,
     },
-    /// Joining again failed; the next try comes after `pause`.
+    /// Joining (or offering) failed; the next try comes after `pause`.
     Retrying {
         /// Why it failed.
         error: &'a str,
         /// Until the next try.
         pause: Duration,
     },
+    /// Something the user should hear of: a peer refused, the mailbox lost.
+    Notice(&'a str),
 }
+
+/// Hears a tunnel side's [`Event`]s (from several tasks at once).
+pub type Reporter = Arc<dyn Fn(Event<'_>) + Send + Sync>;
 
 /// Errors after which joining the same meeting again cannot work. A code's refusal is
 /// final (its listener stopped, so the number is gone or someone else's); a named
@@ -588,12 +646,12 @@ async fn carry_visitor(
         Ok(stream) => stream,
         Err(error) => {
             warn!(event = "stream_open_failed", service = SERVICE, %peer, %error, "could not open a tunnel stream");
-            stats.failed.fetch_add(1, Ordering::Relaxed);
+            stats.failed.inc();
             tcp::reset(visitor);
             return;
         }
     };
-    stats.streams.fetch_add(1, Ordering::Relaxed);
+    let _open = stats.open();
     let moved = relay::pump(visitor, &mut stream, &attached.cancel).await;
     stats.count(moved, true);
 }
@@ -625,7 +683,7 @@ impl ChannelSource for EntranceChannels {
             .open_stream(&StreamOpen::new(SERVICE))
             .await
             .map_err(|e| e.to_string())?;
-        self.stats.streams.fetch_add(1, Ordering::Relaxed);
+        self.stats.streams.inc();
         Ok(stream)
     }
 }

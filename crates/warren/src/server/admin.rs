@@ -132,6 +132,7 @@ impl AdminSource for ServerAdmin {
                     hosts: http.as_ref().map(|h| h.hosts.clone()),
                     paths: http.as_ref().map(|h| h.paths.clone()),
                     middleware: http.map(|h| h.middleware),
+                    p2p: None,
                 }
             })
             .collect();

@@ -1,0 +1,239 @@
+//! P2P services in client configs (issue 18, `p2p = true`), in process: two Warren
+//! clients of one server, one with `target` (the exit), one with `bind` (the entrance),
+//! meet by the service's name and carry TCP connections and UDP flows between themselves,
+//! bytes checked by hash; each client's admin API and `/metrics` say, per P2P service,
+//! direct or relayed, the peer's RTT and the bytes; a wrong token is refused and shown.
+
+mod support;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use support::*;
+use tokio::net::UdpSocket;
+use tokio_util::sync::CancellationToken;
+use warren::{Client, ClientConfig, Server};
+
+const SSH_TOKEN: &str = "p2p-ssh-token-0123456789";
+const DNS_TOKEN: &str = "p2p-dns-token-0123456789";
+
+/// A free loopback port (bound then released).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Starts a client from `services` (TOML of `[client.services.*]` tables) with its admin
+/// API on a free port; returns the admin address and the client's stop token.
+fn client(server: SocketAddr, services: &str) -> (SocketAddr, CancellationToken) {
+    let admin: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    let text = format!(
+        "[admin]\nbind = \"{admin}\"\n[client]\nserver = \"{server}\"\npsk = \"{PSK}\"\n{services}"
+    );
+    let config = ClientConfig::from_toml_str(&text, "client.toml").expect("valid client config");
+    let client = Client::from_config(config).expect("client");
+    let stop = CancellationToken::new();
+    let run = client.run(stop.clone());
+    tokio::spawn(async move {
+        if let Err(error) = run.await {
+            panic!("the client stopped: {error}");
+        }
+    });
+    (admin, stop)
+}
+
+async fn udp_echo() -> SocketAddr {
+    let socket = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    let addr = socket.local_addr().unwrap();
+    tokio::spawn(async move {
+        let mut buf = vec![0u8; 65_536];
+        while let Ok((len, peer)) = socket.recv_from(&mut buf).await {
+            let _ = socket.send_to(&buf[..len], peer).await;
+        }
+    });
+    addr
+}
+
+/// The admin API's entry for P2P service `name`, once `ready` holds for it (30 s at most).
+async fn service_when(
+    admin: SocketAddr,
+    name: &str,
+    ready: impl Fn(&serde_json::Value) -> bool,
+) -> serde_json::Value {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    // The admin API comes up with the client.
+    while tokio::net::TcpStream::connect(admin).await.is_err() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no admin API on {admin}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    loop {
+        let (status, body) = http(admin, "GET", "/api/v1/services", None).await;
+        if status == 200 {
+            let services: serde_json::Value = serde_json::from_str(&body).unwrap();
+            if let Some(service) = services
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|s| s["name"] == name)
+                && ready(service)
+            {
+                return service.clone();
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{name} never got there: {body}"
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// TCP round trips of random payloads through `entrance`, checked by hash.
+async fn check_tcp(entrance: SocketAddr, count: usize) {
+    for i in 0..count {
+        let payload = random_bytes(200_000 + i);
+        let reply = tokio::time::timeout(Duration::from_secs(30), round_trip(entrance, &payload))
+            .await
+            .expect("in time")
+            .expect("round trip");
+        assert_eq!(hash(&reply), hash(&payload), "connection {i}");
+    }
+}
+
+/// Datagrams through `entrance`, each echoed back whole.
+async fn check_udp(entrance: SocketAddr, count: usize) {
+    let socket = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    let mut buf = vec![0u8; 2048];
+    for i in 0..count {
+        let payload = random_bytes(100 + i);
+        let mut echoed = None;
+        // The first datagrams may come before the flow's channel is open: resend.
+        for _ in 0..20 {
+            socket.send_to(&payload, entrance).await.unwrap();
+            if let Ok(Ok((len, _))) =
+                tokio::time::timeout(Duration::from_millis(500), socket.recv_from(&mut buf)).await
+            {
+                echoed = Some(buf[..len].to_vec());
+                break;
+            }
+        }
+        assert_eq!(echoed.as_deref(), Some(&payload[..]), "datagram {i}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_clients_carry_a_tcp_and_a_udp_p2p_service_and_report_them() {
+    let config = p2p_server_config(&format!(
+        "[server.p2p.services.ssh]\ntoken = \"{SSH_TOKEN}\"\n[server.p2p.services.dns]\ntoken = \"{DNS_TOKEN}\"\n"
+    ));
+    let bound = Server::from_config(config).unwrap().bind().await.unwrap();
+    let server = bound.local_addr();
+    let _server_stop = StopOnDrop(bound.shutdown_token());
+    tokio::spawn(bound.run());
+
+    let (tcp_target, udp_target) = (echo_target().await, udp_echo().await);
+    let (exit_admin, exit_stop) = client(
+        server,
+        &format!(
+            "[client.services.ssh]\ntarget = \"{tcp_target}\"\np2p = true\ntoken = \"{SSH_TOKEN}\"\n\
+             [client.services.dns]\ntype = \"udp\"\ntarget = \"{udp_target}\"\np2p = true\ntoken = \"{DNS_TOKEN}\"\n"
+        ),
+    );
+    let _exit_stop = StopOnDrop(exit_stop);
+    let ssh: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    let dns: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    let (entrance_admin, entrance_stop) = client(
+        server,
+        &format!(
+            "[client.services.ssh]\nbind = \"{ssh}\"\np2p = true\ntoken = \"{SSH_TOKEN}\"\n\
+             [client.services.dns]\ntype = \"udp\"\nbind = \"{dns}\"\np2p = true\ntoken = \"{DNS_TOKEN}\"\n"
+        ),
+    );
+    let _entrance_stop = StopOnDrop(entrance_stop);
+
+    // Both services connect, peer to peer on loopback.
+    for name in ["ssh", "dns"] {
+        let service = service_when(entrance_admin, name, |s| s["state"] == "direct").await;
+        assert_eq!(service["p2p"]["end"], "entrance", "{service}");
+        assert_eq!(
+            service["address"],
+            if name == "ssh" { ssh } else { dns }.to_string()
+        );
+    }
+    check_tcp(ssh, 8).await;
+    check_udp(dns, 16).await;
+
+    // Each side's admin API counts what went through, and says the route and RTT.
+    let exit = service_when(exit_admin, "ssh", |s| s["total_connections"] == 8).await;
+    assert_eq!(exit["p2p"]["end"], "exit", "{exit}");
+    assert_eq!(exit["state"], "direct");
+    assert_eq!(exit["address"], tcp_target.to_string());
+    let peers = exit["p2p"]["peers"].as_array().unwrap();
+    assert_eq!(peers.len(), 1, "{exit}");
+    assert_eq!(peers[0]["route"], "direct");
+    assert!(peers[0]["rtt_ms"].as_f64().unwrap() > 0.0, "{exit}");
+    let entrance = service_when(entrance_admin, "ssh", |s| s["total_connections"] == 8).await;
+    let sent: u64 = (0..8).map(|i| 200_000 + i).sum();
+    assert_eq!(entrance["bytes_in"], sent, "{entrance}");
+    assert_eq!(entrance["bytes_out"], sent, "{entrance}");
+    assert_eq!(entrance["errors"], 0);
+    let (_, metrics) = http(entrance_admin, "GET", "/metrics", None).await;
+    assert!(
+        metrics.lines().any(
+            |line| line.starts_with("warren_p2p_peer_rtt_seconds{service=\"ssh\"")
+                && line.contains("route=\"direct\"")
+        ),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains(&format!(
+            "warren_service_bytes_total{{service=\"ssh\",direction=\"in\"}} {sent}"
+        )),
+        "{metrics}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrong_token_is_refused_and_shown_while_the_port_stays_bound() {
+    let config = p2p_server_config(&format!(
+        "[server.p2p.services.ssh]\ntoken = \"{SSH_TOKEN}\"\n"
+    ));
+    let bound = Server::from_config(config).unwrap().bind().await.unwrap();
+    let server = bound.local_addr();
+    let _server_stop = StopOnDrop(bound.shutdown_token());
+    tokio::spawn(bound.run());
+    let target = echo_target().await;
+    let (_, exit_stop) = client(
+        server,
+        &format!(
+            "[client.services.ssh]\ntarget = \"{target}\"\np2p = true\ntoken = \"{SSH_TOKEN}\"\n"
+        ),
+    );
+    let _exit_stop = StopOnDrop(exit_stop);
+    let ssh: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    let (admin, stop) = client(
+        server,
+        &format!(
+            "[client.services.ssh]\nbind = \"{ssh}\"\np2p = true\ntoken = \"wrong-token-0123456789-abc\"\n"
+        ),
+    );
+    let _stop = StopOnDrop(stop);
+    let service = service_when(admin, "ssh", |s| s["state"] == "refused").await;
+    let error = service["p2p"]["last_error"].as_str().unwrap();
+    assert!(error.contains("token"), "{service}");
+    // Visitors are turned away at once, not left hanging.
+    let reply = tokio::time::timeout(Duration::from_secs(5), round_trip(ssh, b"hello")).await;
+    assert!(
+        matches!(reply, Ok(Err(_)) | Ok(Ok(_))),
+        "a visitor waited: {reply:?}"
+    );
+    if let Ok(Ok(bytes)) = reply {
+        assert!(bytes.is_empty(), "bytes came back without a peer");
+    }
+}
