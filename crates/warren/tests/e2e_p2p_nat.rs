@@ -436,3 +436,131 @@ fn ssh_and_dns_through_p2p_tunnels_in_every_nat_pairing() {
         &failures,
     );
 }
+
+/// Issue 18's "a visitor connects while the path is still relayed, keeps its connection
+/// while it moves to direct, bytes checked": port-restricted NATs on both sides (a direct
+/// cell), the direct path blocked on peer2's router while the tunnel connects, so it
+/// starts relayed; an ssh session streams the served file slowly (33 chunks over ~8 s)
+/// through the tunnel; the block is lifted a second in; both sides must report the move
+/// to the direct path, the stream must arrive byte-exact, and neither side may have lost
+/// its connection.
+#[test]
+fn a_relayed_tunnel_moves_to_the_direct_path_without_dropping_its_stream() {
+    if std::env::var("WARREN_LAB_SIDE").is_ok() || nat_lab::skip("p2p_tunnel_upgrade") {
+        return;
+    }
+    let tools = match tools() {
+        Ok(tools) => tools,
+        Err(why) if std::env::var("WARREN_NETNS_TESTS").as_deref() == Ok("1") => {
+            panic!("p2p_tunnel_upgrade: WARREN_NETNS_TESTS=1 but {why}")
+        }
+        Err(why) => {
+            eprintln!("SKIPPED p2p_tunnel_upgrade: {why}");
+            return;
+        }
+    };
+    let (left, right) = (nat_lab::Nat::Port, nat_lab::Nat::Port);
+    let mut lab = Lab::new(left, right, nat_lab::Layout::Separate);
+    let server = start_server(&mut lab);
+    let ssh = ssh_setup(&lab.dir);
+    start_services(&mut lab, &tools, &ssh).expect("sshd and dnsmasq answer");
+    // Router 2 drops router 1's public address: only the relay connects the peers.
+    lab.block_direct(2, "203.0.113.11");
+    let (listener, code) = listen(&mut lab, "tcp", SSH_PORT).expect("a code");
+    let port = 6200;
+    let connect = start_connect(&mut lab, "tcp", &code, port);
+    let connect = connected(&mut lab, "tcp", connect).expect("connected");
+    let first = side_events(&lab.stdout(connect));
+    assert_eq!(
+        first.route.as_deref(),
+        Some("relayed"),
+        "with the direct path blocked the tunnel starts relayed:\n{}",
+        lab.stdout(connect)
+    );
+    // The stream: the served file in 64 KiB chunks, a quarter second apart.
+    let remote = format!(
+        "for i in $(seq 0 32); do dd if={} bs=65536 skip=$i count=1 status=none; sleep 0.25; done",
+        ssh.file.display()
+    );
+    let key = ssh.client_key.to_str().unwrap().to_owned();
+    let port_arg = port.to_string();
+    let peer2 = lab.ns("peer2");
+    let stream = lab.spawn_cmd(
+        &peer2,
+        "ssh-stream",
+        "ssh",
+        &[
+            "-F",
+            "/dev/null",
+            "-p",
+            &port_arg,
+            "-i",
+            &key,
+            "-o",
+            "BatchMode=yes",
+            "-o",
+            "StrictHostKeyChecking=no",
+            "-o",
+            "UserKnownHostsFile=/dev/null",
+            "-o",
+            "LogLevel=ERROR",
+            "root@127.0.0.1",
+            &remote,
+        ],
+        &[],
+    );
+    std::thread::sleep(Duration::from_secs(1));
+    lab.unblock_direct(2);
+    let logs = |lab: &Lab| {
+        format!(
+            "connect:\n{}{}\nlisten:\n{}{}\nserver:\n{}",
+            lab.stdout(connect),
+            lab.stderr(connect),
+            lab.stdout(listener),
+            lab.stderr(listener),
+            lab.stderr(server)
+        )
+    };
+    for (side, child) in [("connect", connect), ("listen", listener)] {
+        assert!(
+            lab.wait_line(child, "\"event\":\"moved\"", Duration::from_secs(30))
+                .is_some(),
+            "{side} never moved to the direct path:\n{}",
+            logs(&lab)
+        );
+    }
+    let status = lab.wait_exit(stream, Duration::from_secs(40));
+    assert_eq!(
+        status.and_then(|s| s.code()),
+        Some(0),
+        "the ssh stream failed: {}\n{}",
+        lab.stderr(stream),
+        logs(&lab)
+    );
+    let got = lab.stdout_bytes(stream);
+    assert_eq!(got.len(), FILE_LEN, "{}", logs(&lab));
+    assert_eq!(
+        blake3::hash(&got),
+        ssh.file_hash,
+        "the streamed bytes differ"
+    );
+    for (side, child) in [("connect", connect), ("listen", listener)] {
+        let events = side_events(&lab.stdout(child));
+        assert!(events.moved, "{side}");
+        assert_eq!(
+            events.route.as_deref(),
+            Some("direct"),
+            "{side}: {}",
+            logs(&lab)
+        );
+        assert!(
+            !lab.stdout(child).contains("\"event\":\"disconnected\""),
+            "{side} lost its connection while moving:\n{}",
+            logs(&lab)
+        );
+    }
+    eprintln!(
+        "p2p_tunnel_upgrade: relayed, then direct, {} bytes streamed byte-exact across the move",
+        got.len()
+    );
+}

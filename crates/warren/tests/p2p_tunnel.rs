@@ -294,7 +294,7 @@ async fn keeps_its_port(service: Option<&str>) {
             Event::Connected(_) => "connected",
             Event::Disconnected { .. } => "disconnected",
             Event::Retrying { .. } => "retrying",
-            Event::Offered(_) | Event::Notice(_) => "other",
+            Event::Offered(_) | Event::Notice(_) | Event::Moved { .. } => "other",
         });
     });
     let keeping =

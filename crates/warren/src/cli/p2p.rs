@@ -202,6 +202,19 @@ fn report_peer(out: &Output, stats: &TunnelStats, event: Event<'_>) {
             "joining again failed ({error}); next try in {:.1} s",
             pause.as_secs_f32()
         )),
+        Event::Moved { peer, route } => {
+            let address = match route {
+                session::Route::Direct(addr) | session::Route::Relayed(addr) => addr,
+            };
+            out.event(json!({
+                "event": "moved", "peer": peer.peer.short(), "route": route.word(),
+                "address": address.to_string(),
+            }));
+            out.say(&format!(
+                "Moved to the {} path ({address}), streams untouched",
+                route.word()
+            ));
+        }
         Event::Notice(notice) => out.notice(notice),
         Event::Offered(_) => {}
     }

@@ -31,6 +31,7 @@ use crate::p2p::listen::{self, Listener};
 use crate::p2p::mailbox::MailboxServer;
 use crate::p2p::session::{Connected, Meeting, Options, Purpose, Route};
 use crate::p2p::tunnel::{Entrance, Event, Exit, Kind, Reporter, TunnelError, TunnelStats};
+use crate::p2p::upgrade::PathWatch;
 use crate::reload::ReloadSummary;
 
 /// Pause before an entrance tries again after a refusal that does not pass by itself.
@@ -73,7 +74,7 @@ pub(super) struct P2pState {
 #[derive(Debug)]
 struct Peer {
     short: String,
-    route: Route,
+    path: PathWatch,
     connection: quinn::Connection,
 }
 
@@ -81,7 +82,7 @@ impl P2pState {
     fn connected(&self, connected: &Connected) {
         lock(&self.peers).push(Peer {
             short: connected.peer.short(),
-            route: connected.route,
+            path: connected.path.clone(),
             connection: connected.connection.clone(),
         });
         *lock(&self.last_error) = None;
@@ -100,7 +101,7 @@ impl P2pState {
     /// after a failure.
     pub(super) fn state(&self) -> &'static str {
         match lock(&self.peers).first() {
-            Some(peer) => peer.route.word(),
+            Some(peer) => peer.path.route().word(),
             None if lock(&self.last_error).is_some() => "refused",
             None => "waiting",
         }
@@ -117,8 +118,8 @@ impl P2pState {
                 .iter()
                 .map(|peer| P2pPeerInfo {
                     peer: peer.short.clone(),
-                    route: peer.route.word(),
-                    address: route_addr(peer.route).to_string(),
+                    route: peer.path.route().word(),
+                    address: route_addr(peer.path.route()).to_string(),
                     rtt_ms: peer.connection.rtt().as_secs_f64() * 1e3,
                 })
                 .collect(),
@@ -133,7 +134,7 @@ impl P2pState {
             .map(|peer| P2pGauges {
                 service: service.to_owned(),
                 peer: peer.short.clone(),
-                route: peer.route.word(),
+                route: peer.path.route().word(),
                 rtt_seconds: peer.connection.rtt().as_secs_f64(),
             })
             .collect()
@@ -283,6 +284,14 @@ fn reporter(name: &str, state: &Arc<P2pState>) -> Reporter {
                 "P2P peer connected"
             );
         }
+        Event::Moved { peer, route } => info!(
+            event = "p2p_moved",
+            service = %name,
+            peer = %peer.peer.short(),
+            route = route.word(),
+            address = %route_addr(route),
+            "P2P peer connection moved to another path, its streams untouched"
+        ),
         Event::Disconnected { peer, reason } => {
             state.disconnected(peer);
             info!(event = "p2p_disconnected", service = %name, peer = %peer.peer.short(), %reason, "P2P peer disconnected");

@@ -15,7 +15,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use super::session::{Offering, Options, SessionError};
-use super::tunnel::{Event, Exit, Reporter, TunnelStats};
+use super::tunnel::{Event, Exit, Reporter, TunnelStats, report_moves};
 use crate::crypto::secret::Secret;
 
 /// First pause before a named service is offered again; it doubles up to
@@ -88,7 +88,7 @@ pub async fn keep_offered(
             None => break None,
             Some(error) if listener.service.is_some() => {
                 report(Event::Notice(&format!(
-                    "lost the server's mailbox ({error}); offering the service again"
+                    "lost the server's mailbox ({error}); offering again"
                 )));
             }
             Some(error) => break Some(error),
@@ -147,7 +147,11 @@ async fn serve_peers(
             Arc::clone(report),
         );
         peers.spawn(async move {
-            let reason = match exit.serve(&connected.connection, &stats, &stop).await {
+            let served = tokio::select! {
+                served = exit.serve(&connected.connection, &stats, &stop) => served,
+                () = report_moves(&connected, &report) => unreachable!("report_moves never returns"),
+            };
+            let reason = match served {
                 Ok(reason) => reason,
                 Err(error) => error.to_string(),
             };

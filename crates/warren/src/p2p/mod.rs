@@ -18,6 +18,7 @@
 //!   sender and the receiver, progress events.
 //! * [`tunnel`]: a TCP or UDP service over one QUIC connection: the listening side's exit
 //!   and the connecting side's entrance.
+//! * [`upgrade`]: a tunnel's relayed connection moving to the direct path underneath.
 //! * [`listen`]: keeping an exit offered (a code or a named service) and serving its peers.
 
 pub mod chunks;
@@ -35,6 +36,8 @@ pub mod session;
 pub mod transfer;
 #[cfg(unix)]
 pub mod tunnel;
+#[cfg(unix)]
+pub mod upgrade;
 mod words;
 #[cfg(unix)]
 pub mod write;

@@ -43,6 +43,7 @@ use super::net::relay::{self, JoinConfig, RelayAuth, RelayToken};
 use super::net::tcp_leg::PipeSocket;
 use super::pake::{CertFingerprint, Outcome, Pake, PakeError, Role};
 use super::transfer::identity::{self, Identity, SERVER_NAME};
+use super::upgrade::{self, PathWatch};
 use crate::crypto::secret::Secret;
 use crate::transport::quic::error::QuicError;
 use crate::transport::quic::settings::{MAX_GSO_UDP_PAYLOAD, QuicSettings};
@@ -184,6 +185,9 @@ pub struct Connected {
     pub endpoint: quinn::Endpoint,
     /// The path it took.
     pub route: Route,
+    /// The path its packets take now: a tunnel's relayed connection moves to the direct
+    /// path when the checks find one ([`super::upgrade`]).
+    pub path: PathWatch,
     /// The peer's certificate fingerprint (its short form identifies a receiver).
     pub peer: CertFingerprint,
     /// From the peer joining the mailbox to the key agreed.
@@ -367,7 +371,7 @@ impl Offering {
         // The mailbox keeps answering the server's heartbeats meanwhile (the accept may
         // take seconds), and holds what the next receiver says.
         let accepting = socket.accept(&identity, &outcome, &ours, &theirs, self.udp, &self.options);
-        let (connection, route) = tokio::select! {
+        let (connection, route, path) = tokio::select! {
             accepted = accepting => accepted?,
             () = self.mailbox.keep_alive() => unreachable!("keep_alive never returns"),
         };
@@ -375,6 +379,7 @@ impl Offering {
             connection,
             endpoint: socket.endpoint,
             route,
+            path,
             peer: outcome.peer_fingerprint,
             agreed_in,
             connected_in: started.elapsed(),
@@ -468,13 +473,14 @@ pub async fn join_meeting(meeting: &Meeting, options: &Options) -> Result<Connec
     if let (true, Some(relay)) = (blocked, udp) {
         socket = PeerSocket::over_tcp(options, relay).await?;
     }
-    let (connection, route) = socket
+    let (connection, route, path) = socket
         .dial(&identity, &outcome, &ours, &theirs, udp, options)
         .await?;
     Ok(Connected {
         connection,
         endpoint: socket.endpoint,
         route,
+        path,
         peer: outcome.peer_fingerprint,
         agreed_in,
         connected_in: started.elapsed(),
@@ -645,6 +651,8 @@ async fn swap_offers(mailbox: &mut Mailbox, ours: &PathOffer) -> Result<PathOffe
 /// One peer's UDP socket: the quinn endpoint that drives it and the STUN side of it.
 struct PeerSocket {
     endpoint: quinn::Endpoint,
+    /// The socket under the endpoint (a relayed tunnel moves to the direct path there).
+    socket: Arc<DemuxSocket>,
     /// The settings it was made with (the connection's transport settings too).
     quic: QuicSettings,
     channel: Option<StunChannel>,
@@ -697,9 +705,10 @@ impl PeerSocket {
         local: SocketAddr,
     ) -> Result<PeerSocket, SessionError> {
         let config = quic.endpoint_config().map_err(QuicError::from)?;
-        let endpoint = demux::endpoint_with(socket, None, config)?;
+        let endpoint = demux::endpoint_with(Arc::clone(&socket), None, config)?;
         Ok(PeerSocket {
             endpoint,
+            socket,
             quic,
             channel: Some(channel),
             local,
@@ -745,7 +754,13 @@ impl PeerSocket {
         theirs: &PathOffer,
         relay: Option<SocketAddr>,
         options: &Options,
-    ) -> Result<(quinn::Connection, Route), SessionError> {
+    ) -> Result<(quinn::Connection, Route, PathWatch), SessionError> {
+        let skip_checks = ours.relay_only || theirs.relay_only;
+        if let (Purpose::Tunnel, Some(relay), false) = (options.purpose, relay, skip_checks) {
+            return self
+                .dial_relay_first(identity, outcome, ours, theirs, relay, options)
+                .await;
+        }
         let client = identity::client_config(identity, outcome, &self.quic)?;
         let mut channel = self.take_channel()?;
         let mut punch_note = String::from("the checks were skipped (--relay)");
@@ -768,7 +783,8 @@ impl PeerSocket {
                     ))
                     .await
                     .map_err(SessionError::NoPath)?;
-                    return Ok((connection, Route::Direct(punched.remote)));
+                    let route = Route::Direct(punched.remote);
+                    return Ok((connection, route, PathWatch::fixed(route)));
                 }
                 Err(error) => {
                     punch_note = error.to_string();
@@ -790,7 +806,8 @@ impl PeerSocket {
         let connection = handshake(self.endpoint.connect_with(client, relay, SERVER_NAME))
             .await
             .map_err(|e| SessionError::NoPath(format!("{punch_note}; through the relay: {e}")))?;
-        Ok((connection, Route::Relayed(relay)))
+        let route = Route::Relayed(relay);
+        Ok((connection, route, PathWatch::fixed(route)))
     }
 
     /// The sender's side: checks, then accepts the receiver's dial, direct or relayed.
@@ -802,7 +819,13 @@ impl PeerSocket {
         theirs: &PathOffer,
         relay: Option<SocketAddr>,
         options: &Options,
-    ) -> Result<(quinn::Connection, Route), SessionError> {
+    ) -> Result<(quinn::Connection, Route, PathWatch), SessionError> {
+        let skip_checks = ours.relay_only || theirs.relay_only;
+        if let (Purpose::Tunnel, Some(relay), false) = (options.purpose, relay, skip_checks) {
+            return self
+                .accept_relay_first(identity, outcome, ours, theirs, relay, options)
+                .await;
+        }
         // Listening before the checks: a receiver that finishes first dials at once.
         self.endpoint
             .set_server_config(Some(identity::server_config(
@@ -868,11 +891,182 @@ impl PeerSocket {
                 } else {
                     Route::Direct(remote)
                 };
-                Ok((connection, route))
+                Ok((connection, route, PathWatch::fixed(route)))
             }
             Ok(None) => Err(SessionError::NoPath("the local endpoint closed".into())),
             Err(note) => Err(SessionError::NoPath(note)),
         }
+    }
+
+    /// A tunnel's dial: joins the relay, checks for [`upgrade::DIRECT_FIRST`], then
+    /// connects directly if the checks succeeded, else through the relay, moving to the
+    /// direct path later if the checks (which go on) succeed.
+    async fn dial_relay_first(
+        &mut self,
+        identity: &Identity,
+        outcome: &Outcome,
+        ours: &PathOffer,
+        theirs: &PathOffer,
+        relay: SocketAddr,
+        options: &Options,
+    ) -> Result<(quinn::Connection, Route, PathWatch), SessionError> {
+        let (joined, mut punching) = self
+            .join_then_check(outcome, ours, theirs, relay, options)
+            .await?;
+        let early = match joined {
+            Ok(()) => tokio::time::timeout(upgrade::DIRECT_FIRST, &mut punching)
+                .await
+                .ok(),
+            // No relay: the checks are the only way.
+            Err(_) => Some((&mut punching).await),
+        };
+        let punching = match early {
+            Some(Ok((mut checker, Ok(punched)))) => {
+                tokio::spawn(async move {
+                    let _ = checker.answer_for(ANSWER_AFTER).await;
+                });
+                let client = identity::client_config(identity, outcome, &self.quic)?;
+                let connection = handshake(self.endpoint.connect_with(
+                    client,
+                    punched.remote,
+                    SERVER_NAME,
+                ))
+                .await
+                .map_err(SessionError::NoPath)?;
+                let route = Route::Direct(punched.remote);
+                return Ok((connection, route, PathWatch::fixed(route)));
+            }
+            Some(Ok((checker, Err(error)))) => match &joined {
+                Ok(()) => tokio::spawn(async move { (checker, Err(error)) }),
+                Err(relay_error) => {
+                    return Err(SessionError::NoPath(format!(
+                        "{error}; the relay: {relay_error}"
+                    )));
+                }
+            },
+            Some(Err(panicked)) => {
+                return Err(SessionError::NoPath(format!(
+                    "the checks failed: {panicked}"
+                )));
+            }
+            None => punching,
+        };
+        let client = identity::client_config(identity, outcome, &self.path_settings(true))?;
+        let connection = handshake(self.endpoint.connect_with(client, relay, SERVER_NAME))
+            .await
+            .map_err(|e| SessionError::NoPath(format!("through the relay: {e}")))?;
+        let candidates = (ours.candidates.clone(), theirs.candidates.clone());
+        let path = upgrade::spawn_upgrade(
+            connection.clone(),
+            Arc::clone(&self.socket),
+            relay,
+            punching,
+            candidates,
+        );
+        Ok((connection, Route::Relayed(relay), path))
+    }
+
+    /// A tunnel's accept: joins the relay, starts the checks, accepts the first dial
+    /// (direct or relayed); a relayed connection moves to the direct path later if the
+    /// checks (which go on) succeed.
+    async fn accept_relay_first(
+        &mut self,
+        identity: &Identity,
+        outcome: &Outcome,
+        ours: &PathOffer,
+        theirs: &PathOffer,
+        relay: SocketAddr,
+        options: &Options,
+    ) -> Result<(quinn::Connection, Route, PathWatch), SessionError> {
+        self.endpoint
+            .set_server_config(Some(identity::server_config(
+                identity, outcome, &self.quic,
+            )?));
+        let relayed = Arc::new(identity::server_config(
+            identity,
+            outcome,
+            &self.path_settings(true),
+        )?);
+        let (joined, mut punching) = self
+            .join_then_check(outcome, ours, theirs, relay, options)
+            .await?;
+        let deadline = options.punch.deadline + upgrade::DIRECT_FIRST + 2 * HANDSHAKE_TIMEOUT;
+        let endpoint = self.endpoint.clone();
+        let accepting = tokio::time::timeout(
+            deadline,
+            accept_peer(&endpoint, joined.is_ok().then_some(relay), &relayed),
+        );
+        let accepted = match &joined {
+            Ok(()) => accepting.await.map_err(|_| {
+                format!("the other side never connected in {deadline:?} (the relay paired us)")
+            }),
+            // No relay: a dial can only come after the checks succeed.
+            Err(relay_error) => {
+                tokio::pin!(accepting);
+                tokio::select! {
+                    accepted = &mut accepting => accepted.map_err(|_| format!("the other side never connected in {deadline:?}")),
+                    checked = &mut punching => match checked {
+                        Ok((_, Ok(_))) => accepting.await.map_err(|_| "the other side did not dial the direct path".to_owned()),
+                        Ok((_, Err(error))) => Err(format!("{error}; the relay: {relay_error}")),
+                        Err(panicked) => Err(format!("the checks failed: {panicked}")),
+                    },
+                }
+            }
+        };
+        let connection = match accepted {
+            Ok(Some(connection)) => connection,
+            Ok(None) => return Err(SessionError::NoPath("the local endpoint closed".into())),
+            Err(note) => return Err(SessionError::NoPath(note)),
+        };
+        let remote = connection.remote_address();
+        if remote == relay && joined.is_ok() {
+            let candidates = (ours.candidates.clone(), theirs.candidates.clone());
+            let path = upgrade::spawn_upgrade(
+                connection.clone(),
+                Arc::clone(&self.socket),
+                relay,
+                punching,
+                candidates,
+            );
+            return Ok((connection, Route::Relayed(relay), path));
+        }
+        // Direct: answer the other side's checks a little longer (they may not be done).
+        tokio::spawn(async move {
+            if let Ok((mut checker, Ok(_))) = punching.await {
+                let _ = checker.answer_for(ANSWER_AFTER).await;
+            }
+        });
+        let route = Route::Direct(remote);
+        Ok((connection, route, PathWatch::fixed(route)))
+    }
+
+    /// Joins the relay (first, so the relayed path is ready as early as possible), then
+    /// starts the checks on their own task; the join's failure is returned, not fatal.
+    async fn join_then_check(
+        &mut self,
+        outcome: &Outcome,
+        ours: &PathOffer,
+        theirs: &PathOffer,
+        relay: SocketAddr,
+        options: &Options,
+    ) -> Result<(Result<(), relay::RelayError>, upgrade::Punching), SessionError> {
+        let mut channel = self.take_channel()?;
+        let joined = relay::join(
+            &mut channel,
+            relay,
+            &RelayToken::from_key(&outcome.relay_key),
+            &RelayAuth::from_psk(&options.server.psk),
+            &JoinConfig::default(),
+        )
+        .await;
+        let checker = Checker::new(
+            channel,
+            CheckKey::new(*outcome.check_key.expose()),
+            options.punch.clone(),
+        );
+        let punching =
+            upgrade::start_punching(checker, ours.candidates.clone(), theirs.candidates.clone());
+        Ok((joined, punching))
     }
 
     /// The settings of a connection on the direct path or through the relay. The relay

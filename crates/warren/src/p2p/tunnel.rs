@@ -34,7 +34,7 @@ use tracing::{debug, warn};
 use warren_proto::message::StreamOpen;
 
 use super::mailbox::MailboxError;
-use super::session::{self, Connected, Meeting, Options, SessionError};
+use super::session::{self, Connected, Meeting, Options, Route, SessionError};
 use crate::config::{HostPort, UdpSettings};
 use crate::metrics::ServiceMeter;
 use crate::relay::udp::targets::{self, TargetSide};
@@ -473,6 +473,7 @@ impl Entrance {
         loop {
             let reason = tokio::select! {
                 reason = self.attach(&now.connection) => reason,
+                () = report_moves(&now, report) => unreachable!("report_moves never returns"),
                 () = stop.cancelled() => {
                     now.connection.close(0u32.into(), b"stopped");
                     return Ok(());
@@ -553,6 +554,14 @@ pub enum Event<'a> {
     Offered(Option<&'a super::code::Code>),
     /// A peer connected.
     Connected(&'a Connected),
+    /// The connection to this peer moved to another path (from the relay to the direct
+    /// path), its streams untouched.
+    Moved {
+        /// The connection.
+        peer: &'a Connected,
+        /// Its route now.
+        route: Route,
+    },
     /// The connection to this peer ended, for this reason.
     Disconnected {
         /// The connection that ended.
@@ -573,6 +582,19 @@ pub enum Event<'a> {
 
 /// Hears a tunnel side's [`Event`]s (from several tasks at once).
 pub type Reporter = Arc<dyn Fn(Event<'_>) + Send + Sync>;
+
+/// Reports each move of `connected` to another path; never returns (select it beside
+/// what ends with the connection).
+pub(crate) async fn report_moves(connected: &Connected, report: &Reporter) {
+    let mut path = connected.path.clone();
+    while let Some(route) = path.changed().await {
+        report(Event::Moved {
+            peer: connected,
+            route,
+        });
+    }
+    std::future::pending().await
+}
 
 /// Errors after which joining the same meeting again cannot work. A code's refusal is
 /// final (its listener stopped, so the number is gone or someone else's); a named

@@ -386,6 +386,31 @@ impl Lab {
         );
     }
 
+    /// Router `nat` (1 or 2) drops every packet from and to `addr` (the other router's
+    /// public address: the direct path) until [`Lab::unblock_direct`]; the server's relay
+    /// still gets through.
+    pub fn block_direct(&self, nat: u8, addr: &str) {
+        let router = self.ns(&format!("nat{nat}"));
+        run_stdin(
+            &["ip", "netns", "exec", &router, "nft", "-f", "-"],
+            &format!(
+                "table ip blockdirect {{
+  chain forward {{ type filter hook forward priority -10; policy accept;
+    ip saddr {addr} drop
+    ip daddr {addr} drop
+  }}
+}}
+"
+            ),
+        );
+    }
+
+    /// Lifts [`Lab::block_direct`] on router `nat`.
+    pub fn unblock_direct(&self, nat: u8) {
+        let router = self.ns(&format!("nat{nat}"));
+        self.exec(&router, &["nft", "delete", "table", "ip", "blockdirect"]);
+    }
+
     /// Starts this test binary's `nat_lab_child` in namespace `ns` with `env` (and
     /// `WARREN_LAB_DIR`); returns its index.
     pub fn spawn(&mut self, ns: &str, env: &[(&str, String)]) -> usize {
@@ -452,6 +477,11 @@ impl Lab {
             status: None,
         });
         i
+    }
+
+    /// Child `i`'s stdout so far, as bytes.
+    pub fn stdout_bytes(&self, i: usize) -> Vec<u8> {
+        std::fs::read(&self.children[i].stdout).unwrap_or_default()
     }
 
     /// Child `i`'s stdout so far.
@@ -657,14 +687,16 @@ psk = "${WARREN_PSK}"
 [server.p2p]
 rate_per_minute = 10000
 "#;
-/// What one side printed with `--json`: its (last) `connected` event and whether it
-/// finished.
+/// What one side printed with `--json`: its (last) `connected` event, or the `moved`
+/// after it, and whether it finished.
 #[derive(Debug, Default)]
 pub struct Side {
     pub route: Option<String>,
     pub address: Option<String>,
     pub connect_ms: Option<u64>,
     pub finished: bool,
+    /// A `moved` event came (the route is the one it moved to).
+    pub moved: bool,
 }
 
 pub fn side_events(stdout: &str) -> Side {
@@ -681,6 +713,12 @@ pub fn side_events(stdout: &str) -> Side {
                     event["agreed_ms"].as_u64().unwrap_or(0)
                         + event["connected_ms"].as_u64().unwrap_or(0),
                 );
+            }
+            // A relayed tunnel that moved to the direct path: its route now.
+            Some("moved") => {
+                side.route = event["route"].as_str().map(str::to_owned);
+                side.address = event["address"].as_str().map(str::to_owned);
+                side.moved = true;
             }
             Some("finished") => side.finished = true,
             _ => {}

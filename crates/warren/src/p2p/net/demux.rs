@@ -8,13 +8,24 @@
 //!
 //! Reading happens only while a quinn endpoint made on the socket is alive (its driver is
 //! the reader): make the endpoint first ([`endpoint`]), then check, then connect.
+//!
+//! **Moving a relayed connection to the direct path** ([`DemuxSocket::hold_relayed`],
+//! [`DemuxSocket::go_direct`]): a QUIC connection made through the server's relay keeps
+//! talking to the relay's address, and this socket carries its packets on the direct path
+//! underneath once the checks find one: outgoing packets for the relay go to the peer's
+//! address, incoming QUIC packets from anywhere but the relay are handed to quinn as if
+//! the relay had sent them. QUIC is encrypted and authenticated end to end, so the path
+//! under it may change without quinn knowing, and no stream notices (what iroh's magic
+//! socket does with its relays). Each peer socket carries one connection, so every QUIC
+//! packet it receives belongs to that connection; a forged one fails its AEAD check in
+//! quinn like any other.
 
 use std::fmt;
 use std::io::{self, IoSliceMut};
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, PoisonError, RwLock};
 use std::task::{Context, Poll, ready};
 
 use quinn::udp::{RecvMeta, Transmit};
@@ -45,6 +56,32 @@ pub struct DemuxSocket {
     inner: Arc<dyn AsyncUdpSocket>,
     stun: mpsc::Sender<(Vec<u8>, SocketAddr)>,
     stats: Arc<DemuxStats>,
+    detour: Detour,
+}
+
+/// A relayed connection's packets on the direct path (see the module's doc).
+#[derive(Debug, Default)]
+struct Detour {
+    /// Set once [`DemuxSocket::hold_relayed`] was called: the hot path reads only this
+    /// while the connection is direct from the start (or has no relay).
+    armed: AtomicBool,
+    paths: RwLock<Paths>,
+}
+
+/// The relay's address and, once found, the peer's direct one.
+#[derive(Debug, Default, Clone, Copy)]
+struct Paths {
+    relay: Option<SocketAddr>,
+    direct: Option<SocketAddr>,
+}
+
+impl Detour {
+    fn paths(&self) -> Option<Paths> {
+        if !self.armed.load(Ordering::Acquire) {
+            return None;
+        }
+        Some(*self.paths.read().unwrap_or_else(PoisonError::into_inner))
+    }
 }
 
 /// The checker's end of a [`DemuxSocket`]: STUN datagrams in, STUN datagrams out.
@@ -81,12 +118,40 @@ impl DemuxSocket {
             inner,
             stun: tx,
             stats: Arc::default(),
+            detour: Detour::default(),
         });
         let channel = StunChannel {
             socket: socket.clone(),
             rx,
         };
         (socket, channel)
+    }
+
+    /// The socket's connection goes through the relay at `relay`: from now on, QUIC
+    /// packets from any other address are handed to quinn as the relay's (the peer may
+    /// move to the direct path first).
+    pub fn hold_relayed(&self, relay: SocketAddr) {
+        self.detour
+            .paths
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .relay = Some(relay);
+        self.detour.armed.store(true, Ordering::Release);
+    }
+
+    /// Sends the relayed connection's packets to the peer at `direct` from now on (after
+    /// [`DemuxSocket::hold_relayed`]).
+    pub fn go_direct(&self, direct: SocketAddr) {
+        self.detour
+            .paths
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .direct = Some(direct);
+    }
+
+    /// The direct path the relayed connection moved to, if it did.
+    pub fn direct(&self) -> Option<SocketAddr> {
+        self.detour.paths().and_then(|paths| paths.direct)
     }
 
     /// What the socket sorted so far.
@@ -146,6 +211,20 @@ impl AsyncUdpSocket for DemuxSocket {
     }
 
     fn try_send(&self, transmit: &Transmit) -> io::Result<()> {
+        if let Some(Paths {
+            relay: Some(relay),
+            direct: Some(direct),
+        }) = self.detour.paths()
+            && transmit.destination == relay
+        {
+            return self.inner.try_send(&Transmit {
+                destination: direct,
+                ecn: transmit.ecn,
+                contents: transmit.contents,
+                segment_size: transmit.segment_size,
+                src_ip: transmit.src_ip,
+            });
+        }
         self.inner.try_send(transmit)
     }
 
@@ -172,6 +251,7 @@ impl AsyncUdpSocket for DemuxSocket {
                 }
                 Err(e) => return Poll::Ready(Err(e)),
             };
+            let relay = self.detour.paths().and_then(|paths| paths.relay);
             let mut kept = 0;
             for i in 0..count {
                 let m = meta[i];
@@ -180,6 +260,12 @@ impl AsyncUdpSocket for DemuxSocket {
                 };
                 match classify(datagram) {
                     Demux::Quic => {
+                        if let Some(relay) = relay {
+                            // The peer's packets on the direct path, for the relayed
+                            // connection.
+                            meta[i].addr = relay;
+                        }
+                        let m = meta[i];
                         if kept != i {
                             // Compact: move this datagram down to the next free slot.
                             let (head, tail) = bufs.split_at_mut(i);
@@ -287,15 +373,17 @@ mod tests {
 
     use super::*;
 
-    /// A quinn socket that returns one scripted batch of datagrams, then nothing.
-    #[derive(Debug)]
-    struct Scripted(Mutex<Vec<Vec<u8>>>);
+    /// A quinn socket that returns one scripted batch of datagrams (from 192.0.2.7:9),
+    /// then nothing, and records where it was asked to send.
+    #[derive(Debug, Default)]
+    struct Scripted(Mutex<Vec<Vec<u8>>>, Mutex<Vec<SocketAddr>>);
 
     impl AsyncUdpSocket for Scripted {
         fn create_io_poller(self: Arc<Self>) -> Pin<Box<dyn UdpPoller>> {
             unimplemented!("not used by the test")
         }
-        fn try_send(&self, _: &Transmit) -> io::Result<()> {
+        fn try_send(&self, transmit: &Transmit) -> io::Result<()> {
+            self.1.lock().unwrap().push(transmit.destination);
             Ok(())
         }
         fn poll_recv(
@@ -335,7 +423,8 @@ mod tests {
             stun.clone(),
             vec![0x41, 3, 3, 3],
         ];
-        let (socket, mut channel) = DemuxSocket::over(Arc::new(Scripted(Mutex::new(batch))));
+        let (socket, mut channel) =
+            DemuxSocket::over(Arc::new(Scripted(Mutex::new(batch), Mutex::default())));
         let mut storage = vec![[0u8; 64]; 5];
         let mut bufs: Vec<IoSliceMut> = storage.iter_mut().map(|b| IoSliceMut::new(b)).collect();
         let mut meta = vec![RecvMeta::default(); 5];
@@ -352,5 +441,49 @@ mod tests {
         assert_eq!((got, from.port()), (stun, 9));
         // A batch of only STUN or junk is not "0 datagrams" to quinn: it waits for more.
         assert!(socket.poll_recv(&mut cx, &mut bufs, &mut meta).is_pending());
+    }
+
+    #[test]
+    fn a_relayed_connection_moves_to_the_direct_path_underneath() {
+        let (relay, direct) = (
+            "203.0.113.1:7000".parse::<SocketAddr>().unwrap(),
+            "192.0.2.7:9".parse::<SocketAddr>().unwrap(),
+        );
+        let inner = Arc::new(Scripted(Mutex::new(vec![vec![0xc3, 1]]), Mutex::default()));
+        let (socket, _channel) = DemuxSocket::over(inner.clone());
+        let send = |to| {
+            socket
+                .try_send(&Transmit {
+                    destination: to,
+                    ecn: None,
+                    contents: &[0x41],
+                    segment_size: None,
+                    src_ip: None,
+                })
+                .unwrap()
+        };
+        // Not held: nothing changes.
+        send(relay);
+        assert_eq!(socket.direct(), None);
+        socket.hold_relayed(relay);
+        send(relay);
+        socket.go_direct(direct);
+        send(relay);
+        // Another destination (a check's, say) is left alone.
+        send("198.51.100.2:1".parse().unwrap());
+        assert_eq!(
+            *inner.1.lock().unwrap(),
+            [relay, relay, direct, "198.51.100.2:1".parse().unwrap()]
+        );
+        assert_eq!(socket.direct(), Some(direct));
+        // The peer's packet from its direct address reaches quinn as the relay's.
+        let mut storage = [0u8; 64];
+        let mut bufs = [IoSliceMut::new(&mut storage)];
+        let mut meta = [RecvMeta::default()];
+        let mut cx = Context::from_waker(Waker::noop());
+        let Poll::Ready(Ok(1)) = socket.poll_recv(&mut cx, &mut bufs, &mut meta) else {
+            panic!("the QUIC datagram is delivered");
+        };
+        assert_eq!(meta[0].addr, relay);
     }
 }

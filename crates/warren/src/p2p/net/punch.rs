@@ -245,7 +245,8 @@ impl<S: StunIo> Checker<S> {
     }
 
     /// Keeps answering the peer's authenticated checks for `duration` (after success, so the
-    /// peer finishes too). Returns early only if the socket fails.
+    /// peer finishes too), with a check of ours back for each. Returns early only if the
+    /// socket fails.
     ///
     /// # Errors
     ///
@@ -253,12 +254,18 @@ impl<S: StunIo> Checker<S> {
     pub async fn answer_for(&mut self, duration: Duration) -> io::Result<()> {
         let until = Instant::now() + duration;
         let mut packet = Vec::with_capacity(96);
+        // Our triggered checks' transactions; their answers need no matching.
+        let mut pending = VecDeque::new();
         loop {
             let (datagram, from) = tokio::select! {
                 r = self.io.recv_from() => r?,
                 () = tokio::time::sleep_until(until) => return Ok(()),
             };
-            self.handle(&datagram, from, &mut packet);
+            if let Input::Check = self.handle(&datagram, from, &mut packet) {
+                // A triggered check back: a peer that is still checking (or checks again
+                // later) hears us, which its checks need as well as our answers.
+                self.send_check(from, Instant::now(), &mut pending, &mut packet);
+            }
         }
     }
 
