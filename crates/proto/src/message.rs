@@ -335,6 +335,9 @@ pub enum MailboxOp {
         /// The service token's proof, bound to this session's handshake.
         proof: [u8; PROOF_LEN],
     },
+    /// Ask for the server's P2P UDP ports (no nameplate taken): `warren doctor`'s NAT-type
+    /// probe. Answered with [`MailboxEvent::Info`].
+    Info,
 }
 
 /// What the server tells a mailbox client.
@@ -372,6 +375,14 @@ pub enum MailboxEvent {
     /// Another receiver is at the nameplate now (the sender serves receivers one at a
     /// time at the mailbox): try again in a moment. Not counted against the rate limit.
     Busy,
+    /// The answer to [`MailboxOp::Info`].
+    Info {
+        /// As in [`MailboxEvent::Allocated`].
+        udp_port: Option<u16>,
+        /// The reflector's second port (same host): a request to it with
+        /// WARREN-CHANGE-PORT is answered from `udp_port`.
+        udp_alt_port: Option<u16>,
+    },
 }
 
 /// First record on a data channel: which service this stream belongs to.

@@ -58,6 +58,9 @@ const ATTR_WARREN_AGENT: u16 = 0xC057;
 const ATTR_WARREN_RELAY: u16 = 0xC058;
 /// WARREN-RELAY-STATE: the relay's answer about a leg, one byte (then padding).
 const ATTR_WARREN_RELAY_STATE: u16 = 0xC059;
+/// WARREN-CHANGE-PORT: a request to be answered from the server's other reflector port
+/// (RFC 5780's CHANGE-REQUEST with only its "change port" flag), for the NAT-type probe.
+const ATTR_WARREN_CHANGE_PORT: u16 = 0xC05A;
 
 /// Length of a relay token.
 pub const RELAY_TOKEN_LEN: usize = 32;
@@ -149,6 +152,9 @@ pub struct Message {
     pub relay: Option<[u8; RELAY_TOKEN_LEN]>,
     /// WARREN-RELAY-STATE: on the relay's answer, where the leg stands.
     pub relay_state: Option<RelayState>,
+    /// WARREN-CHANGE-PORT: on a request to the reflector's other port, answer from the
+    /// main one (tells whether the NAT lets in a port it never sent to).
+    pub change_port: bool,
 }
 
 /// A MESSAGE-INTEGRITY-SHA256 found by [`decode`]: the tag and how much of the packet it
@@ -237,6 +243,7 @@ impl Message {
             agent: None,
             relay: None,
             relay_state: None,
+            change_port: false,
         }
     }
 
@@ -249,7 +256,14 @@ impl Message {
             agent: None,
             relay: None,
             relay_state: None,
+            change_port: false,
         }
+    }
+
+    /// Sets WARREN-CHANGE-PORT (a NAT-type probe).
+    pub fn with_change_port(mut self) -> Self {
+        self.change_port = true;
+        self
     }
 
     /// Sets WARREN-AGENT.
@@ -325,6 +339,12 @@ impl Message {
             out.extend_from_slice(&ATTR_WARREN_RELAY_STATE.to_be_bytes());
             out.extend_from_slice(&1u16.to_be_bytes());
             out.extend_from_slice(&[state.to_byte(), 0, 0, 0]);
+        }
+        if self.change_port {
+            // RFC 5780's CHANGE-REQUEST layout: the "change port" flag (0x2).
+            out.extend_from_slice(&ATTR_WARREN_CHANGE_PORT.to_be_bytes());
+            out.extend_from_slice(&4u16.to_be_bytes());
+            out.extend_from_slice(&[0, 0, 0, 2]);
         }
     }
 }
@@ -429,6 +449,7 @@ pub fn decode(packet: &[u8]) -> Result<Decoded, StunError> {
         agent: None,
         relay: None,
         relay_state: None,
+        change_port: false,
     };
     let mut integrity = None;
     let mut at = HEADER_LEN;
@@ -461,6 +482,12 @@ pub fn decode(packet: &[u8]) -> Result<Decoded, StunError> {
                     _ => None,
                 };
                 message.relay_state = Some(state.ok_or(bad)?);
+            }
+            ATTR_WARREN_CHANGE_PORT => {
+                message.change_port = match value {
+                    [0, 0, 0, flags] => flags & 2 != 0,
+                    _ => return Err(bad),
+                };
             }
             ATTR_MESSAGE_INTEGRITY_SHA256 => {
                 let tag = value.try_into().map_err(|_| bad)?;
@@ -580,6 +607,21 @@ mod tests {
             decode(&short),
             Err(StunError::BadAttribute { .. })
         ));
+    }
+
+    #[test]
+    fn change_port_round_trips_and_a_bad_value_is_refused() {
+        let mut out = Vec::new();
+        Message::request(TX).with_change_port().encode(&mut out);
+        let decoded = decode(&out).unwrap().message;
+        assert!(decoded.change_port);
+        Message::request(TX).encode(&mut out);
+        assert!(!decode(&out).unwrap().message.change_port);
+        // A value that is not four bytes of flags.
+        Message::request(TX).with_change_port().encode(&mut out);
+        let last = out.len() - 4;
+        out[last] = 9;
+        assert!(matches!(decode(&out), Err(StunError::BadAttribute { .. })));
     }
 
     #[test]

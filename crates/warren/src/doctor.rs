@@ -6,6 +6,9 @@
 //! resolves (IPv4 / IPv6), that a configured proxy reaches the server, a full handshake and
 //! hello with the server (through the proxy, cipher chosen, each service's verdict), that
 //! every TCP target accepts connections (with connect time) and every forward port is free;
+//! with `[server.p2p]` on the server, the NAT this client is behind (mapping and filtering,
+//! from the server's two reflector ports) and, for each P2P service's visitors' end, a short
+//! visit to the other end (there or not, direct or relayed);
 //! then this machine's CPU features and its AEAD seal and open speed for each cipher
 //! (the same measuring as the start-up figures of `cipher_choice = "fastest"`, for longer).
 //! Every check is one [`Check`] with a status and, for a failure, a fix.
@@ -33,6 +36,11 @@ use crate::transport::tcp::{self, Family};
 const EARLIEST_PLAUSIBLE_UNIX: u64 = 1_793_491_200;
 /// Deadline of each network check.
 const NETWORK_DEADLINE: Duration = Duration::from_secs(3);
+/// Deadline of the P2P checks (the mailbox, a visit to a P2P service: a relayed one takes
+/// seconds of checks before the relay on older peers).
+const P2P_DEADLINE: Duration = Duration::from_secs(20);
+/// How long a relayed visit may take to move to the direct path.
+const P2P_MOVE_WAIT: Duration = Duration::from_secs(4);
 
 /// The outcome of one check.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -238,7 +246,8 @@ async fn diagnose_client(report: &mut Report, config: &ClientConfig) {
                     .forwards
                     .values()
                     .map(|f| (f.name.as_str(), &f.token)),
-            ),
+            )
+            .chain(config.p2p.values().map(|p| (p.name.as_str(), &p.token))),
     );
     clock(report).await;
     for server in config.servers() {
@@ -253,7 +262,154 @@ async fn diagnose_client(report: &mut Report, config: &ClientConfig) {
     for server in config.servers() {
         handshake(report, config, server, proxy.as_ref()).await;
     }
+    #[cfg(unix)]
+    if proxy.is_none() {
+        p2p(report, config).await;
+    }
     finish_client(report, config).await;
+}
+
+/// The NAT this machine is behind, from the first server's two reflector ports (when the
+/// server runs `[server.p2p]`), and for each P2P service's visitors' end whether the
+/// other end is there and a direct path to it works (a short visit, closed at once).
+#[cfg(unix)]
+async fn p2p(report: &mut Report, config: &ClientConfig) {
+    use crate::p2p::mailbox::Mailbox;
+    use crate::p2p::net::nat;
+
+    let options = crate::client::p2p::options(config);
+    let asked = async {
+        let mut mailbox = Mailbox::connect(&options.server).await?;
+        let info = mailbox.info().await;
+        let ports = info.map(|(udp, alt)| {
+            (
+                udp.map(|port| mailbox.udp_addr(port)),
+                alt.map(|port| mailbox.udp_addr(port)),
+            )
+        });
+        mailbox.close().await;
+        ports
+    };
+    let ports = match tokio::time::timeout(P2P_DEADLINE, asked).await {
+        Ok(Ok(ports)) => ports,
+        Ok(Err(error)) if config.p2p.is_empty() => {
+            tracing::debug!(%error, "no P2P mailbox on the server; nothing to check");
+            return;
+        }
+        Ok(Err(error)) => {
+            return report.push_fix(
+                Status::Fail,
+                "p2p mailbox",
+                format!("the server's P2P mailbox did not answer: {error}"),
+                "the server needs a [server.p2p] section (and each P2P service in [server.p2p.services]) for p2p = true services",
+            );
+        }
+        Err(_) => {
+            return report.push_fix(
+                Status::Fail,
+                "p2p mailbox",
+                format!("the server's P2P mailbox did not answer in {} s", P2P_DEADLINE.as_secs()),
+                "check that the server runs and that this client's PSK is right (the handshake line says more)",
+            );
+        }
+    };
+    match ports {
+        (Some(main), alt) => {
+            let bind = match main {
+                SocketAddr::V4(_) => std::net::Ipv4Addr::UNSPECIFIED.into(),
+                SocketAddr::V6(_) => std::net::Ipv6Addr::UNSPECIFIED.into(),
+            };
+            match nat::probe(main, alt, bind).await {
+                Ok(nat) if nat.punches_well() => {
+                    report.push(Status::Ok, "nat", format!("{nat}: {}", nat.outlook()));
+                }
+                Ok(nat) => report.push_fix(
+                    Status::Warn,
+                    "nat",
+                    format!("{nat}: {}", nat.outlook()),
+                    "P2P still works through the server's relay; for direct paths use a network whose NAT keeps one port per socket (endpoint-independent mapping)",
+                ),
+                Err(error) => report.push_fix(
+                    Status::Warn,
+                    "nat",
+                    format!("no answer from the server's address reflector: {error}"),
+                    format!("allow UDP to {main}: without it P2P goes through the relay over TCP, slower"),
+                ),
+            }
+        }
+        (None, _) => report.push_fix(
+            Status::Warn,
+            "nat",
+            "the server runs a P2P mailbox but no UDP port: peers get no address discovery and no relay",
+            "set udp_bind in the server's [server.p2p]",
+        ),
+    }
+    for service in config.p2p.values() {
+        if let crate::config::P2pEnd::Entrance { .. } = service.end {
+            p2p_visit(report, service, &options).await;
+        }
+    }
+}
+
+/// Visits P2P service `service` once: the other end is there, and the route it took.
+#[cfg(unix)]
+async fn p2p_visit(
+    report: &mut Report,
+    service: &crate::config::ClientP2p,
+    options: &crate::p2p::session::Options,
+) {
+    use crate::p2p::session::{self, Meeting, Route};
+
+    let what = format!("p2p {}", service.name);
+    let meeting = Meeting::Service {
+        name: service.name.clone(),
+        token: service.token.clone(),
+    };
+    let joined = tokio::time::timeout(P2P_DEADLINE, session::join_meeting(&meeting, options)).await;
+    let mut connected = match joined {
+        Ok(Ok(connected)) => connected,
+        Ok(Err(error)) => {
+            return report.push_fix(
+                Status::Fail,
+                what,
+                format!("cannot reach the other end: {error}"),
+                format!("start the client whose [client.services.{}] has the target and p2p = true, with the same token", service.name),
+            );
+        }
+        Err(_) => {
+            return report.push_fix(
+                Status::Fail,
+                what,
+                format!("no connection to the other end in {} s", P2P_DEADLINE.as_secs()),
+                "check that the other end's client runs, and that UDP or the server's relay gets through",
+            );
+        }
+    };
+    // A relayed start moves to the direct path within the first round of checks, if any.
+    let mut route = connected.path.route();
+    if matches!(route, Route::Relayed(_))
+        && let Ok(Some(moved)) = tokio::time::timeout(P2P_MOVE_WAIT, connected.path.changed()).await
+    {
+        route = moved;
+    }
+    let rtt = ms(connected.connection.rtt());
+    connected
+        .connection
+        .close(0u32.into(), b"warren doctor visited");
+    let _ = tokio::time::timeout(Duration::from_secs(1), connected.endpoint.wait_idle()).await;
+    match route {
+        Route::Direct(addr) => report.push(
+            Status::Ok,
+            what,
+            format!("the other end answers; direct path to {addr}, RTT {rtt}"),
+        ),
+        Route::Relayed(addr) => report.push_fix(
+            Status::Warn,
+            what,
+            format!("the other end answers, through the server's relay only ({addr}), RTT {rtt}"),
+            "the NATs on the way allow no direct path (see the nat line); the relay carries the service",
+        ),
+    }
 }
 
 /// The client's checks that need no server: local targets, forward ports, admin port.
@@ -275,6 +431,15 @@ async fn finish_client(report: &mut Report, config: &ClientConfig) {
                     "while it fails, the servers send this client none of the service's visitors; fix the target or its health_check",
                 ),
             }
+        }
+    }
+    for service in config.p2p.values() {
+        if let crate::config::P2pEnd::Exit { target: to } = &service.end {
+            let fix = format!(
+                "start the local service on {to} or correct `target` in [client.services.{}]",
+                service.name
+            );
+            target(report, &service.name, service.kind, to, &fix).await;
         }
     }
     for forward in config.forwards.values() {

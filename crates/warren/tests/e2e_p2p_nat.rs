@@ -564,3 +564,118 @@ fn a_relayed_tunnel_moves_to_the_direct_path_without_dropping_its_stream() {
         got.len()
     );
 }
+
+/// `warren doctor --format json` of `config` (a client config) in namespace `ns`: the
+/// check named `name`, as (status, message).
+fn doctor_check(lab: &mut Lab, ns: &str, config: &Path, name: &str) -> (String, String) {
+    let child = lab.spawn_cmd(
+        ns,
+        "doctor",
+        WARREN,
+        &["doctor", config.to_str().unwrap(), "--format", "json"],
+        &env(None),
+    );
+    let exited = lab.wait_exit(child, Duration::from_secs(60));
+    assert!(
+        exited.is_some(),
+        "warren doctor hung:\n{}",
+        lab.stderr(child)
+    );
+    let report: Value = serde_json::from_str(&lab.stdout(child))
+        .unwrap_or_else(|e| panic!("doctor printed no JSON ({e}):\n{}", lab.stdout(child)));
+    let check = report["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["check"] == name)
+        .unwrap_or_else(|| panic!("no `{name}` check:\n{report:#}"));
+    (
+        check["status"].as_str().unwrap_or_default().to_owned(),
+        check["message"].as_str().unwrap_or_default().to_owned(),
+    )
+}
+
+/// Issue 18's `warren doctor` NAT report, in the lab: behind each kind of NAT, the mapping
+/// and filtering it names are the NAT's; and with P2P services configured, the visitors'
+/// end's doctor visits the other end and says the path is direct (port-restricted NATs on
+/// both sides).
+#[test]
+fn doctor_names_the_nat_and_visits_the_p2p_service() {
+    use nat_lab::{Layout, Nat};
+    if std::env::var("WARREN_LAB_SIDE").is_ok() || nat_lab::skip("p2p_doctor_nat") {
+        return;
+    }
+    let mut table = String::from("| NAT | doctor says |\n|---|---|\n");
+    for (nat, words) in [
+        (Nat::None, &["no NAT"][..]),
+        (
+            Nat::Full,
+            &["endpoint-independent", "lets in other ports"][..],
+        ),
+        (
+            Nat::Restr,
+            &["endpoint-independent", "lets in other ports"][..],
+        ),
+        (Nat::Port, &["endpoint-independent", "port-restricted"][..]),
+        (Nat::Symm, &["endpoint-dependent", "port-restricted"][..]),
+    ] {
+        let mut lab = Lab::new(nat, Nat::Port, Layout::Separate);
+        let server = start_server(&mut lab);
+        let config = lab.dir.join("client.toml");
+        std::fs::write(
+            &config,
+            format!("[client]\nserver = \"{SERVER}\"\npsk = \"${{WARREN_PSK}}\"\n"),
+        )
+        .unwrap();
+        let peer1 = lab.ns("peer1");
+        let (status, message) = doctor_check(&mut lab, &peer1, &config, "nat");
+        for word in words {
+            assert!(
+                message.contains(word),
+                "{}: doctor says {message:?}, which lacks {word:?}\nserver:\n{}",
+                nat.name(),
+                lab.stderr(server)
+            );
+        }
+        let expected = if nat == Nat::Symm { "warn" } else { "ok" };
+        assert_eq!(status, expected, "{}: {message}", nat.name());
+        table.push_str(&format!("| {} | {status}: {message} |\n", nat.name()));
+    }
+    // The visit: an exit in peer1 (the lab server's service `ssh`), doctor in peer2.
+    let mut lab = Lab::new(Nat::Port, Nat::Port, Layout::Separate);
+    let server = start_server(&mut lab);
+    let service = |end: &str| {
+        format!(
+            "[client]\nserver = \"{SERVER}\"\npsk = \"${{WARREN_PSK}}\"\n[client.services.ssh]\n{end}\np2p = true\ntoken = \"{}\"\n",
+            nat_lab::SERVICE_TOKEN
+        )
+    };
+    let (exit, entrance) = (lab.dir.join("exit.toml"), lab.dir.join("entrance.toml"));
+    std::fs::write(&exit, service("target = \"127.0.0.1:22\"")).unwrap();
+    std::fs::write(&entrance, service("bind = \"127.0.0.1:6300\"")).unwrap();
+    let peer1 = lab.ns("peer1");
+    let client = lab.spawn_cmd(
+        &peer1,
+        "exit-client",
+        WARREN,
+        &["client", exit.to_str().unwrap()],
+        &env(None),
+    );
+    assert!(
+        lab.wait_stderr(client, "p2p_offered", Duration::from_secs(15))
+            || lab.wait_stderr(client, "offered at the server", Duration::from_secs(1)),
+        "the exit client never offered its service:\n{}\nserver:\n{}",
+        lab.stderr(client),
+        lab.stderr(server)
+    );
+    let peer2 = lab.ns("peer2");
+    let (status, message) = doctor_check(&mut lab, &peer2, &entrance, "p2p ssh");
+    assert_eq!(
+        (status.as_str(), message.contains("direct path")),
+        ("ok", true),
+        "{message}\nexit client:\n{}",
+        lab.stderr(client)
+    );
+    table.push_str(&format!("| port × port, visit | {status}: {message} |\n"));
+    eprintln!("{table}");
+}

@@ -18,7 +18,7 @@ pub mod establish;
 mod forward;
 mod health;
 #[cfg(unix)]
-mod p2p;
+pub(crate) mod p2p;
 pub mod quic;
 mod reload;
 mod reverse;

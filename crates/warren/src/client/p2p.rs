@@ -160,8 +160,8 @@ fn tunnel_kind(kind: ServiceKind) -> (Kind, UdpSettings) {
 }
 
 /// How the P2P services of `config` reach the mailbox: its first server, with its PSK and
-/// transport.
-fn options(config: &ClientConfig) -> Options {
+/// transport (`warren doctor` asks the same way).
+pub(crate) fn options(config: &ClientConfig) -> Options {
     let mut options = Options::new(MailboxServer {
         server: config.server.clone(),
         psk: config.psk.clone(),

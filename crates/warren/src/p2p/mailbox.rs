@@ -204,6 +204,22 @@ impl Mailbox {
         }
     }
 
+    /// The server's P2P UDP ports: the reflector and relay's, and the reflector's second
+    /// port (NAT-type probes); `None` for what the server does not run. Takes no nameplate.
+    ///
+    /// # Errors
+    /// Refused (no `[server.p2p]`, or a server older than this op), or the session failed.
+    pub async fn info(&mut self) -> Result<(Option<u16>, Option<u16>), MailboxError> {
+        self.op(MailboxOp::Info).await?;
+        match self.next(self.deadline).await? {
+            MailboxEvent::Info {
+                udp_port,
+                udp_alt_port,
+            } => Ok((udp_port, udp_alt_port)),
+            other => Err(unexpected(other)),
+        }
+    }
+
     /// Sends `body` to the other side.
     ///
     /// # Errors

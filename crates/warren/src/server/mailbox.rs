@@ -102,6 +102,8 @@ pub struct Mailbox {
     /// The bound port of the server's P2P UDP socket (reflector and relay), told to every
     /// client that allocates or claims; `None` when the server has none.
     udp_port: Option<u16>,
+    /// The reflector's second port (NAT-type probes), told on [`MailboxOp::Info`].
+    udp_alt_port: Option<u16>,
 }
 
 impl std::fmt::Debug for Mailbox {
@@ -124,11 +126,12 @@ pub struct Caller<'a> {
 
 impl Mailbox {
     /// A mailbox telling its clients that the reflector and relay listen on `udp_port`
-    /// (on the host they reached the server at).
-    pub fn new(udp_port: Option<u16>) -> Self {
+    /// (on the host they reached the server at), and a second reflector on `udp_alt_port`.
+    pub fn new(udp_port: Option<u16>, udp_alt_port: Option<u16>) -> Self {
         Mailbox {
             table: Mutex::default(),
             udp_port,
+            udp_alt_port,
         }
     }
 
@@ -211,6 +214,11 @@ impl Mailbox {
                 }
             }
             MailboxOp::Release { failed } => table.leave(caller.session, failed),
+            // Takes nothing and names no one: not rate limited beyond the session's own.
+            MailboxOp::Info => answer(MailboxEvent::Info {
+                udp_port: self.udp_port,
+                udp_alt_port: self.udp_alt_port,
+            }),
         }
     }
 

@@ -331,6 +331,21 @@ impl Server {
             .as_ref()
             .and_then(|socket| socket.local_addr().ok())
             .map(|addr| addr.port());
+        // The reflector's second port on the same address (any free one), for
+        // `warren doctor`'s NAT-type probe; without it the probe says less.
+        let p2p_alt = match (&self.config.p2p, udp_port) {
+            (Some(p2p), Some(_)) => {
+                let any_port = SocketAddr::new(p2p.udp_bind.ip(), 0);
+                crate::relay::udp::bind_service_socket(any_port)
+                    .inspect_err(|error| warn!(event = "p2p_reflector_alt_failed", %error, "cannot bind the reflector's second port; NAT-type probes will not tell filtering"))
+                    .ok()
+            }
+            _ => None,
+        };
+        let udp_alt_port = p2p_alt
+            .as_ref()
+            .and_then(|socket| socket.local_addr().ok())
+            .map(|addr| addr.port());
         let (p2p_settings, p2p_updates) = match &self.config.p2p {
             Some(p2p) => {
                 let (tx, rx) = tokio::sync::watch::channel(relay_settings(p2p, &self.config.psk));
@@ -363,7 +378,7 @@ impl Server {
             http: RwLock::new(Arc::new(http::Front::empty())),
             declared_http: Mutex::new(HashMap::new()),
             captures,
-            mailbox: mailbox::Mailbox::new(udp_port),
+            mailbox: mailbox::Mailbox::new(udp_port, udp_alt_port),
             tcp_legs,
             p2p_settings,
         });
@@ -374,7 +389,8 @@ impl Server {
             listener,
             admin_listener,
             http_ports,
-            p2p_udp: p2p_udp.zip(p2p_updates),
+            p2p_udp: p2p_udp.map(Arc::new).zip(p2p_updates),
+            p2p_alt,
             tcp_leg_inbound,
             reloader,
             reloads,
@@ -427,9 +443,11 @@ pub struct BoundServer {
     http_ports: Option<http::HttpPorts>,
     /// The P2P UDP port (`[server.p2p]`) and where its relay settings come from.
     p2p_udp: Option<(
-        UdpSocket,
+        Arc<UdpSocket>,
         tokio::sync::watch::Receiver<crate::p2p::net::relay::RelaySettings>,
     )>,
+    /// The reflector's second port (NAT-type probes), with `p2p_udp`.
+    p2p_alt: Option<UdpSocket>,
     /// Datagrams of relay legs over TCP sessions, for the P2P UDP port's loop.
     tcp_leg_inbound: tokio::sync::mpsc::Receiver<(SocketAddr, Vec<u8>)>,
     reloader: Reloader<ServerConfig>,
@@ -517,6 +535,7 @@ impl BoundServer {
             admin_listener,
             http_ports,
             p2p_udp,
+            p2p_alt,
             tcp_leg_inbound,
             reloader,
             reloads,
@@ -575,6 +594,14 @@ impl BoundServer {
                 relay = settings.borrow().config.enabled,
                 "P2P address reflector and relay listening"
             );
+            if let Some(alt) = p2p_alt {
+                let (main, cancel) = (Arc::clone(&socket), shared.cancel.clone());
+                shared.tasks.spawn(async move {
+                    let config = crate::p2p::net::reflector::ReflectorConfig::default();
+                    let _ =
+                        crate::p2p::net::reflector::serve_alt(&alt, &main, config, cancel).await;
+                });
+            }
             let meter = shared.telemetry.metrics.p2p_relay();
             let cancel = shared.cancel.clone();
             let tcp_legs = (Arc::clone(&shared.tcp_legs), tcp_leg_inbound);

@@ -686,7 +686,13 @@ psk = "${WARREN_PSK}"
 
 [server.p2p]
 rate_per_minute = 10000
+
+[server.p2p.services.ssh]
+token = "nat-lab-p2p-service-token-0123456789"
 "#;
+
+/// The token of the lab server's P2P service `ssh`.
+pub const SERVICE_TOKEN: &str = "nat-lab-p2p-service-token-0123456789";
 /// What one side printed with `--json`: its (last) `connected` event, or the `moved`
 /// after it, and whether it finished.
 #[derive(Debug, Default)]

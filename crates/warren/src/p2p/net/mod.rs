@@ -20,6 +20,7 @@
 //! * [`candidates`]: the addresses a peer can be reached at, serialisable for the mailbox.
 //! * [`demux`]: the shared socket (a `quinn::AsyncUdpSocket` splitting STUN from QUIC).
 //! * [`key`]: the check key and the integrity tag of a check.
+//! * [`nat`]: the NAT-type probe (`warren doctor`): mapping and filtering.
 //! * [`punch`]: the connectivity checker.
 //! * [`reflector`]: the server's STUN Binding responder and the client's discovery call.
 //! * [`relay`]: the relay of last resort (the server forwards QUIC between two legs) and the
@@ -35,6 +36,7 @@ use std::net::SocketAddr;
 pub mod candidates;
 pub mod demux;
 pub mod key;
+pub mod nat;
 pub mod punch;
 pub mod reflector;
 pub mod relay;

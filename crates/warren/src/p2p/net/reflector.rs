@@ -138,6 +138,31 @@ pub async fn serve(
     config: ReflectorConfig,
     cancel: CancellationToken,
 ) -> io::Result<()> {
+    serve_with(socket, None, config, cancel).await
+}
+
+/// Runs the second reflector of a server (its other port, for NAT-type probes) on
+/// `socket` until `cancel` fires: a request with WARREN-CHANGE-PORT is answered from
+/// `main`, the server's P2P port, instead.
+///
+/// # Errors
+///
+/// As [`serve`].
+pub async fn serve_alt(
+    socket: &UdpSocket,
+    main: &UdpSocket,
+    config: ReflectorConfig,
+    cancel: CancellationToken,
+) -> io::Result<()> {
+    serve_with(socket, Some(main), config, cancel).await
+}
+
+async fn serve_with(
+    socket: &UdpSocket,
+    other: Option<&UdpSocket>,
+    config: ReflectorConfig,
+    cancel: CancellationToken,
+) -> io::Result<()> {
     let mut reflector = Reflector::new(config);
     let mut buf = vec![0u8; stun::MAX_MESSAGE_LEN + 1];
     loop {
@@ -153,7 +178,9 @@ pub async fn serve(
             },
         };
         if let Some(answer) = reflector.handle(Instant::now(), from, &buf[..len]) {
-            let _ = socket.try_send_to(&answer, from);
+            let change =
+                other.filter(|_| stun::decode(&buf[..len]).is_ok_and(|d| d.message.change_port));
+            let _ = change.unwrap_or(socket).try_send_to(&answer, from);
         }
     }
 }
