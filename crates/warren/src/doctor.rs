@@ -346,7 +346,15 @@ async fn p2p(report: &mut Report, config: &ClientConfig) {
     }
     for service in config.p2p.values() {
         if let crate::config::P2pEnd::Entrance { .. } = service.end {
-            p2p_visit(report, service, &options).await;
+            match crate::client::p2p::service_options(config, service) {
+                Ok(options) => p2p_visit(report, service, &options).await,
+                Err(error) => report.push_fix(
+                    Status::Fail,
+                    "p2p identity",
+                    error,
+                    "fix p2p_identity in [client], or remove it for a fresh identity per connection",
+                ),
+            }
         }
     }
 }

@@ -237,3 +237,73 @@ async fn a_wrong_token_is_refused_and_shown_while_the_port_stays_bound() {
         assert!(bytes.is_empty(), "bytes came back without a peer");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pinned_long_term_identity_is_required_of_the_other_end() {
+    let config = p2p_server_config(&format!(
+        "[server.p2p.services.ssh]\ntoken = \"{SSH_TOKEN}\"\n"
+    ));
+    let bound = Server::from_config(config).unwrap().bind().await.unwrap();
+    let server = bound.local_addr();
+    let _server_stop = StopOnDrop(bound.shutdown_token());
+    tokio::spawn(bound.run());
+    let dir = std::env::temp_dir().join(format!("warren-p2p-identity-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let exit_key = dir.join("exit.key");
+    // `warren p2p identity` creates the file and prints this; a second read is the same.
+    let exit_id = warren::p2p::transfer::identity::Identity::load_or_create(&exit_key)
+        .unwrap()
+        .fingerprint();
+    let again = warren::p2p::transfer::identity::Identity::load_or_create(&exit_key)
+        .unwrap()
+        .fingerprint();
+    assert_eq!(
+        exit_id.hex(),
+        again.hex(),
+        "the identity outlives a restart"
+    );
+    let stranger =
+        warren::p2p::transfer::identity::Identity::load_or_create(&dir.join("other.key"))
+            .unwrap()
+            .fingerprint();
+
+    let target = echo_target().await;
+    let (_, exit_stop) = client(
+        server,
+        &format!(
+            "p2p_identity = \"{}\"\n[client.services.ssh]\ntarget = \"{target}\"\np2p = true\ntoken = \"{SSH_TOKEN}\"\n",
+            exit_key.display()
+        ),
+    );
+    let _exit_stop = StopOnDrop(exit_stop);
+    // Pinned right: works, over the Ed25519 identity.
+    let ssh: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    let (admin, stop) = client(
+        server,
+        &format!(
+            "[client.services.ssh]\nbind = \"{ssh}\"\np2p = true\ntoken = \"{SSH_TOKEN}\"\npeer = \"{}\"\n",
+            exit_id.hex()
+        ),
+    );
+    let _stop = StopOnDrop(stop);
+    service_when(admin, "ssh", |s| s["state"] == "direct").await;
+    check_tcp(ssh, 2).await;
+    // Pinned to another machine's identity: refused, and the reason names both.
+    let other: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    let (admin, stop) = client(
+        server,
+        &format!(
+            "[client.services.ssh]\nbind = \"{other}\"\np2p = true\ntoken = \"{SSH_TOKEN}\"\npeer = \"{}\"\n",
+            stranger.hex()
+        ),
+    );
+    let _stop = StopOnDrop(stop);
+    let refused = service_when(admin, "ssh", |s| s["state"] == "refused").await;
+    let error = refused["p2p"]["last_error"].as_str().unwrap();
+    assert!(
+        error.contains(&exit_id.hex()) && error.contains(&stranger.hex()),
+        "{refused}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -22,7 +22,9 @@ use tokio_util::sync::CancellationToken;
 use warren::config::{HostPort, UdpSettings};
 use warren::p2p::code::Code;
 use warren::p2p::listen::{self, Listener};
-use warren::p2p::session::{self, Meeting, Purpose};
+use warren::p2p::pake::CertFingerprint;
+use warren::p2p::session::{self, Meeting, Options, Purpose};
+use warren::p2p::transfer::identity::Identity;
 use warren::p2p::tunnel::{Entrance, Event, Exit, Kind, Reporter, TunnelStats};
 
 use super::files::{Failure, Output, ServerArgs, options, read_code};
@@ -43,6 +45,14 @@ pub enum P2pCommand {
         after_help = "Examples:\n  WARREN_CODE=1234-acid-acorn-acre warren p2p connect --bind 127.0.0.1:2222\n  ssh -p 2222 user@127.0.0.1"
     )]
     Connect(ConnectArgs),
+    /// Print this machine's long-term P2P identity (its fingerprint), creating the key
+    /// file if it does not exist: the other end pins it with `peer = "..."` or `--peer`.
+    #[command(after_help = "Examples:\n  warren p2p identity /var/lib/warren/p2p.key")]
+    Identity {
+        /// The key file (PEM, mode 0600), as `p2p_identity` in [client] or `--identity`.
+        #[arg(value_name = "FILE")]
+        file: std::path::PathBuf,
+    },
 }
 
 /// `warren p2p listen`.
@@ -78,9 +88,29 @@ pub struct NamedArgs {
     /// Read the service's token from this file (first line). Default: WARREN_TOKEN.
     #[arg(long, value_name = "FILE", requires = "service")]
     pub token_file: Option<std::path::PathBuf>,
+    /// Present this long-term identity (a key file, created if missing; see `warren p2p
+    /// identity`) instead of a fresh one.
+    #[arg(long, value_name = "FILE")]
+    pub identity: Option<std::path::PathBuf>,
+    /// Accept only the other end whose identity is this (64 hex digits).
+    #[arg(long, value_name = "FINGERPRINT")]
+    pub peer: Option<String>,
 }
 
 impl NamedArgs {
+    /// Adds `--identity` and `--peer` to `options`.
+    fn identify(&self, options: &mut Options) -> Result<(), Failure> {
+        if let Some(path) = &self.identity {
+            let identity =
+                Identity::load_or_create(path).map_err(|e| Failure::Usage(e.to_string()))?;
+            options.identity = Some(Arc::new(identity));
+        }
+        if let Some(text) = &self.peer {
+            options.pin = Some(CertFingerprint::parse(text).map_err(Failure::Usage)?);
+        }
+        Ok(())
+    }
+
     /// The named service and its token, if `--service` was given.
     fn meeting(&self) -> Result<Option<Meeting>, Failure> {
         let Some(name) = &self.service else {
@@ -119,6 +149,12 @@ pub async fn run(command: P2pCommand, stop: CancellationToken) -> Result<(), Fai
     match command {
         P2pCommand::Listen(args) => listen(args, stop).await,
         P2pCommand::Connect(args) => connect(args, stop).await,
+        P2pCommand::Identity { file } => {
+            let identity =
+                Identity::load_or_create(&file).map_err(|e| Failure::Failed(e.to_string()))?;
+            println!("{}", identity.fingerprint().hex());
+            Ok(())
+        }
     }
 }
 
@@ -142,6 +178,7 @@ async fn listen(args: ListenArgs, stop: CancellationToken) -> Result<(), Failure
     let out = Output::new(args.server.json);
     let mut options = options(&args.server)?;
     options.purpose = Purpose::Tunnel;
+    args.named.identify(&mut options)?;
     let service = match args.named.meeting()? {
         Some(Meeting::Service { name, token }) => Some((name, token)),
         _ => None,
@@ -228,6 +265,7 @@ async fn connect(args: ConnectArgs, stop: CancellationToken) -> Result<(), Failu
     let out = Output::new(args.server.json);
     let mut options = options(&args.server)?;
     options.purpose = Purpose::Tunnel;
+    args.named.identify(&mut options)?;
     let connected = session::join_meeting(&meeting, &options)
         .await
         .map_err(|e| Failure::Failed(e.to_string()))?;

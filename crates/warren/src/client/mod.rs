@@ -72,6 +72,9 @@ pub enum ClientError {
         "the server refused every service ({0}): wrong token, or the service is not in the server's config; check `token` / `default_token` on both sides"
     )]
     AllServicesRefused(String),
+    /// The P2P identity file (`p2p_identity`) could not be read, parsed or created.
+    #[error("p2p_identity: {0}")]
+    P2pIdentity(String),
     /// A forward service's local port could not be bound.
     #[error(
         "cannot bind forward service `{service}` on {addr}: {source}; is another process using it? (choose another port)"

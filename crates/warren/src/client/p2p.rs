@@ -29,7 +29,9 @@ use crate::config::{ClientConfig, ClientP2p, P2pEnd, ServiceKind, UdpSettings};
 use crate::metrics::P2pGauges;
 use crate::p2p::listen::{self, Listener};
 use crate::p2p::mailbox::MailboxServer;
+use crate::p2p::pake::CertFingerprint;
 use crate::p2p::session::{Connected, Meeting, Options, Purpose, Route};
+use crate::p2p::transfer::identity::Identity;
 use crate::p2p::tunnel::{Entrance, Event, Exit, Kind, Reporter, TunnelError, TunnelStats};
 use crate::p2p::upgrade::PathWatch;
 use crate::reload::ReloadSummary;
@@ -172,6 +174,35 @@ pub(crate) fn options(config: &ClientConfig) -> Options {
     options
 }
 
+/// [`options`] for `service`: this client's long-term identity, if it has one, and the
+/// other end's pinned identity, if the service pins one.
+///
+/// # Errors
+///
+/// The identity file cannot be read, parsed or created (the message names it and the fix).
+pub(crate) fn service_options(
+    config: &ClientConfig,
+    service: &ClientP2p,
+) -> Result<Options, String> {
+    let mut options = options(config);
+    options.identity = identity(config)?;
+    options.pin = service.peer.map(CertFingerprint::from_bytes);
+    Ok(options)
+}
+
+/// This client's long-term P2P identity (`p2p_identity`), created on first use.
+fn identity(config: &ClientConfig) -> Result<Option<Arc<Identity>>, String> {
+    config
+        .p2p_identity
+        .as_deref()
+        .map(|path| {
+            Identity::load_or_create(path)
+                .map(Arc::new)
+                .map_err(|e| e.to_string())
+        })
+        .transpose()
+}
+
 /// Whether a change from `old` to `new` must restart every P2P service (the way to the
 /// mailbox changed).
 pub(super) fn mailbox_changed(old: &ClientConfig, new: &ClientConfig) -> bool {
@@ -180,6 +211,7 @@ pub(super) fn mailbox_changed(old: &ClientConfig, new: &ClientConfig) -> bool {
         || old.transport != new.transport
         || old.quic != new.quic
         || old.handshake_timeout != new.handshake_timeout
+        || old.p2p_identity != new.p2p_identity
 }
 
 /// Starts `service` under `config`: binds an entrance's port first.
@@ -201,7 +233,7 @@ pub(super) async fn start(
     let (kind, udp) = tunnel_kind(service.kind);
     let stop = shared.cancel.child_token();
     let report = reporter(&service.name, &state);
-    let options = options(config);
+    let options = service_options(config, service).map_err(ClientError::P2pIdentity)?;
     let task = match &service.end {
         P2pEnd::Exit { target } => {
             let listener = Listener {
@@ -317,6 +349,9 @@ pub(super) async fn start_all(
     config: &ClientConfig,
 ) -> Result<HashMap<String, Running>, ClientError> {
     let mut running = HashMap::new();
+    if let Some(identity) = identity(config).map_err(ClientError::P2pIdentity)? {
+        info!(event = "p2p_identity", fingerprint = %identity.fingerprint().hex(), "P2P identity (the other ends pin it with peer = \"...\")");
+    }
     for service in config.p2p.values() {
         match start(shared, config, service).await {
             Ok(started) => {

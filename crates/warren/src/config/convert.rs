@@ -518,6 +518,7 @@ pub(crate) fn convert_client(file: FileClient, report: &mut Report) -> ClientCon
     );
     config.insecure = insecure;
     config.prefer_ipv6 = file.prefer_ipv6.unwrap_or(false);
+    config.p2p_identity = file.p2p_identity.map(std::path::PathBuf::from);
     if let Some(text) = &file.proxy {
         match text.parse::<ProxySetting>() {
             Ok(proxy) => config.proxy = Some(proxy),
@@ -578,6 +579,16 @@ fn client_services(
                 service.token.clone(),
                 default_token,
             );
+            let peer = service.peer.as_deref().and_then(|text| {
+                crate::transport::quic::certs::parse_sha256_pin(text)
+                    .map_err(|_| {
+                        report.fail(
+                            ConfigError::new(join_key(&key, "peer"), format!("{text:?} is not a P2P identity"))
+                                .with_hint("give the other end's 64 hex digits, as `warren p2p identity FILE` prints them on its machine"),
+                        );
+                    })
+                    .ok()
+            });
             if let Some(end) = p2p_end(report, &key, kind, &service) {
                 p2p.insert(
                     name.clone(),
@@ -586,10 +597,20 @@ fn client_services(
                         kind,
                         end,
                         token,
+                        peer,
                     },
                 );
             }
             continue;
+        }
+        if service.peer.is_some() {
+            report.fail(
+                ConfigError::new(
+                    join_key(&key, "peer"),
+                    "`peer` pins the other end of a P2P service; this one is not",
+                )
+                .with_hint("add p2p = true, or remove peer"),
+            );
         }
         let proxy_protocol = proxy_protocol(report, &key, service.proxy_protocol.as_deref());
         if kind == ServiceKind::Http {

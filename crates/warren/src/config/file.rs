@@ -185,6 +185,9 @@ pub struct FileClient {
     pub proxy: Option<String>,
     /// Try IPv6 addresses first when a name resolves to both. Default `false`.
     pub prefer_ipv6: Option<bool>,
+    /// P2P services: this client's long-term identity, an Ed25519 key kept in this file
+    /// (created on first start). Default: a fresh identity per connection.
+    pub p2p_identity: Option<String>,
     /// `[client.quic]`: the QUIC transport's settings.
     pub quic: Option<super::quic::FileQuic>,
     /// `[client.services.NAME]` tables. Default: none.
@@ -234,6 +237,9 @@ pub struct FileClientService {
     /// of the same name. With `target`, this client has the service; with `bind`, it is
     /// the visitors' end. Default `false`.
     pub p2p: Option<bool>,
+    /// P2P only: the other end's identity (`warren p2p identity` prints it; its client sets
+    /// `p2p_identity`): any other end is refused. Default: any end that proves the token.
+    pub peer: Option<String>,
 }
 
 /// A duration as written: a string such as `"10s"`, or a bare number, which is kept only
@@ -395,7 +401,8 @@ mod tests {
                 "health_check",
                 "subdomain",
                 "hosts",
-                "p2p"
+                "p2p",
+                "peer"
             ]
         );
     }

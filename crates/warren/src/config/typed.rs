@@ -469,6 +469,9 @@ pub struct ClientConfig {
     /// Peer-to-peer services (`p2p = true`) by name: met through the server's mailbox,
     /// carried directly between the two clients (or through the server's relay).
     pub p2p: BTreeMap<String, ClientP2p>,
+    /// The file of this client's long-term P2P identity; `None`: a fresh one per
+    /// connection.
+    pub p2p_identity: Option<std::path::PathBuf>,
     /// Reach the server through this proxy (control and data channels).
     pub proxy: Option<ProxySetting>,
     /// When a host name resolves to both, try IPv6 addresses first (default: IPv4 first).
@@ -534,6 +537,8 @@ pub struct ClientP2p {
     /// The service's token: the password of the two ends' key exchange, and their proof
     /// to the server (never sent as is).
     pub token: Secret,
+    /// The other end's identity (SHA-256 of its key), when pinned: any other is refused.
+    pub peer: Option<[u8; 32]>,
 }
 
 /// The two ends of a P2P service.
@@ -754,6 +759,7 @@ impl ClientConfig {
             admin: None,
             forwards: BTreeMap::new(),
             p2p: BTreeMap::new(),
+            p2p_identity: None,
             proxy: None,
             prefer_ipv6: false,
             quic: super::quic::QuicConfig::default(),

@@ -118,7 +118,11 @@ async fn serve_peers(
         };
         let connected = match connected {
             Ok(connected) => connected,
-            Err(error @ (SessionError::Pake(_) | SessionError::WrongPurpose { .. })) => {
+            Err(
+                error @ (SessionError::Pake(_)
+                | SessionError::WrongPurpose { .. }
+                | SessionError::WrongPeer { .. }),
+            ) => {
                 report(Event::Notice(&format!("a peer was refused: {error}")));
                 continue;
             }

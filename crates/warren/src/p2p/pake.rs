@@ -127,6 +127,22 @@ impl CertFingerprint {
         self.0.ct_eq(&other.0).into()
     }
 
+    /// All 32 bytes as lowercase hex: the form `peer = "..."` pins.
+    pub fn hex(&self) -> String {
+        self.0.iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    /// Reads the [`CertFingerprint::hex`] form (colons allowed).
+    ///
+    /// # Errors
+    ///
+    /// What form is expected.
+    pub fn parse(text: &str) -> Result<CertFingerprint, String> {
+        crate::transport::quic::certs::parse_sha256_pin(text)
+            .map(CertFingerprint)
+            .map_err(|_| format!("{text:?} is not a P2P identity: give its 64 hex digits, as `warren p2p identity` prints them"))
+    }
+
     /// A short form for people to compare (`--confirm`): the first 8 bytes as hex in
     /// groups of four, `1a2b-3c4d-5e6f-7a8b`.
     pub fn short(&self) -> String {

@@ -141,6 +141,11 @@ pub struct Options {
     /// The peer socket's address. `None`: loopback when the server is on loopback (both
     /// peers are on this machine), else the unspecified address of the server's family.
     pub bind: Option<SocketAddr>,
+    /// This side's long-term identity (`p2p_identity`); `None`: a fresh one per connection.
+    pub identity: Option<Arc<Identity>>,
+    /// The only peer identity accepted (`peer = "..."`): a peer whose key exchange shows
+    /// another is refused before any connection.
+    pub pin: Option<CertFingerprint>,
 }
 
 impl Options {
@@ -153,6 +158,29 @@ impl Options {
             punch: PunchConfig::default(),
             quic: None,
             bind: None,
+            identity: None,
+            pin: None,
+        }
+    }
+
+    /// The identity to present: the long-term one, or a fresh one.
+    fn identity(&self) -> Result<Arc<Identity>, SessionError> {
+        match &self.identity {
+            Some(identity) => Ok(Arc::clone(identity)),
+            None => Ok(Arc::new(Identity::generate()?)),
+        }
+    }
+
+    /// Refuses a peer whose identity is not the pinned one.
+    fn check_pin(&self, outcome: &Outcome) -> Result<(), SessionError> {
+        match self.pin {
+            Some(pinned) if !pinned.matches(&outcome.peer_fingerprint) => {
+                Err(SessionError::WrongPeer {
+                    pinned,
+                    found: outcome.peer_fingerprint,
+                })
+            }
+            _ => Ok(()),
         }
     }
 }
@@ -231,6 +259,17 @@ pub enum SessionError {
     /// Neither a direct path nor the relay worked.
     #[error("could not reach the other side: {0}")]
     NoPath(String),
+    /// The peer's identity is not the pinned one.
+    #[error(
+        "the other end's identity is {} but this side pins {} (`peer`): another machine answered for the service, or the other end's p2p_identity changed; update `peer` only if you trust the new one",
+        .found.hex(), .pinned.hex()
+    )]
+    WrongPeer {
+        /// What the config pins.
+        pinned: CertFingerprint,
+        /// What the peer showed.
+        found: CertFingerprint,
+    },
     /// The peer used the code with the other pair of commands.
     #[error("the other side used this code with {}, this side with {}: each code belongs to one pair of commands", .theirs.commands(), .ours.commands())]
     WrongPurpose {
@@ -335,7 +374,7 @@ impl Offering {
         if self.receiver_present {
             self.wait_for_leaving().await?;
         }
-        let identity = Identity::generate()?;
+        let identity = self.options.identity()?;
         let mut pake = self.meeting.pake(Role::Sender, &identity);
         // Our first message waits at the server for the receiver.
         flush(&mut self.mailbox, &mut pake).await?;
@@ -356,6 +395,8 @@ impl Offering {
                 return Err(error);
             }
         };
+        // The refused peer hears nothing more and leaves after its step timeout.
+        self.options.check_pin(&outcome)?;
         let agreed_in = joined.elapsed();
         let blocked = udp_blocked(self.udp, reflexive);
         let ours = PathOffer {
@@ -441,7 +482,7 @@ pub async fn join_meeting(meeting: &Meeting, options: &Options) -> Result<Connec
     let udp_port = claim_in_turn(&mut mailbox, meeting).await?;
     let joined = Instant::now();
     let udp = udp_port.map(|port| mailbox.udp_addr(port));
-    let identity = Identity::generate()?;
+    let identity = options.identity()?;
     let mut pake = meeting.pake(Role::Receiver, &identity);
     let mut socket = PeerSocket::open(options, mailbox.server_addr())?;
     let (reflexive, agreed) = tokio::join!(
@@ -457,6 +498,11 @@ pub async fn join_meeting(meeting: &Meeting, options: &Options) -> Result<Connec
             return Err(error);
         }
     };
+    if let Err(error) = options.check_pin(&outcome) {
+        let _ = mailbox.release(false).await;
+        mailbox.close().await;
+        return Err(error);
+    }
     let agreed_in = joined.elapsed();
     let blocked = udp_blocked(udp, reflexive);
     let ours = PathOffer {

@@ -602,7 +602,9 @@ pub(crate) async fn report_moves(connected: &Connected, report: &Reporter) {
 /// the wrong pair of commands ends the wait.
 fn gone_for_good(meeting: &Meeting, error: &SessionError) -> bool {
     match error {
-        SessionError::Pake(_) | SessionError::WrongPurpose { .. } => true,
+        SessionError::Pake(_)
+        | SessionError::WrongPurpose { .. }
+        | SessionError::WrongPeer { .. } => true,
         SessionError::Mailbox(MailboxError::Refused(_) | MailboxError::Burned) => {
             matches!(meeting, Meeting::Code(_))
         }

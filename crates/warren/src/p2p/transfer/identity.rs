@@ -1,7 +1,8 @@
 //! Who is at the other end: each side's ephemeral certificate, and the QUIC configs that
 //! accept exactly the peer whose key the join code's key exchange agreed.
 //!
-//! Each transfer makes a fresh self-signed certificate ([`Identity::generate`]) whose
+//! Each transfer makes a fresh self-signed certificate ([`Identity::generate`]), or uses
+//! the machine's long-term one ([`Identity::load_or_create`], `p2p_identity`), whose
 //! fingerprint (SHA-256 of its SubjectPublicKeyInfo) goes into the PAKE
 //! ([`crate::p2p::pake::Pake::new`]). The PAKE gives back the peer's fingerprint
 //! ([`Outcome::peer_fingerprint`]), and the configs here pin it in both directions: the
@@ -59,6 +60,31 @@ impl Identity {
         Ok(Identity {
             cert: issued.cert_der,
             key,
+            fingerprint,
+        })
+    }
+
+    /// This machine's long-term identity (`p2p_identity`): an Ed25519 key kept in `path`,
+    /// created there (mode 0600) on first use. Its fingerprint is what the other end pins
+    /// (`peer = "..."`).
+    ///
+    /// # Errors
+    ///
+    /// [`QuicError::CertificateFile`] naming the path and the fix when it cannot be read,
+    /// parsed or written.
+    pub fn load_or_create(path: &std::path::Path) -> Result<Identity, QuicError> {
+        let loaded = certs::load_or_create_ed25519(path, SERVER_NAME)?;
+        let parsed = rustls::server::ParsedCertificate::try_from(&loaded.cert).map_err(|e| {
+            QuicError::CertificateFile {
+                path: path.to_owned(),
+                problem: format!("its certificate does not parse ({e})"),
+                fix: "delete it to make a new identity (peers pinning the old one must update `peer`)",
+            }
+        })?;
+        let fingerprint = CertFingerprint::of_spki(parsed.subject_public_key_info().as_ref());
+        Ok(Identity {
+            cert: loaded.cert,
+            key: loaded.key,
             fingerprint,
         })
     }

@@ -124,6 +124,30 @@ impl SelfSigned {
 /// or parsed, or cannot be written; the fix is to repair its permissions or delete it (a new
 /// certificate then changes the pin clients may hold).
 pub fn load_or_create_self_signed(path: &Path) -> Result<SelfSigned, QuicError> {
+    load_or_create(path, || self_signed(&["warren".to_owned()]))
+}
+
+/// A long-term P2P identity (`p2p_identity`): an Ed25519 key and a self-signed
+/// certificate for `name`, kept in `path` like [`load_or_create_self_signed`]'s (created
+/// with mode 0600 when missing). Peers pin the key's fingerprint, which stays the same as
+/// long as the file does.
+///
+/// # Errors
+///
+/// As [`load_or_create_self_signed`].
+pub fn load_or_create_ed25519(path: &Path, name: &str) -> Result<SelfSigned, QuicError> {
+    load_or_create(path, || {
+        let key = KeyPair::generate_for(&rcgen::PKCS_ED25519).map_err(tls_error)?;
+        let params = leaf_params(&[name.to_owned()], SELF_SIGNED_VALIDITY_DAYS)?;
+        let cert = params.self_signed(&key).map_err(tls_error)?;
+        Ok(issued(cert.der().clone(), cert.pem(), &key))
+    })
+}
+
+fn load_or_create(
+    path: &Path,
+    make: impl FnOnce() -> Result<IssuedCert, QuicError>,
+) -> Result<SelfSigned, QuicError> {
     match std::fs::read(path) {
         Ok(bytes) => return parse_self_signed(path, &bytes),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
@@ -135,7 +159,7 @@ pub fn load_or_create_self_signed(path: &Path) -> Result<SelfSigned, QuicError> 
             });
         }
     }
-    let issued = self_signed(&["warren".to_owned()])?;
+    let issued = make()?;
     let mut contents = issued.cert_pem.clone();
     contents.push_str(&issued.key_pem);
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
