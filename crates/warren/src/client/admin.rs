@@ -88,11 +88,7 @@ impl AdminSource for ClientAdmin {
     fn refresh_metrics(&self) {
         #[cfg(unix)]
         {
-            let running = self
-                .shared
-                .p2p
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let running = self.shared.p2p_running();
             let gauges: Vec<_> = running
                 .iter()
                 .flat_map(|(name, running)| running.state.gauges(name))
@@ -112,11 +108,7 @@ impl ClientAdmin {
     fn p2p_services(&self) -> Vec<ServiceInfo> {
         #[cfg(unix)]
         {
-            let running = self
-                .shared
-                .p2p
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let running = self.shared.p2p_running();
             let mut items: Vec<ServiceInfo> = running
                 .values()
                 .map(|running| {

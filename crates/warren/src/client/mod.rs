@@ -666,6 +666,12 @@ impl Shared {
             .cloned()
     }
 
+    /// The P2P services running now.
+    #[cfg(unix)]
+    fn p2p_running(&self) -> std::sync::MutexGuard<'_, HashMap<String, p2p::Running>> {
+        self.p2p.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
     /// Asks every link for a new session with the config in force (see [`hold`]): at once,
     /// whether a session is up, being established or awaited after a failure.
     fn restart_session(&self) {

@@ -379,7 +379,7 @@ pub(super) async fn apply(
 ) {
     let all = mailbox_changed(old, new);
     let stopping: Vec<Running> = {
-        let mut running = lock(&shared.p2p);
+        let mut running = shared.p2p_running();
         let names: Vec<String> = running
             .iter()
             .filter(|(name, running)| all || new.p2p.get(*name) != Some(&running.config))
@@ -398,7 +398,7 @@ pub(super) async fn apply(
         }
     }
     let missing: Vec<ClientP2p> = {
-        let running = lock(&shared.p2p);
+        let running = shared.p2p_running();
         new.p2p
             .values()
             .filter(|service| !running.contains_key(&service.name))
@@ -411,7 +411,7 @@ pub(super) async fn apply(
                 summary
                     .applied
                     .push(format!("P2P service {} (re)started", service.name));
-                lock(&shared.p2p).insert(service.name.clone(), started);
+                shared.p2p_running().insert(service.name.clone(), started);
             }
             Err(error) => summary.applied.push(format!(
                 "P2P service {} did not start: {error}",

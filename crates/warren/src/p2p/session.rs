@@ -411,7 +411,15 @@ impl Offering {
         }
         // The mailbox keeps answering the server's heartbeats meanwhile (the accept may
         // take seconds), and holds what the next receiver says.
-        let accepting = socket.accept(&identity, &outcome, &ours, &theirs, self.udp, &self.options);
+        let agreed = Agreed {
+            identity: &identity,
+            outcome: &outcome,
+            ours: &ours,
+            theirs: &theirs,
+            relay: self.udp,
+            options: &self.options,
+        };
+        let accepting = socket.accept(&agreed);
         let (connection, route, path) = tokio::select! {
             accepted = accepting => accepted?,
             () = self.mailbox.keep_alive() => unreachable!("keep_alive never returns"),
@@ -520,7 +528,14 @@ pub async fn join_meeting(meeting: &Meeting, options: &Options) -> Result<Connec
         socket = PeerSocket::over_tcp(options, relay).await?;
     }
     let (connection, route, path) = socket
-        .dial(&identity, &outcome, &ours, &theirs, udp, options)
+        .dial(&Agreed {
+            identity: &identity,
+            outcome: &outcome,
+            ours: &ours,
+            theirs: &theirs,
+            relay: udp,
+            options,
+        })
         .await?;
     Ok(Connected {
         connection,
@@ -694,6 +709,33 @@ async fn swap_offers(mailbox: &mut Mailbox, ours: &PathOffer) -> Result<PathOffe
     }
 }
 
+/// What both peers agreed before connecting: the keys, each side's path offer, the relay.
+#[derive(Clone, Copy)]
+struct Agreed<'a> {
+    identity: &'a Identity,
+    outcome: &'a Outcome,
+    ours: &'a PathOffer,
+    theirs: &'a PathOffer,
+    /// The server's relay, when it runs one.
+    relay: Option<SocketAddr>,
+    options: &'a Options,
+}
+
+impl Agreed<'_> {
+    /// Whether either side asked to skip the checks (`--relay`, or UDP blocked).
+    fn skip_checks(&self) -> bool {
+        self.ours.relay_only || self.theirs.relay_only
+    }
+
+    /// The relay, for a tunnel that starts there and moves to a direct path later.
+    fn relay_first(&self) -> Option<SocketAddr> {
+        match (self.options.purpose, self.skip_checks()) {
+            (Purpose::Tunnel, false) => self.relay,
+            _ => None,
+        }
+    }
+}
+
 /// One peer's UDP socket: the quinn endpoint that drives it and the STUN side of it.
 struct PeerSocket {
     endpoint: quinn::Endpoint,
@@ -794,19 +836,19 @@ impl PeerSocket {
     /// The receiver's side: checks, then dials the peer directly or through the relay.
     async fn dial(
         &mut self,
-        identity: &Identity,
-        outcome: &Outcome,
-        ours: &PathOffer,
-        theirs: &PathOffer,
-        relay: Option<SocketAddr>,
-        options: &Options,
+        agreed: &Agreed<'_>,
     ) -> Result<(quinn::Connection, Route, PathWatch), SessionError> {
-        let skip_checks = ours.relay_only || theirs.relay_only;
-        if let (Purpose::Tunnel, Some(relay), false) = (options.purpose, relay, skip_checks) {
-            return self
-                .dial_relay_first(identity, outcome, ours, theirs, relay, options)
-                .await;
+        if let Some(relay) = agreed.relay_first() {
+            return self.dial_relay_first(agreed, relay).await;
         }
+        let Agreed {
+            identity,
+            outcome,
+            ours,
+            theirs,
+            relay,
+            options,
+        } = *agreed;
         let client = identity::client_config(identity, outcome, &self.quic)?;
         let mut channel = self.take_channel()?;
         let mut punch_note = String::from("the checks were skipped (--relay)");
@@ -859,19 +901,19 @@ impl PeerSocket {
     /// The sender's side: checks, then accepts the receiver's dial, direct or relayed.
     async fn accept(
         &mut self,
-        identity: &Identity,
-        outcome: &Outcome,
-        ours: &PathOffer,
-        theirs: &PathOffer,
-        relay: Option<SocketAddr>,
-        options: &Options,
+        agreed: &Agreed<'_>,
     ) -> Result<(quinn::Connection, Route, PathWatch), SessionError> {
-        let skip_checks = ours.relay_only || theirs.relay_only;
-        if let (Purpose::Tunnel, Some(relay), false) = (options.purpose, relay, skip_checks) {
-            return self
-                .accept_relay_first(identity, outcome, ours, theirs, relay, options)
-                .await;
+        if let Some(relay) = agreed.relay_first() {
+            return self.accept_relay_first(agreed, relay).await;
         }
+        let Agreed {
+            identity,
+            outcome,
+            ours,
+            theirs,
+            relay,
+            options,
+        } = *agreed;
         // Listening before the checks: a receiver that finishes first dials at once.
         self.endpoint
             .set_server_config(Some(identity::server_config(
@@ -949,16 +991,17 @@ impl PeerSocket {
     /// direct path later if the checks (which go on) succeed.
     async fn dial_relay_first(
         &mut self,
-        identity: &Identity,
-        outcome: &Outcome,
-        ours: &PathOffer,
-        theirs: &PathOffer,
+        agreed: &Agreed<'_>,
         relay: SocketAddr,
-        options: &Options,
     ) -> Result<(quinn::Connection, Route, PathWatch), SessionError> {
-        let (joined, mut punching) = self
-            .join_then_check(outcome, ours, theirs, relay, options)
-            .await?;
+        let Agreed {
+            identity,
+            outcome,
+            ours,
+            theirs,
+            ..
+        } = *agreed;
+        let (joined, mut punching) = self.join_then_check(agreed, relay).await?;
         let early = match joined {
             Ok(()) => tokio::time::timeout(upgrade::DIRECT_FIRST, &mut punching)
                 .await
@@ -1017,13 +1060,17 @@ impl PeerSocket {
     /// checks (which go on) succeed.
     async fn accept_relay_first(
         &mut self,
-        identity: &Identity,
-        outcome: &Outcome,
-        ours: &PathOffer,
-        theirs: &PathOffer,
+        agreed: &Agreed<'_>,
         relay: SocketAddr,
-        options: &Options,
     ) -> Result<(quinn::Connection, Route, PathWatch), SessionError> {
+        let Agreed {
+            identity,
+            outcome,
+            ours,
+            theirs,
+            options,
+            ..
+        } = *agreed;
         self.endpoint
             .set_server_config(Some(identity::server_config(
                 identity, outcome, &self.quic,
@@ -1033,9 +1080,7 @@ impl PeerSocket {
             outcome,
             &self.path_settings(true),
         )?);
-        let (joined, mut punching) = self
-            .join_then_check(outcome, ours, theirs, relay, options)
-            .await?;
+        let (joined, mut punching) = self.join_then_check(agreed, relay).await?;
         let deadline = options.punch.deadline + upgrade::DIRECT_FIRST + 2 * HANDSHAKE_TIMEOUT;
         let endpoint = self.endpoint.clone();
         let accepting = tokio::time::timeout(
@@ -1090,12 +1135,16 @@ impl PeerSocket {
     /// starts the checks on their own task; the join's failure is returned, not fatal.
     async fn join_then_check(
         &mut self,
-        outcome: &Outcome,
-        ours: &PathOffer,
-        theirs: &PathOffer,
+        agreed: &Agreed<'_>,
         relay: SocketAddr,
-        options: &Options,
     ) -> Result<(Result<(), relay::RelayError>, upgrade::Punching), SessionError> {
+        let Agreed {
+            outcome,
+            ours,
+            theirs,
+            options,
+            ..
+        } = *agreed;
         let mut channel = self.take_channel()?;
         let joined = relay::join(
             &mut channel,
