@@ -2,7 +2,9 @@
 //! clients of one server, one with `target` (the exit), one with `bind` (the entrance),
 //! meet by the service's name and carry TCP connections and UDP flows between themselves,
 //! bytes checked by hash; each client's admin API and `/metrics` say, per P2P service,
-//! direct or relayed, the peer's RTT and the bytes; a wrong token is refused and shown.
+//! direct or relayed, the peer's RTT and the bytes; a wrong token is refused and shown; a
+//! pinned long-term identity is required of the other end; a reload restarts only the P2P
+//! service that changed.
 
 mod support;
 
@@ -29,12 +31,31 @@ fn free_port() -> u16 {
 /// Starts a client from `services` (TOML of `[client.services.*]` tables) with its admin
 /// API on a free port; returns the admin address and the client's stop token.
 fn client(server: SocketAddr, services: &str) -> (SocketAddr, CancellationToken) {
-    let admin: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    let (admin, stop, _) = reloadable_client(server, services);
+    (admin, stop)
+}
+
+/// The client's config text: `services` under a `[client]` for `server`, with the admin
+/// API on `admin`.
+fn client_config(server: SocketAddr, admin: SocketAddr, services: &str) -> ClientConfig {
     let text = format!(
         "[admin]\nbind = \"{admin}\"\n[client]\nserver = \"{server}\"\npsk = \"{PSK}\"\n{services}"
     );
-    let config = ClientConfig::from_toml_str(&text, "client.toml").expect("valid client config");
-    let client = Client::from_config(config).expect("client");
+    ClientConfig::from_toml_str(&text, "client.toml").expect("valid client config")
+}
+
+/// [`client`], with its reloader.
+fn reloadable_client(
+    server: SocketAddr,
+    services: &str,
+) -> (
+    SocketAddr,
+    CancellationToken,
+    warren::Reloader<ClientConfig>,
+) {
+    let admin: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    let client = Client::from_config(client_config(server, admin, services)).expect("client");
+    let reloader = client.reloader();
     let stop = CancellationToken::new();
     let run = client.run(stop.clone());
     tokio::spawn(async move {
@@ -42,7 +63,7 @@ fn client(server: SocketAddr, services: &str) -> (SocketAddr, CancellationToken)
             panic!("the client stopped: {error}");
         }
     });
-    (admin, stop)
+    (admin, stop, reloader)
 }
 
 async fn udp_echo() -> SocketAddr {
@@ -306,4 +327,73 @@ async fn a_pinned_long_term_identity_is_required_of_the_other_end() {
         "{refused}"
     );
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_restarts_only_the_p2p_service_that_changed() {
+    let config = p2p_server_config(&format!(
+        "[server.p2p.services.ssh]\ntoken = \"{SSH_TOKEN}\"\n[server.p2p.services.dns]\ntoken = \"{DNS_TOKEN}\"\n"
+    ));
+    let bound = Server::from_config(config).unwrap().bind().await.unwrap();
+    let server = bound.local_addr();
+    let _server_stop = StopOnDrop(bound.shutdown_token());
+    tokio::spawn(bound.run());
+    let (tcp_target, udp_target) = (echo_target().await, udp_echo().await);
+    let (_, exit_stop) = client(
+        server,
+        &format!(
+            "[client.services.ssh]\ntarget = \"{tcp_target}\"\np2p = true\ntoken = \"{SSH_TOKEN}\"\n\
+             [client.services.dns]\ntype = \"udp\"\ntarget = \"{udp_target}\"\np2p = true\ntoken = \"{DNS_TOKEN}\"\n"
+        ),
+    );
+    let _exit_stop = StopOnDrop(exit_stop);
+    let ports = || -> SocketAddr { format!("127.0.0.1:{}", free_port()).parse().unwrap() };
+    let (ssh, moved_ssh, dns) = (ports(), ports(), ports());
+    let services = |ssh: SocketAddr| {
+        format!(
+            "[client.services.ssh]\nbind = \"{ssh}\"\np2p = true\ntoken = \"{SSH_TOKEN}\"\n\
+             [client.services.dns]\ntype = \"udp\"\nbind = \"{dns}\"\np2p = true\ntoken = \"{DNS_TOKEN}\"\n"
+        )
+    };
+    let (admin, stop, reloader) = reloadable_client(server, &services(ssh));
+    let _stop = StopOnDrop(stop);
+    for name in ["ssh", "dns"] {
+        service_when(admin, name, |s| s["state"] == "direct").await;
+    }
+    check_tcp(ssh, 1).await;
+    check_udp(dns, 4).await;
+    let dns_peer = service_when(admin, "dns", |_| true).await["p2p"]["peers"][0]["peer"].clone();
+
+    // The ssh service moves to another port; dns is left alone.
+    let summary = reloader
+        .apply(client_config(server, admin, &services(moved_ssh)))
+        .await
+        .expect("reload applies");
+    assert!(
+        summary
+            .applied
+            .iter()
+            .any(|line| line.contains("P2P service ssh")),
+        "{summary:?}"
+    );
+    assert!(
+        !summary
+            .applied
+            .iter()
+            .any(|line| line.contains("P2P service dns")),
+        "{summary:?}"
+    );
+    service_when(admin, "ssh", |s| {
+        s["state"] == "direct" && s["address"] == moved_ssh.to_string()
+    })
+    .await;
+    check_tcp(moved_ssh, 2).await;
+    assert!(
+        tokio::net::TcpStream::connect(ssh).await.is_err(),
+        "the old port still listens"
+    );
+    // dns kept its connection (the same peer) and works.
+    let dns_now = service_when(admin, "dns", |_| true).await;
+    assert_eq!(dns_now["p2p"]["peers"][0]["peer"], dns_peer, "{dns_now}");
+    check_udp(dns, 4).await;
 }
