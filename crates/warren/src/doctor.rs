@@ -277,7 +277,7 @@ async fn p2p(report: &mut Report, config: &ClientConfig) {
     use crate::p2p::mailbox::Mailbox;
     use crate::p2p::net::nat;
 
-    let options = crate::client::p2p::options(config);
+    let options = crate::client::p2p::options(config, &config.server);
     let asked = async {
         let mut mailbox = Mailbox::connect(&options.server).await?;
         let info = mailbox.info().await;
@@ -346,8 +346,9 @@ async fn p2p(report: &mut Report, config: &ClientConfig) {
     }
     for service in config.p2p.values() {
         if let crate::config::P2pEnd::Entrance { .. } = service.end {
+            // Through the first server, as the nat line.
             match crate::client::p2p::service_options(config, service) {
-                Ok(options) => p2p_visit(report, service, &options).await,
+                Ok(options) => p2p_visit(report, service, &options[0]).await,
                 Err(error) => report.push_fix(
                     Status::Fail,
                     "p2p identity",

@@ -397,3 +397,37 @@ async fn a_reload_restarts_only_the_p2p_service_that_changed() {
     assert_eq!(dns_now["p2p"]["peers"][0]["peer"], dns_peer, "{dns_now}");
     check_udp(dns, 4).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_first_server_down_the_ends_meet_at_the_second() {
+    let config = p2p_server_config(&format!(
+        "[server.p2p.services.ssh]\ntoken = \"{SSH_TOKEN}\"\n"
+    ));
+    let bound = Server::from_config(config).unwrap().bind().await.unwrap();
+    let live = bound.local_addr();
+    let _server_stop = StopOnDrop(bound.shutdown_token());
+    tokio::spawn(bound.run());
+    // Nothing listens on the first server's port.
+    let down: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    let start = |services: String| {
+        let admin: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+        let text = format!(
+            "[admin]\nbind = \"{admin}\"\n[client]\nservers = [\"{down}\", \"{live}\"]\npsk = \"{PSK}\"\n{services}"
+        );
+        let config = ClientConfig::from_toml_str(&text, "client.toml").expect("valid config");
+        let client = Client::from_config(config).expect("client");
+        let stop = CancellationToken::new();
+        tokio::spawn(client.run(stop.clone()));
+        (admin, StopOnDrop(stop))
+    };
+    let target = echo_target().await;
+    let (_, _exit) = start(format!(
+        "[client.services.ssh]\ntarget = \"{target}\"\np2p = true\ntoken = \"{SSH_TOKEN}\"\n"
+    ));
+    let ssh: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    let (admin, _entrance) = start(format!(
+        "[client.services.ssh]\nbind = \"{ssh}\"\np2p = true\ntoken = \"{SSH_TOKEN}\"\n"
+    ));
+    service_when(admin, "ssh", |s| s["state"] == "direct").await;
+    check_tcp(ssh, 2).await;
+}

@@ -190,7 +190,13 @@ async fn tcp_connections_go_through_the_direct_path_and_the_relay() {
                 (listener.meeting.clone(), options.clone(), stop.clone());
             async move {
                 entrance
-                    .keep_joined(Some(connected), &meeting, &options, &stop, quiet())
+                    .keep_joined(
+                        Some(connected),
+                        &meeting,
+                        std::slice::from_ref(&options),
+                        &stop,
+                        quiet(),
+                    )
                     .await
                     .expect("kept");
                 entrance
@@ -264,8 +270,13 @@ async fn udp_flows_go_through_the_direct_path_and_the_relay() {
             check_udp_echoes(local, 20).await;
             stop.cancel();
         };
-        let keeping =
-            entrance.keep_joined(Some(connected), &listener.meeting, &options, &stop, quiet());
+        let keeping = entrance.keep_joined(
+            Some(connected),
+            &listener.meeting,
+            std::slice::from_ref(&options),
+            &stop,
+            quiet(),
+        );
         let (kept, ()) = tokio::join!(keeping, checking);
         kept.expect("kept");
         entrance.close().await;
@@ -297,8 +308,13 @@ async fn keeps_its_port(service: Option<&str>) {
             Event::Offered(_) | Event::Notice(_) | Event::Moved { .. } => "other",
         });
     });
-    let keeping =
-        entrance.keep_joined(Some(connected), &listener.meeting, &options, &stop, &report);
+    let keeping = entrance.keep_joined(
+        Some(connected),
+        &listener.meeting,
+        std::slice::from_ref(&options),
+        &stop,
+        &report,
+    );
     let checking = async {
         check_tcp_echoes(local, 2, 64 * 1024).await;
         listener.drop_peers.notify_waiters();
@@ -386,14 +402,14 @@ async fn a_named_service_is_reached_by_its_name_with_its_token_only() {
         a.keep_joined(
             Some(a_connected),
             &listener.meeting,
-            &options,
+            std::slice::from_ref(&options),
             &stop,
             quiet()
         ),
         b.keep_joined(
             Some(b_connected),
             &listener.meeting,
-            &options,
+            std::slice::from_ref(&options),
             &stop,
             quiet()
         ),

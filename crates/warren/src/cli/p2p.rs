@@ -285,7 +285,13 @@ async fn connect(args: ConnectArgs, stop: CancellationToken) -> Result<(), Failu
     ));
     let report: Reporter = Arc::new(move |event| report_peer(&out, &stats, event));
     let result = entrance
-        .keep_joined(Some(connected), &meeting, &options, &stop, &report)
+        .keep_joined(
+            Some(connected),
+            &meeting,
+            std::slice::from_ref(&options),
+            &stop,
+            &report,
+        )
         .await;
     entrance.close().await;
     result.map_err(Failure::Failed)

@@ -1,12 +1,14 @@
 //! A client's peer-to-peer services (`p2p = true`): each runs on its own, beside the
-//! sessions with the servers, through the first server's mailbox.
+//! sessions with the servers, through the servers' mailboxes (any server introduces the
+//! two ends; losing one leaves the others).
 //!
-//! * An exit (`target`): offers the service by its name ([`listen::keep_offered`]) and
-//!   serves every client that visits it, each over its own pinned QUIC connection (direct
+//! * An exit (`target`): offers the service by its name at every server of the config
+//!   ([`listen::keep_offered`] each) and serves every client that visits it, each over its own pinned QUIC connection (direct
 //!   when the NATs allow, else through the server's relay).
 //! * An entrance (`bind`): binds its local port at start (a taken port stops the client,
 //!   as for forward services) and keeps a connection to the exit
-//!   ([`Entrance::keep_joined`]), joining again whenever it drops. A refusal that cannot
+//!   ([`Entrance::keep_joined`]), joining again whenever it drops, at the servers in the
+//!   config's order (the first that introduces it wins). A refusal that cannot
 //!   pass by itself (a wrong token, the other kind of service) is logged and retried
 //!   every [`REFUSED_RETRY`], since the other side's config may change.
 //!
@@ -25,7 +27,7 @@ use tracing::{info, warn};
 
 use super::{ClientError, Shared};
 use crate::admin::{P2pInfo, P2pPeerInfo};
-use crate::config::{ClientConfig, ClientP2p, P2pEnd, ServiceKind, UdpSettings};
+use crate::config::{ClientConfig, ClientP2p, HostPort, P2pEnd, ServiceKind, UdpSettings};
 use crate::metrics::P2pGauges;
 use crate::p2p::listen::{self, Listener};
 use crate::p2p::mailbox::MailboxServer;
@@ -161,11 +163,11 @@ fn tunnel_kind(kind: ServiceKind) -> (Kind, UdpSettings) {
     }
 }
 
-/// How the P2P services of `config` reach the mailbox: its first server, with its PSK and
-/// transport (`warren doctor` asks the same way).
-pub(crate) fn options(config: &ClientConfig) -> Options {
+/// How the P2P services of `config` reach the mailbox of `server` (one of its servers),
+/// with its PSK and transport (`warren doctor` asks the first server the same way).
+pub(crate) fn options(config: &ClientConfig, server: &HostPort) -> Options {
     let mut options = Options::new(MailboxServer {
-        server: config.server.clone(),
+        server: server.clone(),
         psk: config.psk.clone(),
         quic: (config.transport == crate::config::Transport::Quic).then(|| config.quic.clone()),
         deadline: config.handshake_timeout,
@@ -174,8 +176,9 @@ pub(crate) fn options(config: &ClientConfig) -> Options {
     options
 }
 
-/// [`options`] for `service`: this client's long-term identity, if it has one, and the
-/// other end's pinned identity, if the service pins one.
+/// [`options`] for `service`, one per server of `config` in its order: this client's
+/// long-term identity, if it has one, and the other end's pinned identity, if the service
+/// pins one.
 ///
 /// # Errors
 ///
@@ -183,11 +186,18 @@ pub(crate) fn options(config: &ClientConfig) -> Options {
 pub(crate) fn service_options(
     config: &ClientConfig,
     service: &ClientP2p,
-) -> Result<Options, String> {
-    let mut options = options(config);
-    options.identity = identity(config)?;
-    options.pin = service.peer.map(CertFingerprint::from_bytes);
-    Ok(options)
+) -> Result<Vec<Options>, String> {
+    let identity = identity(config)?;
+    Ok(config
+        .servers()
+        .into_iter()
+        .map(|server| {
+            let mut options = options(config, server);
+            options.identity = identity.clone();
+            options.pin = service.peer.map(CertFingerprint::from_bytes);
+            options
+        })
+        .collect())
 }
 
 /// This client's long-term P2P identity (`p2p_identity`), created on first use.
@@ -236,21 +246,29 @@ pub(super) async fn start(
     let options = service_options(config, service).map_err(ClientError::P2pIdentity)?;
     let task = match &service.end {
         P2pEnd::Exit { target } => {
-            let listener = Listener {
-                exit: Arc::new(Exit {
-                    kind,
-                    target: target.clone(),
-                    udp,
-                }),
-                service: Some((service.name.clone(), service.token.clone())),
-                options,
-                max_peers: MAX_PEERS,
-                stats: Arc::clone(&state.stats),
-            };
+            let exit = Arc::new(Exit {
+                kind,
+                target: target.clone(),
+                udp,
+            });
+            // Offered at every server at once: a visitor meets it at whichever it reaches.
+            let listeners: Vec<Listener> = options
+                .into_iter()
+                .map(|options| Listener {
+                    exit: Arc::clone(&exit),
+                    service: Some((service.name.clone(), service.token.clone())),
+                    options,
+                    max_peers: MAX_PEERS,
+                    stats: Arc::clone(&state.stats),
+                })
+                .collect();
             let stop = stop.clone();
             shared.tasks.spawn(async move {
-                // A named service is offered again and again: this ends only with `stop`.
-                let _ = listen::keep_offered(&listener, &stop, &report).await;
+                // A named service is offered again and again: these end only with `stop`.
+                let offering = listeners
+                    .iter()
+                    .map(|listener| listen::keep_offered(listener, &stop, &report));
+                futures_util::future::join_all(offering).await;
             })
         }
         P2pEnd::Entrance { bind } => {

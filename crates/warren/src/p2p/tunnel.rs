@@ -444,7 +444,7 @@ impl Entrance {
 
     /// Carries visitors over `first` (when given; else it joins `meeting` at once), and
     /// whenever the connection drops joins `meeting` again (with pauses growing from 0.5
-    /// to 30 s) and carries them over the new one, until `stop` fires (`Ok`) or the
+    /// to 30 s, at each server of `options` in turn) and carries them over the new one, until `stop` fires (`Ok`) or the
     /// meeting is gone for good (`Err`, why). `report` hears each step.
     ///
     /// # Errors
@@ -456,7 +456,7 @@ impl Entrance {
         &self,
         first: Option<Connected>,
         meeting: &Meeting,
-        options: &Options,
+        options: &[Options],
         stop: &CancellationToken,
         report: &Reporter,
     ) -> Result<(), String> {
@@ -494,15 +494,20 @@ impl Entrance {
     }
 
     /// Joins `meeting` (again), first after `pause`, then after pauses doubling from
-    /// [`REJOIN_FIRST_PAUSE`]; `Ok(None)` when stopped.
+    /// [`REJOIN_FIRST_PAUSE`], trying each of `options` (one per server) in turn from the
+    /// first; `Ok(None)` when stopped.
     async fn rejoin(
         &self,
         meeting: &Meeting,
-        options: &Options,
+        servers: &[Options],
         stop: &CancellationToken,
         report: &Reporter,
         mut pause: Duration,
     ) -> Result<Option<Connected>, String> {
+        let Some(mut options) = servers.first() else {
+            return Err("no server to meet the other side at".to_owned());
+        };
+        let mut turn = 0;
         loop {
             tokio::select! {
                 () = stop.cancelled() => return Ok(None),
@@ -536,6 +541,8 @@ impl Entrance {
                 error: &failure,
                 pause,
             });
+            turn += 1;
+            options = &servers[turn % servers.len()];
         }
     }
 
