@@ -852,7 +852,7 @@ impl PeerSocket {
         let client = identity::client_config(identity, outcome, &self.quic)?;
         let mut channel = self.take_channel()?;
         let mut punch_note = String::from("the checks were skipped (--relay)");
-        if !(ours.relay_only || theirs.relay_only) {
+        if !agreed.skip_checks() {
             let mut checker = Checker::new(
                 channel,
                 CheckKey::new(*outcome.check_key.expose()),
@@ -915,19 +915,11 @@ impl PeerSocket {
             options,
         } = *agreed;
         // Listening before the checks: a receiver that finishes first dials at once.
-        self.endpoint
-            .set_server_config(Some(identity::server_config(
-                identity, outcome, &self.quic,
-            )?));
-        let relayed = Arc::new(identity::server_config(
-            identity,
-            outcome,
-            &self.path_settings(true),
-        )?);
+        let relayed = self.listen_for(identity, outcome)?;
         let channel = self.take_channel()?;
         let token = RelayToken::from_key(&outcome.relay_key);
         let auth = RelayAuth::from_psk(&options.server.psk);
-        let skip_checks = ours.relay_only || theirs.relay_only;
+        let skip_checks = agreed.skip_checks();
         let endpoint = self.endpoint.clone();
         // Everything but the accepting: checks, answering, the relay when needed. It ends
         // only when all of that failed (with why); otherwise the accept ends it.
@@ -1071,15 +1063,7 @@ impl PeerSocket {
             options,
             ..
         } = *agreed;
-        self.endpoint
-            .set_server_config(Some(identity::server_config(
-                identity, outcome, &self.quic,
-            )?));
-        let relayed = Arc::new(identity::server_config(
-            identity,
-            outcome,
-            &self.path_settings(true),
-        )?);
+        let relayed = self.listen_for(identity, outcome)?;
         let (joined, mut punching) = self.join_then_check(agreed, relay).await?;
         let deadline = options.punch.deadline + upgrade::DIRECT_FIRST + 2 * HANDSHAKE_TIMEOUT;
         let endpoint = self.endpoint.clone();
@@ -1129,6 +1113,25 @@ impl PeerSocket {
         });
         let route = Route::Direct(remote);
         Ok((connection, route, PathWatch::fixed(route)))
+    }
+
+    /// Accepts the peer from now on (its dial pinned to `outcome`'s key); returns the server
+    /// settings for a dial that comes through the relay (smaller packets, see
+    /// [`PeerSocket::path_settings`]).
+    fn listen_for(
+        &self,
+        identity: &Identity,
+        outcome: &Outcome,
+    ) -> Result<Arc<quinn::ServerConfig>, SessionError> {
+        self.endpoint
+            .set_server_config(Some(identity::server_config(
+                identity, outcome, &self.quic,
+            )?));
+        Ok(Arc::new(identity::server_config(
+            identity,
+            outcome,
+            &self.path_settings(true),
+        )?))
     }
 
     /// Joins the relay (first, so the relayed path is ready as early as possible), then
