@@ -362,14 +362,7 @@ impl Drop for TempConfig {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_config_view_masks_secrets_and_a_refused_reload_lists_each_error_with_its_line() {
-    let port = |_| {
-        std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port()
-    };
-    let [server_port, web_port, admin_port]: [u16; 3] = [0, 1, 2].map(port);
+    let [server_port, web_port, admin_port]: [u16; 3] = [(); 3].map(|_| free_port());
     let good = format!(
         "# the dashboard test\n[server]\nbind = \"127.0.0.1:{server_port}\"\npsk = \"{PSK}\"\ndefault_token = \"{TOKEN}\"\n\n[server.services.web]\nbind = \"127.0.0.1:{web_port}\"\n\n[admin]\nbind = \"127.0.0.1:{admin_port}\"\ntoken = \"{ADMIN_TOKEN}\"\n"
     );

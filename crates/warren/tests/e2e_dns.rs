@@ -5,7 +5,10 @@
 //! test prints a skip note, unless `WARREN_E2E_REQUIRE_TOOLS=1`, which makes it fail.
 //! Everything listens on 127.0.0.1.
 
-use std::net::{TcpListener, UdpSocket};
+#[path = "support/ports.rs"]
+mod ports;
+
+use ports::free_port;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -38,34 +41,6 @@ fn tool(name: &str) -> Option<PathBuf> {
         .chain([PathBuf::from("/usr/sbin"), PathBuf::from("/sbin")])
         .map(|dir| dir.join(name))
         .find(|candidate| candidate.is_file())
-}
-
-fn free_udp_port() -> u16 {
-    UdpSocket::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// A port free for both UDP and TCP right now (dnsmasq binds both).
-fn free_dual_port() -> u16 {
-    for _ in 0..100 {
-        let udp = UdpSocket::bind("127.0.0.1:0").unwrap();
-        let port = udp.local_addr().unwrap().port();
-        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
-            return port;
-        }
-    }
-    panic!("no port free for both UDP and TCP in 100 tries");
-}
-
-fn free_tcp_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 fn temp_dir() -> PathBuf {
@@ -121,7 +96,7 @@ fn dig(dig: &Path, port: u16, name: &str) -> Option<String> {
 /// on another port if the chosen one was taken in the meantime.
 fn start_dnsmasq(dnsmasq: &Path, dig_path: &Path, dir: &Path) -> (u16, Killed) {
     for _attempt in 0..5 {
-        let dns_port = free_dual_port();
+        let dns_port = free_port();
         let mut args = vec![
             "--keep-in-foreground".to_owned(),
             "--no-resolv".to_owned(),
@@ -208,7 +183,7 @@ fn dig_through_the_tunnel_over(
     };
     let dir = temp_dir();
     let (dns_port, _dnsmasq) = start_dnsmasq(&dnsmasq, &dig_path, &dir);
-    let server_port = free_tcp_port();
+    let server_port = free_port();
     let (server_services, client_services) = services(dns_port);
     let service_port = query_port;
 
@@ -307,7 +282,7 @@ fn quic_table(transport: &str, dir: &Path) -> String {
 /// Issue 14: the same over QUIC, whose UDP services ride as QUIC datagrams.
 #[test]
 fn issue14_dig_through_a_quic_tunnel_gets_dnsmasq_answers() {
-    let service_port = free_udp_port();
+    let service_port = free_port();
     dig_through_the_tunnel_over("issue14", "quic", service_port, |dns_port| {
         (
             format!(
@@ -328,7 +303,7 @@ target = "127.0.0.1:{dns_port}"
 
 #[test]
 fn issue4_dig_through_the_tunnel_gets_dnsmasq_answers() {
-    let service_port = free_udp_port();
+    let service_port = free_port();
     dig_through_the_tunnel("issue4", service_port, |dns_port| {
         (
             format!(
@@ -353,7 +328,7 @@ udp_idle_timeout = "10s"
 /// server sends to the DNS server its own config names.
 #[test]
 fn issue5_dig_through_a_udp_forward_service_gets_dnsmasq_answers() {
-    let local_port = free_udp_port();
+    let local_port = free_port();
     dig_through_the_tunnel("issue5", local_port, |dns_port| {
         (
             format!(

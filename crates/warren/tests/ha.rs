@@ -501,11 +501,7 @@ async fn a_streaming_visitor_on_a_killed_client_is_reset_not_truncated() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reload_that_only_changes_load_balance_keeps_every_session() {
-    let free = || {
-        std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("a free port")
-    };
+    let free = || SocketAddr::from(([127, 0, 0, 1], free_port()));
     let (control, web) = (free(), free());
     let toml = |strategy: &str| {
         format!(

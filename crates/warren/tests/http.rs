@@ -74,12 +74,6 @@ struct HttpServer {
     stop: CancellationToken,
 }
 
-/// A port free now (config files refuse port 0).
-fn free_port() -> u16 {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    listener.local_addr().unwrap().port()
-}
-
 async fn start_http_server(services: &str) -> HttpServer {
     let (port, http) = (free_port(), free_port());
     let toml = format!(

@@ -19,11 +19,7 @@ use warren_proto::message::MailboxEvent;
 const WAIT: Duration = Duration::from_secs(10);
 
 async fn server(p2p: bool) -> (MailboxServer, tokio_util::sync::CancellationToken) {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = free_port();
     let section = if p2p {
         "[server.p2p]\nrate_per_minute = 100\n"
     } else {

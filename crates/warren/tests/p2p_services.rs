@@ -19,15 +19,6 @@ use warren::{Client, ClientConfig, Server};
 const SSH_TOKEN: &str = "p2p-ssh-token-0123456789";
 const DNS_TOKEN: &str = "p2p-dns-token-0123456789";
 
-/// A free loopback port (bound then released).
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// Starts a client from `services` (TOML of `[client.services.*]` tables) with its admin
 /// API on a free port; returns the admin address and the client's stop token.
 fn client(server: SocketAddr, services: &str) -> (SocketAddr, CancellationToken) {

@@ -419,16 +419,7 @@ async fn a_reload_between_tcp_and_quic_asks_for_a_restart() {
         } => cert,
         _ => unreachable!("quic_config is psk mode with a cert path"),
     };
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let web = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let (port, web) = (free_port(), free_port());
     let toml = |transport: &str| {
         let quic = if transport == "quic" {
             format!(

@@ -22,12 +22,6 @@ use warren::{
 const OTHER_PSK: &str = "another-psk-0123456789-abcdef";
 const ADMIN_TOKEN: &str = "admin-token-0123456789-abcdef";
 
-/// A port that was free a moment ago.
-async fn free_port() -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    listener.local_addr().unwrap().port()
-}
-
 fn loopback(port: u16) -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], port))
 }
@@ -204,11 +198,11 @@ async fn closes(addr: SocketAddr) -> bool {
 async fn a_server_reload_touches_only_what_changed() {
     let echo = echo_target().await;
     let (steady, gone, moved, moved_to, fresh) = (
-        free_port().await,
-        free_port().await,
-        free_port().await,
-        free_port().await,
-        free_port().await,
+        free_port(),
+        free_port(),
+        free_port(),
+        free_port(),
+        free_port(),
     );
     let before = server_toml(
         PSK,
@@ -300,7 +294,7 @@ async fn a_server_reload_touches_only_what_changed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_reload_keeps_the_running_config() {
     let echo = echo_target().await;
-    let (web, extra) = (free_port().await, free_port().await);
+    let (web, extra) = (free_port(), free_port());
     let before = server_toml(PSK, &[("web", web)], "");
     let (bound, server) = start_server(server_config(&before)).await;
     let reloader = bound.reloader();
@@ -345,7 +339,7 @@ async fn a_refused_reload_keeps_the_running_config() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_psk_change_reconnects_and_the_client_follows_its_own_reload() {
     let echo = echo_target().await;
-    let web = free_port().await;
+    let web = free_port();
     let (bound, server) = start_server(server_config(&server_toml(PSK, &[("web", web)], ""))).await;
     let reloader = bound.reloader();
     let _stop = DropCancel(bound.shutdown_token());
@@ -384,7 +378,7 @@ async fn a_client_reload_retargets_without_a_new_session_and_adds_forward_ports(
     let (first, _first_rx) = sink_then_reply_target(16).await;
     let second = echo_target().await;
     let forwarded = echo_target().await;
-    let web = free_port().await;
+    let web = free_port();
     let extra = format!("[server.services.db]\ntarget = \"{forwarded}\"\n");
     let (bound, server) =
         start_server(server_config(&server_toml(PSK, &[("web", web)], &extra))).await;
@@ -413,7 +407,7 @@ async fn a_client_reload_retargets_without_a_new_session_and_adds_forward_ports(
     assert_eq!(client.status.borrow().sessions, 1);
 
     // A forward service: its port is bound and the session restarts to claim it.
-    let local = free_port().await;
+    let local = free_port();
     let forward = format!("[client.services.db]\nbind = \"127.0.0.1:{local}\"\n");
     let summary = client
         .reloader
@@ -483,7 +477,7 @@ impl Drop for ConfigFile {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_admin_api_reloads_the_config_file() {
     let echo = echo_target().await;
-    let (web, added, admin_port) = (free_port().await, free_port().await, free_port().await);
+    let (web, added, admin_port) = (free_port(), free_port(), free_port());
     let admin = format!("[admin]\nbind = \"127.0.0.1:{admin_port}\"\ntoken = \"{ADMIN_TOKEN}\"\n");
     let file = ConfigFile::new("admin", &server_toml(PSK, &[("web", web)], &admin));
     let (bound, server) = start_server(ServerConfig::load(&file.path).unwrap()).await;
@@ -549,7 +543,7 @@ fn admin_section(port: u16) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_changed_file_is_reloaded_without_asking() {
     let echo = echo_target().await;
-    let (web, added) = (free_port().await, free_port().await);
+    let (web, added) = (free_port(), free_port());
     let file = ConfigFile::new("watch", &server_toml(PSK, &[("web", web)], ""));
     let (bound, server) = start_server(ServerConfig::load(&file.path).unwrap()).await;
     let bound = bound.reload_from(ConfigSource::new(&file.path, ServerConfig::load));
@@ -575,7 +569,7 @@ async fn a_changed_file_is_reloaded_without_asking() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_reload_keeps_its_declared_port() {
     let echo = echo_target().await;
-    let (web, declared) = (free_port().await, free_port().await);
+    let (web, declared) = (free_port(), free_port());
     let allow =
         format!("allow_ports = \"{declared}-{declared}\"\nallow_bind_addrs = [\"127.0.0.1\"]\n");
     // allow_* belong in [server]: put them before the service tables.
@@ -614,7 +608,7 @@ async fn a_client_reload_keeps_its_declared_port() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn visitors_are_never_turned_away_while_the_client_changes_sessions() {
     let echo = echo_target().await;
-    let (web, other) = (free_port().await, free_port().await);
+    let (web, other) = (free_port(), free_port());
     let text = server_toml(PSK, &[("web", web), ("other", other)], "");
     let (bound, server) = start_server(server_config(&text)).await;
     let _stop = DropCancel(bound.shutdown_token());
@@ -683,7 +677,7 @@ impl Visitors {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_that_adds_a_claimed_service_turns_no_visitor_away() {
     let echo = echo_target().await;
-    let (web, later) = (free_port().await, free_port().await);
+    let (web, later) = (free_port(), free_port());
     let (bound, server) = start_server(server_config(&server_toml(PSK, &[("web", web)], ""))).await;
     let reloader = bound.reloader();
     let _stop = DropCancel(bound.shutdown_token());
@@ -713,7 +707,7 @@ async fn a_server_that_adds_a_claimed_service_turns_no_visitor_away() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reload_to_an_unreachable_server_ends_the_session_and_a_good_one_comes_back() {
     let echo = echo_target().await;
-    let web = free_port().await;
+    let web = free_port();
     let (bound, server) = start_server(server_config(&server_toml(PSK, &[("web", web)], ""))).await;
     let _stop = DropCancel(bound.shutdown_token());
     tokio::spawn(bound.run());
@@ -721,7 +715,7 @@ async fn a_reload_to_an_unreachable_server_ends_the_session_and_a_good_one_comes
     client.wait_serving(1, &["web"]).await;
 
     // Nothing listens there: the new session cannot be had, the old one ends anyway.
-    let nowhere = loopback(free_port().await);
+    let nowhere = loopback(free_port());
     client
         .reloader
         .apply(client_config(nowhere, PSK, &[("web", echo)], ""))

@@ -13,6 +13,9 @@ use tokio_util::sync::CancellationToken;
 use warren::config::Transport;
 use warren::{CipherChoice, CipherSuite, Client, ClientStatus, HostPort, Server};
 
+mod ports;
+pub use ports::free_port;
+
 pub const PSK: &str = "test-psk-0123456789-abcdef";
 pub const TOKEN: &str = "test-token-0123456789-abcdef";
 
@@ -295,11 +298,7 @@ pub async fn http_exchange(
 /// A server config with `[server.p2p]` (rate limit 100 a minute, then `extra` keys of
 /// the section) on a free loopback port, its P2P UDP port on 127.0.0.1 port 0.
 pub fn p2p_server_config(extra: &str) -> warren::ServerConfig {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = free_port();
     let text = format!(
         "[server]\nbind = \"127.0.0.1:{port}\"\npsk = \"{PSK}\"\n[server.p2p]\nrate_per_minute = 100\n{extra}"
     );
