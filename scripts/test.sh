@@ -43,6 +43,7 @@ command -v wrk >/dev/null 2>&1 || missing_packages+=(wrk)
 command -v chromium >/dev/null 2>&1 || missing_packages+=(chromium)
 command -v scp >/dev/null 2>&1 || missing_packages+=(openssh-client)
 [ -x /usr/sbin/sshd ] || missing_packages+=(openssh-server)
+{ command -v conntrack >/dev/null 2>&1 || [ -x /usr/sbin/conntrack ]; } || missing_packages+=(conntrack)
 if [ "${#missing_packages[@]}" -gt 0 ]; then
     echo "installing: ${missing_packages[*]}"
     # tshark asks whether non-root users may capture; answer no without a prompt.
@@ -63,7 +64,7 @@ if [ "${#missing_packages[@]}" -gt 0 ]; then
         as_root rm -f /usr/sbin/policy-rc.d
     fi
 else
-    echo "have: iperf3 dnsmasq dig sockperf microsocks tinyproxy haproxy iptables nft ip prlimit tshark curl wrk nginx chromium scp sshd"
+    echo "have: iperf3 dnsmasq dig sockperf microsocks tinyproxy haproxy iptables nft ip prlimit tshark curl wrk nginx chromium scp sshd conntrack"
 fi
 for component in rustfmt clippy; do
     if ! cargo "${component/rustfmt/fmt}" --version >/dev/null 2>&1; then

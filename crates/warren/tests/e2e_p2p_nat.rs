@@ -444,6 +444,83 @@ fn ssh_and_dns_through_p2p_tunnels_in_every_nat_pairing() {
 /// through the tunnel; the block is lifted a second in; both sides must report the move
 /// to the direct path, the stream must arrive byte-exact, and neither side may have lost
 /// its connection.
+/// `ssh` through the tunnel's entrance at `port` in peer2, streaming the served file in
+/// 64 KiB chunks `pause` seconds apart (33 chunks); returns the child.
+fn ssh_stream(lab: &mut Lab, ssh: &SshSetup, port: u16, pause: &str) -> usize {
+    let remote = format!(
+        "for i in $(seq 0 32); do dd if={} bs=65536 skip=$i count=1 status=none; sleep {pause}; done",
+        ssh.file.display()
+    );
+    let key = ssh.client_key.to_str().unwrap().to_owned();
+    let port_arg = port.to_string();
+    let peer2 = lab.ns("peer2");
+    lab.spawn_cmd(
+        &peer2,
+        "ssh-stream",
+        "ssh",
+        &[
+            "-F",
+            "/dev/null",
+            "-p",
+            &port_arg,
+            "-i",
+            &key,
+            "-o",
+            "BatchMode=yes",
+            "-o",
+            "StrictHostKeyChecking=no",
+            "-o",
+            "UserKnownHostsFile=/dev/null",
+            "-o",
+            "LogLevel=ERROR",
+            "root@127.0.0.1",
+            &remote,
+        ],
+        &[],
+    )
+}
+
+/// Waits until the stream `child` ended well and its bytes are the served file's.
+fn stream_checked(lab: &mut Lab, stream: usize, ssh: &SshSetup, logs: &dyn Fn(&Lab) -> String) {
+    let status = lab.wait_exit(stream, Duration::from_secs(60));
+    assert_eq!(
+        status.and_then(|s| s.code()),
+        Some(0),
+        "the ssh stream failed: {}\n{}",
+        lab.stderr(stream),
+        logs(lab)
+    );
+    let got = lab.stdout_bytes(stream);
+    assert_eq!(got.len(), FILE_LEN, "{}", logs(lab));
+    assert_eq!(
+        blake3::hash(&got),
+        ssh.file_hash,
+        "the streamed bytes differ"
+    );
+}
+
+/// The addresses of `child`'s `moved` events to `route`, in order.
+fn moves(lab: &Lab, child: usize, route: &str) -> Vec<String> {
+    lab.stdout(child)
+        .lines()
+        .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+        .filter(|event| event["event"] == "moved" && event["route"] == route)
+        .filter_map(|event| event["address"].as_str().map(str::to_owned))
+        .collect()
+}
+
+/// Polls until `child` moved to `route` `count` times, at most `within`.
+fn wait_moves(lab: &Lab, child: usize, route: &str, count: usize, within: Duration) -> bool {
+    let until = Instant::now() + within;
+    while moves(lab, child, route).len() < count {
+        if Instant::now() >= until {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    true
+}
+
 #[test]
 fn a_relayed_tunnel_moves_to_the_direct_path_without_dropping_its_stream() {
     if std::env::var("WARREN_LAB_SIDE").is_ok() || nat_lab::skip("p2p_tunnel_upgrade") {
@@ -477,38 +554,7 @@ fn a_relayed_tunnel_moves_to_the_direct_path_without_dropping_its_stream() {
         "with the direct path blocked the tunnel starts relayed:\n{}",
         lab.stdout(connect)
     );
-    // The stream: the served file in 64 KiB chunks, a quarter second apart.
-    let remote = format!(
-        "for i in $(seq 0 32); do dd if={} bs=65536 skip=$i count=1 status=none; sleep 0.25; done",
-        ssh.file.display()
-    );
-    let key = ssh.client_key.to_str().unwrap().to_owned();
-    let port_arg = port.to_string();
-    let peer2 = lab.ns("peer2");
-    let stream = lab.spawn_cmd(
-        &peer2,
-        "ssh-stream",
-        "ssh",
-        &[
-            "-F",
-            "/dev/null",
-            "-p",
-            &port_arg,
-            "-i",
-            &key,
-            "-o",
-            "BatchMode=yes",
-            "-o",
-            "StrictHostKeyChecking=no",
-            "-o",
-            "UserKnownHostsFile=/dev/null",
-            "-o",
-            "LogLevel=ERROR",
-            "root@127.0.0.1",
-            &remote,
-        ],
-        &[],
-    );
+    let stream = ssh_stream(&mut lab, &ssh, port, "0.25");
     std::thread::sleep(Duration::from_secs(1));
     lab.unblock_direct(2);
     let logs = |lab: &Lab| {
@@ -529,21 +575,7 @@ fn a_relayed_tunnel_moves_to_the_direct_path_without_dropping_its_stream() {
             logs(&lab)
         );
     }
-    let status = lab.wait_exit(stream, Duration::from_secs(40));
-    assert_eq!(
-        status.and_then(|s| s.code()),
-        Some(0),
-        "the ssh stream failed: {}\n{}",
-        lab.stderr(stream),
-        logs(&lab)
-    );
-    let got = lab.stdout_bytes(stream);
-    assert_eq!(got.len(), FILE_LEN, "{}", logs(&lab));
-    assert_eq!(
-        blake3::hash(&got),
-        ssh.file_hash,
-        "the streamed bytes differ"
-    );
+    stream_checked(&mut lab, stream, &ssh, &logs);
     for (side, child) in [("connect", connect), ("listen", listener)] {
         let events = side_events(&lab.stdout(child));
         assert!(events.moved, "{side}");
@@ -560,8 +592,127 @@ fn a_relayed_tunnel_moves_to_the_direct_path_without_dropping_its_stream() {
         );
     }
     eprintln!(
-        "p2p_tunnel_upgrade: relayed, then direct, {} bytes streamed byte-exact across the move",
-        got.len()
+        "p2p_tunnel_upgrade: relayed, then direct, {FILE_LEN} bytes streamed byte-exact across the move"
+    );
+}
+
+/// A direct tunnel (full cone ↔ symmetric NAT) keeps its streams when the direct path
+/// dies (it goes through the relay, then back to direct once the path works again) and
+/// when the symmetric router forgets its mappings (a *rebinding*: the peer behind it
+/// comes back from new ports, and the path follows).
+#[test]
+fn a_direct_tunnel_survives_a_dead_path_and_a_nat_rebinding_without_dropping_streams() {
+    if std::env::var("WARREN_LAB_SIDE").is_ok() || nat_lab::skip("p2p_tunnel_rebinding") {
+        return;
+    }
+    let tools = match tools().and_then(|tools| {
+        which("conntrack")
+            .map(|_| tools)
+            .ok_or_else(|| "`conntrack` not found (apt-get install conntrack)".to_owned())
+    }) {
+        Ok(tools) => tools,
+        Err(why) if std::env::var("WARREN_NETNS_TESTS").as_deref() == Ok("1") => {
+            panic!("p2p_tunnel_rebinding: WARREN_NETNS_TESTS=1 but {why}")
+        }
+        Err(why) => {
+            eprintln!("SKIPPED p2p_tunnel_rebinding: {why}");
+            return;
+        }
+    };
+    let mut lab = Lab::new(
+        nat_lab::Nat::Full,
+        nat_lab::Nat::Symm,
+        nat_lab::Layout::Separate,
+    );
+    let server = start_server(&mut lab);
+    let ssh = ssh_setup(&lab.dir);
+    start_services(&mut lab, &tools, &ssh).expect("sshd and dnsmasq answer");
+    let (listener, code) = listen(&mut lab, "tcp", SSH_PORT).expect("a code");
+    let port = 6300;
+    let connect = start_connect(&mut lab, "tcp", &code, port);
+    let connect = connected(&mut lab, "tcp", connect).expect("connected");
+    let logs = |lab: &Lab| {
+        format!(
+            "connect:\n{}{}\nlisten:\n{}{}\nserver:\n{}",
+            lab.stdout(connect),
+            lab.stderr(connect),
+            lab.stdout(listener),
+            lab.stderr(listener),
+            lab.stderr(server)
+        )
+    };
+    assert_eq!(
+        side_events(&lab.stdout(connect)).route.as_deref(),
+        Some("direct"),
+        "full cone and symmetric NATs connect directly:\n{}",
+        logs(&lab)
+    );
+    let sides = [("connect", connect), ("listen", listener)];
+
+    // 1. The direct path dies (router 2 drops router 1's address): both sides go through
+    //    the relay; it comes back: both return to direct. One stream throughout.
+    let stream = ssh_stream(&mut lab, &ssh, port, "0.5");
+    std::thread::sleep(Duration::from_secs(1));
+    lab.block_direct(2, "203.0.113.11");
+    for (side, child) in sides {
+        assert!(
+            wait_moves(&lab, child, "relayed", 1, Duration::from_secs(20)),
+            "{side} did not fall back to the relay:\n{}",
+            logs(&lab)
+        );
+    }
+    lab.unblock_direct(2);
+    for (side, child) in sides {
+        assert!(
+            wait_moves(&lab, child, "direct", 1, Duration::from_secs(30)),
+            "{side} did not return to the direct path:\n{}",
+            logs(&lab)
+        );
+    }
+    stream_checked(&mut lab, stream, &ssh, &logs);
+
+    // 2. The symmetric router forgets every mapping: peer 2 comes back from new ports;
+    //    the listening side follows it to its new address. One stream throughout.
+    let before = moves(&lab, listener, "direct");
+    let stream = ssh_stream(&mut lab, &ssh, port, "0.25");
+    std::thread::sleep(Duration::from_secs(1));
+    let router = lab.ns("nat2");
+    let flushed = std::process::Command::new("ip")
+        .args(["netns", "exec", &router, "conntrack", "-F"])
+        .output()
+        .expect("run conntrack");
+    assert!(flushed.status.success(), "conntrack -F: {flushed:?}");
+    assert!(
+        wait_moves(
+            &lab,
+            listener,
+            "direct",
+            before.len() + 1,
+            Duration::from_secs(20)
+        ),
+        "the listening side did not follow the rebound peer:\n{}",
+        logs(&lab)
+    );
+    let after = moves(&lab, listener, "direct");
+    assert_ne!(
+        after.last(),
+        before.last(),
+        "a new address:\n{}",
+        logs(&lab)
+    );
+    stream_checked(&mut lab, stream, &ssh, &logs);
+    for (side, child) in sides {
+        assert!(
+            !lab.stdout(child).contains("\"event\":\"disconnected\""),
+            "{side} lost its connection:\n{}",
+            logs(&lab)
+        );
+    }
+    eprintln!(
+        "p2p_tunnel_rebinding: direct, relayed while the path was dead, direct again, then \
+         followed the peer from {:?} to {:?}; two streams byte-exact",
+        before.last(),
+        after.last()
     );
 }
 

@@ -12,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 use warren::p2p::net::candidates::Candidates;
 use warren::p2p::net::demux::{self, DemuxSocket, StunChannel};
 use warren::p2p::net::key::CheckKey;
-use warren::p2p::net::punch::{Checker, PunchConfig, PunchError, Punched};
+use warren::p2p::net::punch::{Checker, Consent, PunchConfig, PunchError, Punched, Watched};
 use warren::p2p::net::reflector::{self, DiscoverConfig, ReflectorConfig};
 use warren_proto::stun::Message;
 
@@ -176,6 +176,66 @@ async fn two_sockets_find_each_other_directly() {
     assert_eq!(rb.remote, a_addr);
     assert_eq!(ra.seen_as, Some(a_addr));
     assert!(ra.elapsed < Duration::from_secs(1), "{:?}", ra.elapsed);
+}
+
+#[tokio::test]
+async fn a_watched_path_stays_alive_follows_a_peer_that_moved_and_is_lost_when_silent() {
+    let a = Peer::bind("127.0.0.1:0", None);
+    let b = Peer::bind("127.0.0.1:0", None);
+    let (ra, rb, mut a, mut b) = punch_pair(a, b).await;
+    let (ra, rb) = (ra.expect("a punched"), rb.expect("b punched"));
+    let consent = Consent {
+        every: Duration::from_millis(50),
+        lost_after: Duration::from_millis(400),
+        stretch: Duration::from_millis(300),
+    };
+    // Both watch: each answers the other's checks.
+    let (mut heard_a, mut heard_b) = (Instant::now(), Instant::now());
+    let (wa, wb) = tokio::join!(
+        a.checker.watch(ra.remote, &consent, &mut heard_a),
+        b.checker.watch(rb.remote, &consent, &mut heard_b),
+    );
+    assert_eq!((wa.unwrap(), wb.unwrap()), (Watched::Alive, Watched::Alive));
+    // b's NAT gives it a new port: a new socket with the same key, still watching a.
+    drop(b);
+    let mut moved = Peer::bind("127.0.0.1:0", None);
+    let stop = Instant::now() + Duration::from_secs(2);
+    let watching = async {
+        let mut heard = Instant::now();
+        while Instant::now() < stop {
+            let _ = moved.checker.watch(rb.remote, &consent, &mut heard).await;
+        }
+    };
+    let following = async {
+        loop {
+            match a
+                .checker
+                .watch(ra.remote, &consent, &mut heard_a)
+                .await
+                .unwrap()
+            {
+                Watched::Alive => continue,
+                other => return other,
+            }
+        }
+    };
+    let (found, ()) = tokio::join!(following, watching);
+    assert_eq!(
+        found,
+        Watched::Moved(moved.local),
+        "a follows b to its new port"
+    );
+    // b goes away for good: the path is lost.
+    drop(moved);
+    let mut lost = Watched::Alive;
+    while lost == Watched::Alive {
+        lost = a
+            .checker
+            .watch(ra.remote, &consent, &mut heard_a)
+            .await
+            .unwrap();
+    }
+    assert_eq!(lost, Watched::Lost);
 }
 
 #[tokio::test]

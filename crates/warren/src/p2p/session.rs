@@ -987,11 +987,7 @@ impl PeerSocket {
         relay: SocketAddr,
     ) -> Result<(quinn::Connection, Route, PathWatch), SessionError> {
         let Agreed {
-            identity,
-            outcome,
-            ours,
-            theirs,
-            ..
+            identity, outcome, ..
         } = *agreed;
         let (joined, mut punching) = self.join_then_check(agreed, relay).await?;
         let early = match joined {
@@ -1002,20 +998,20 @@ impl PeerSocket {
             Err(_) => Some((&mut punching).await),
         };
         let punching = match early {
-            Some(Ok((mut checker, Ok(punched)))) => {
-                tokio::spawn(async move {
-                    let _ = checker.answer_for(ANSWER_AFTER).await;
-                });
+            Some(Ok((checker, Ok(punched)))) => {
+                let remote = punched.remote;
                 let client = identity::client_config(identity, outcome, &self.quic)?;
-                let connection = handshake(self.endpoint.connect_with(
-                    client,
-                    punched.remote,
-                    SERVER_NAME,
-                ))
-                .await
-                .map_err(SessionError::NoPath)?;
-                let route = Route::Direct(punched.remote);
-                return Ok((connection, route, PathWatch::fixed(route)));
+                let connection = handshake(self.endpoint.connect_with(client, remote, SERVER_NAME))
+                    .await
+                    .map_err(SessionError::NoPath)?;
+                let path = self.keep_path(
+                    agreed,
+                    &connection,
+                    remote,
+                    joined.is_ok().then_some(relay),
+                    upgrade::punched(checker, punched),
+                );
+                return Ok((connection, Route::Direct(remote), path));
             }
             Some(Ok((checker, Err(error)))) => match &joined {
                 Ok(()) => tokio::spawn(async move { (checker, Err(error)) }),
@@ -1036,14 +1032,7 @@ impl PeerSocket {
         let connection = handshake(self.endpoint.connect_with(client, relay, SERVER_NAME))
             .await
             .map_err(|e| SessionError::NoPath(format!("through the relay: {e}")))?;
-        let candidates = (ours.candidates.clone(), theirs.candidates.clone());
-        let path = upgrade::spawn_upgrade(
-            connection.clone(),
-            Arc::clone(&self.socket),
-            relay,
-            punching,
-            candidates,
-        );
+        let path = self.keep_path(agreed, &connection, relay, Some(relay), punching);
         Ok((connection, Route::Relayed(relay), path))
     }
 
@@ -1058,8 +1047,6 @@ impl PeerSocket {
         let Agreed {
             identity,
             outcome,
-            ours,
-            theirs,
             options,
             ..
         } = *agreed;
@@ -1094,25 +1081,41 @@ impl PeerSocket {
             Err(note) => return Err(SessionError::NoPath(note)),
         };
         let remote = connection.remote_address();
-        if remote == relay && joined.is_ok() {
-            let candidates = (ours.candidates.clone(), theirs.candidates.clone());
-            let path = upgrade::spawn_upgrade(
-                connection.clone(),
-                Arc::clone(&self.socket),
-                relay,
-                punching,
-                candidates,
-            );
-            return Ok((connection, Route::Relayed(relay), path));
-        }
-        // Direct: answer the other side's checks a little longer (they may not be done).
-        tokio::spawn(async move {
-            if let Ok((mut checker, Ok(_))) = punching.await {
-                let _ = checker.answer_for(ANSWER_AFTER).await;
-            }
-        });
-        let route = Route::Direct(remote);
-        Ok((connection, route, PathWatch::fixed(route)))
+        let relay = joined.is_ok().then_some(relay);
+        let route = if Some(remote) == relay {
+            Route::Relayed(remote)
+        } else {
+            Route::Direct(remote)
+        };
+        let path = self.keep_path(agreed, &connection, remote, relay, punching);
+        Ok((connection, route, path))
+    }
+
+    /// Keeps a tunnel's `connection`, made with `anchor` as the peer's address, on the
+    /// best path (see [`upgrade`]); `relay` is the relay we joined, if we did.
+    fn keep_path(
+        &self,
+        agreed: &Agreed<'_>,
+        connection: &quinn::Connection,
+        anchor: SocketAddr,
+        relay: Option<SocketAddr>,
+        punching: upgrade::Punching,
+    ) -> PathWatch {
+        let keep = upgrade::Keep {
+            connection: connection.clone(),
+            socket: Arc::clone(&self.socket),
+            anchor,
+            relay: relay.map(|addr| upgrade::RelayLeg {
+                addr,
+                token: RelayToken::from_key(&agreed.outcome.relay_key),
+                auth: RelayAuth::from_psk(&agreed.options.server.psk),
+            }),
+            candidates: (
+                agreed.ours.candidates.clone(),
+                agreed.theirs.candidates.clone(),
+            ),
+        };
+        upgrade::keep_path(keep, punching)
     }
 
     /// Accepts the peer from now on (its dial pinned to `outcome`'s key); returns the server

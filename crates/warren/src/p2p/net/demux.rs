@@ -9,16 +9,18 @@
 //! Reading happens only while a quinn endpoint made on the socket is alive (its driver is
 //! the reader): make the endpoint first ([`endpoint`]), then check, then connect.
 //!
-//! **Moving a relayed connection to the direct path** ([`DemuxSocket::hold_relayed`],
-//! [`DemuxSocket::go_direct`]): a QUIC connection made through the server's relay keeps
-//! talking to the relay's address, and this socket carries its packets on the direct path
-//! underneath once the checks find one: outgoing packets for the relay go to the peer's
-//! address, incoming QUIC packets from anywhere but the relay are handed to quinn as if
-//! the relay had sent them. QUIC is encrypted and authenticated end to end, so the path
-//! under it may change without quinn knowing, and no stream notices (what iroh's magic
-//! socket does with its relays). Each peer socket carries one connection, so every QUIC
-//! packet it receives belongs to that connection; a forged one fails its AEAD check in
-//! quinn like any other.
+//! **Moving a connection between paths** ([`DemuxSocket::anchor`],
+//! [`DemuxSocket::send_via`]): a tunnel's QUIC connection keeps talking to the address it
+//! was made with (its *anchor*: the server's relay, or the peer's address when the checks
+//! won first), and this socket carries its packets on whichever path works now
+//! underneath: outgoing packets for the anchor go to the current path, incoming QUIC
+//! packets from anywhere are handed to quinn as if the anchor had sent them. QUIC is
+//! encrypted and authenticated end to end, so the path under it may change (relayed to
+//! direct, direct back to the relay when the direct path dies, a peer whose NAT gave it
+//! a new port) without quinn knowing, and no stream notices (what iroh's magic socket does
+//! with its relays). Each peer socket carries one connection, so every QUIC packet it
+//! receives belongs to that connection; a forged one fails its AEAD check in quinn like
+//! any other.
 
 use std::fmt;
 use std::io::{self, IoSliceMut};
@@ -59,20 +61,20 @@ pub struct DemuxSocket {
     detour: Detour,
 }
 
-/// A relayed connection's packets on the direct path (see the module's doc).
+/// A connection's packets on whichever path works now (see the module's doc).
 #[derive(Debug, Default)]
 struct Detour {
-    /// Set once [`DemuxSocket::hold_relayed`] was called: the hot path reads only this
-    /// while the connection is direct from the start (or has no relay).
+    /// Set once [`DemuxSocket::anchor`] was called: the hot path reads only this for a
+    /// connection that is not anchored (a transfer's).
     armed: AtomicBool,
     paths: RwLock<Paths>,
 }
 
-/// The relay's address and, once found, the peer's direct one.
+/// The address quinn talks to and the one its packets go to now.
 #[derive(Debug, Default, Clone, Copy)]
 struct Paths {
-    relay: Option<SocketAddr>,
-    direct: Option<SocketAddr>,
+    anchor: Option<SocketAddr>,
+    path: Option<SocketAddr>,
 }
 
 impl Detour {
@@ -81,6 +83,10 @@ impl Detour {
             return None;
         }
         Some(*self.paths.read().unwrap_or_else(PoisonError::into_inner))
+    }
+
+    fn update(&self, change: impl FnOnce(&mut Paths)) {
+        change(&mut self.paths.write().unwrap_or_else(PoisonError::into_inner));
     }
 }
 
@@ -127,31 +133,28 @@ impl DemuxSocket {
         (socket, channel)
     }
 
-    /// The socket's connection goes through the relay at `relay`: from now on, QUIC
-    /// packets from any other address are handed to quinn as the relay's (the peer may
-    /// move to the direct path first).
-    pub fn hold_relayed(&self, relay: SocketAddr) {
-        self.detour
-            .paths
-            .write()
-            .unwrap_or_else(PoisonError::into_inner)
-            .relay = Some(relay);
+    /// The socket's connection talks to `anchor` from now on, and its packets go there
+    /// until [`DemuxSocket::send_via`] names another path: QUIC packets from any address
+    /// are handed to quinn as the anchor's (the peer may move first).
+    pub fn anchor(&self, anchor: SocketAddr) {
+        self.detour.update(|paths| {
+            *paths = Paths {
+                anchor: Some(anchor),
+                path: Some(anchor),
+            }
+        });
         self.detour.armed.store(true, Ordering::Release);
     }
 
-    /// Sends the relayed connection's packets to the peer at `direct` from now on (after
-    /// [`DemuxSocket::hold_relayed`]).
-    pub fn go_direct(&self, direct: SocketAddr) {
-        self.detour
-            .paths
-            .write()
-            .unwrap_or_else(PoisonError::into_inner)
-            .direct = Some(direct);
+    /// Sends the anchored connection's packets to `path` from now on (the peer's direct
+    /// address, or the relay's).
+    pub fn send_via(&self, path: SocketAddr) {
+        self.detour.update(|paths| paths.path = Some(path));
     }
 
-    /// The direct path the relayed connection moved to, if it did.
-    pub fn direct(&self) -> Option<SocketAddr> {
-        self.detour.paths().and_then(|paths| paths.direct)
+    /// Where the anchored connection's packets go now.
+    pub fn path(&self) -> Option<SocketAddr> {
+        self.detour.paths().and_then(|paths| paths.path)
     }
 
     /// What the socket sorted so far.
@@ -212,13 +215,14 @@ impl AsyncUdpSocket for DemuxSocket {
 
     fn try_send(&self, transmit: &Transmit) -> io::Result<()> {
         if let Some(Paths {
-            relay: Some(relay),
-            direct: Some(direct),
+            anchor: Some(anchor),
+            path: Some(path),
         }) = self.detour.paths()
-            && transmit.destination == relay
+            && transmit.destination == anchor
+            && path != anchor
         {
             return self.inner.try_send(&Transmit {
-                destination: direct,
+                destination: path,
                 ecn: transmit.ecn,
                 contents: transmit.contents,
                 segment_size: transmit.segment_size,
@@ -251,7 +255,7 @@ impl AsyncUdpSocket for DemuxSocket {
                 }
                 Err(e) => return Poll::Ready(Err(e)),
             };
-            let relay = self.detour.paths().and_then(|paths| paths.relay);
+            let anchor = self.detour.paths().and_then(|paths| paths.anchor);
             let mut kept = 0;
             for i in 0..count {
                 let m = meta[i];
@@ -260,10 +264,10 @@ impl AsyncUdpSocket for DemuxSocket {
                 };
                 match classify(datagram) {
                     Demux::Quic => {
-                        if let Some(relay) = relay {
-                            // The peer's packets on the direct path, for the relayed
+                        if let Some(anchor) = anchor {
+                            // The peer's packets on whichever path, for the anchored
                             // connection.
-                            meta[i].addr = relay;
+                            meta[i].addr = anchor;
                         }
                         let m = meta[i];
                         if kept != i {
@@ -444,10 +448,11 @@ mod tests {
     }
 
     #[test]
-    fn a_relayed_connection_moves_to_the_direct_path_underneath() {
-        let (relay, direct) = (
+    fn an_anchored_connection_moves_between_paths_underneath() {
+        let (relay, direct, moved) = (
             "203.0.113.1:7000".parse::<SocketAddr>().unwrap(),
             "192.0.2.7:9".parse::<SocketAddr>().unwrap(),
+            "192.0.2.7:10".parse::<SocketAddr>().unwrap(),
         );
         let inner = Arc::new(Scripted(Mutex::new(vec![vec![0xc3, 1]]), Mutex::default()));
         let (socket, _channel) = DemuxSocket::over(inner.clone());
@@ -462,21 +467,33 @@ mod tests {
                 })
                 .unwrap()
         };
-        // Not held: nothing changes.
+        // Not anchored: nothing changes.
         send(relay);
-        assert_eq!(socket.direct(), None);
-        socket.hold_relayed(relay);
+        assert_eq!(socket.path(), None);
+        socket.anchor(relay);
         send(relay);
-        socket.go_direct(direct);
+        socket.send_via(direct);
         send(relay);
         // Another destination (a check's, say) is left alone.
         send("198.51.100.2:1".parse().unwrap());
+        // The peer's NAT gave it a new port, then the direct path died: back to the relay.
+        socket.send_via(moved);
+        send(relay);
+        socket.send_via(relay);
+        send(relay);
         assert_eq!(
             *inner.1.lock().unwrap(),
-            [relay, relay, direct, "198.51.100.2:1".parse().unwrap()]
+            [
+                relay,
+                relay,
+                direct,
+                "198.51.100.2:1".parse().unwrap(),
+                moved,
+                relay
+            ]
         );
-        assert_eq!(socket.direct(), Some(direct));
-        // The peer's packet from its direct address reaches quinn as the relay's.
+        assert_eq!(socket.path(), Some(relay));
+        // The peer's packet from its direct address reaches quinn as the anchor's.
         let mut storage = [0u8; 64];
         let mut bufs = [IoSliceMut::new(&mut storage)];
         let mut meta = [RecvMeta::default()];

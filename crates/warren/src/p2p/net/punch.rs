@@ -156,6 +156,11 @@ impl<S: StunIo> Checker<S> {
         self.io
     }
 
+    /// The socket, for a moment (a relay bind between two watches).
+    pub fn io_mut(&mut self) -> &mut S {
+        &mut self.io
+    }
+
     /// Checks `theirs` (minus any of `ours`) until a pair works both ways or the deadline.
     ///
     /// # Errors
@@ -269,6 +274,66 @@ impl<S: StunIo> Checker<S> {
         }
     }
 
+    /// Watches the direct path to `remote` for `consent.stretch` (RFC 7675's consent
+    /// freshness): a check every `consent.every`, the peer's checks answered, each from an
+    /// address other than `remote` with a check back. `last_answer` is when `remote` last
+    /// answered, kept across calls.
+    ///
+    /// [`Watched::Moved`] when `remote` has been silent for two checks while the peer
+    /// answers from another address (its NAT gave it a new port: a *rebinding*);
+    /// [`Watched::Lost`] when nothing answered for `consent.lost_after`.
+    ///
+    /// # Errors
+    ///
+    /// The socket's error.
+    pub async fn watch(
+        &mut self,
+        remote: SocketAddr,
+        consent: &Consent,
+        last_answer: &mut Instant,
+    ) -> io::Result<Watched> {
+        let until = Instant::now() + consent.stretch;
+        let mut packet = Vec::with_capacity(96);
+        let mut pending = VecDeque::new();
+        let mut next_check = Instant::now();
+        loop {
+            let now = Instant::now();
+            if now.saturating_duration_since(*last_answer) >= consent.lost_after {
+                return Ok(Watched::Lost);
+            }
+            if now >= until {
+                return Ok(Watched::Alive);
+            }
+            if now >= next_check {
+                self.send_check(remote, now, &mut pending, &mut packet);
+                next_check = now + consent.every;
+            }
+            let (datagram, from) = tokio::select! {
+                r = self.io.recv_from() => r?,
+                () = tokio::time::sleep_until(next_check.min(until)) => continue,
+            };
+            match self.handle(&datagram, from, &mut packet) {
+                Input::Check if from != remote => {
+                    self.send_check(from, Instant::now(), &mut pending, &mut packet);
+                }
+                Input::Answer { transaction, .. } => {
+                    if !pending
+                        .iter()
+                        .any(|p| p.transaction == transaction && p.to == from)
+                    {
+                        self.stats.ignored += 1;
+                    } else if from == remote {
+                        *last_answer = Instant::now();
+                    } else if last_answer.elapsed() >= 2 * consent.every {
+                        *last_answer = Instant::now();
+                        return Ok(Watched::Moved(from));
+                    }
+                }
+                Input::Check | Input::Ignored => {}
+            }
+        }
+    }
+
     fn send_check(
         &mut self,
         to: SocketAddr,
@@ -341,6 +406,28 @@ impl<S: StunIo> Checker<S> {
             }
         }
     }
+}
+
+/// The pace of [`Checker::watch`].
+#[derive(Debug, Clone)]
+pub struct Consent {
+    /// Between two checks of the path.
+    pub every: Duration,
+    /// No answer for this long: the path is lost.
+    pub lost_after: Duration,
+    /// One call's length (the caller does other work between calls).
+    pub stretch: Duration,
+}
+
+/// What [`Checker::watch`] saw of a direct path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Watched {
+    /// The path answered within the stretch.
+    Alive,
+    /// The path stopped answering and the peer answers at this address instead.
+    Moved(SocketAddr),
+    /// Nothing answered for [`Consent::lost_after`].
+    Lost,
 }
 
 /// What an authenticated datagram was.

@@ -73,6 +73,9 @@ const SWEEP_INTERVAL: Duration = Duration::from_secs(1);
 /// Longest pause between two binds of [`join`]: the relay tells a waiting leg at once
 /// when its peer comes, so re-sending is only for loss and keeping the place.
 const MAX_RESEND: Duration = Duration::from_secs(1);
+/// How long a leg must have been silent before a bind with its pair's token from a new
+/// port of its address takes its place (see [`Relay::move_leg`]).
+const LEG_MOVE_SILENCE: Duration = Duration::from_secs(1);
 
 /// What both legs present; derived from the PAKE's relay key, so the relay never sees the
 /// code. Not a secret from the relay (it travels in the clear), but only the two peers
@@ -216,6 +219,8 @@ pub struct RelayStats {
     pub pairs_expired: u64,
     /// Unpaired legs forgotten.
     pub legs_expired: u64,
+    /// Legs that came back from a new address and were moved there.
+    pub legs_moved: u64,
 }
 
 /// A leg waiting for its peer.
@@ -237,8 +242,10 @@ struct Pair {
     /// Token bucket of the rate, in bytes.
     tokens: f64,
     refilled: Instant,
-    /// The last datagram from a leg (idle expiry).
+    /// The last datagram from a leg, or re-sent bind (idle expiry).
     active: Instant,
+    /// The last datagram or bind from each leg (which leg moved, see [`Relay::bind`]).
+    seen: [Instant; 2],
     /// Reached the byte cap: everything is dropped until it expires.
     closed: bool,
 }
@@ -380,6 +387,7 @@ impl Relay {
             return Verdict::Done;
         }
         pair.active = now;
+        pair.seen[usize::from(from == pair.legs[1])] = now;
         let burst = self.config.burst();
         let elapsed = now.saturating_duration_since(pair.refilled).as_secs_f64();
         pair.tokens = (pair.tokens + elapsed * self.config.rate as f64).min(burst);
@@ -424,6 +432,11 @@ impl Relay {
         if let Some(own) = self.legs.get(&from) {
             match self.pairs.get(own) {
                 Some(pair) if *own == token && !pair.closed => {
+                    // Also a peer keeping its pair while its packets go direct.
+                    if let Some(pair) = self.pairs.get_mut(own) {
+                        pair.active = now;
+                        pair.seen[usize::from(from == pair.legs[1])] = now;
+                    }
                     self.answer(transaction, from, RelayState::Paired);
                 }
                 _ => self.refuse(from, "a leg of another pair, or of a capped one"),
@@ -431,7 +444,10 @@ impl Relay {
             return Verdict::Done;
         }
         if self.pairs.contains_key(&token) {
-            self.refuse(from, "a third address for a pair");
+            match self.move_leg(now, token, from) {
+                Some(()) => self.answer(transaction, from, RelayState::Paired),
+                None => self.refuse(from, "a third address for a pair"),
+            }
             return Verdict::Done;
         }
         let ttl = self.config.waiting_ttl;
@@ -490,6 +506,39 @@ impl Relay {
         Verdict::Done
     }
 
+    /// A leg of `token`'s pair binds again from `from`: its NAT gave it a new port (a
+    /// *rebinding*), or it moved. Only the peers hold the token (and the PSK's tag), so
+    /// the question is only which leg it is: the one at `from`'s IP address (a rebinding
+    /// keeps the public address), the quieter of the two when both are, and only if that
+    /// leg has been silent for [`LEG_MOVE_SILENCE`] (a leg still talking did not move).
+    fn move_leg(
+        &mut self,
+        now: Instant,
+        token: [u8; RELAY_TOKEN_LEN],
+        from: SocketAddr,
+    ) -> Option<()> {
+        let pair = self.pairs.get_mut(&token).filter(|pair| !pair.closed)?;
+        let leg = (0..2)
+            .filter(|&i| pair.legs[i].ip() == from.ip())
+            .min_by_key(|&i| pair.seen[i])?;
+        if now.saturating_duration_since(pair.seen[leg]) < LEG_MOVE_SILENCE {
+            return None;
+        }
+        let old = std::mem::replace(&mut pair.legs[leg], from);
+        pair.seen[leg] = now;
+        pair.active = now;
+        self.legs.remove(&old);
+        self.legs.insert(from, token);
+        self.stats.legs_moved += 1;
+        tracing::info!(
+            event = "p2p_relay_leg_moved",
+            from = %old,
+            to = %from,
+            "a relayed peer came back from a new port; its pair follows"
+        );
+        Some(())
+    }
+
     fn pair(&mut self, now: Instant, token: [u8; RELAY_TOKEN_LEN], legs: [SocketAddr; 2]) {
         for leg in legs {
             self.legs.insert(leg, token);
@@ -502,6 +551,7 @@ impl Relay {
                 tokens: self.config.burst(),
                 refilled: now,
                 active: now,
+                seen: [now; 2],
                 closed: false,
             },
         );
@@ -946,6 +996,49 @@ mod tests {
         let stats = relay.stats();
         assert_eq!((stats.forwarded_datagrams, stats.forwarded_bytes), (2, 300));
         assert_eq!((stats.pairs_made, stats.unpaired), (1, 1));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_leg_back_from_a_new_port_takes_its_place_once_silent_and_binds_keep_a_pair() {
+        let mut relay = Relay::new(config(), auth());
+        let start = Instant::now();
+        let (a, b) = (addr(1), addr(2));
+        paired(&mut relay, start, TOKEN, a, b);
+        // a's NAT gives it a new port; while a still talks, the bind is a third address.
+        let rebound = SocketAddr::new(a.ip(), 50_000);
+        relay.handle_input(start, a, &quic(10));
+        relay.handle_input(start, rebound, &bind(TOKEN));
+        assert!(answers(&mut relay).is_empty());
+        // Silent for a while (its packets went direct): the new port takes its place.
+        let later = start + 2 * LEG_MOVE_SILENCE;
+        relay.handle_input(later, rebound, &bind(TOKEN));
+        assert_eq!(answers(&mut relay), [(RelayState::Paired, rebound)]);
+        assert_eq!(
+            relay.handle_input(later, b, &quic(10)),
+            Verdict::Forward(rebound)
+        );
+        assert_eq!(
+            relay.handle_input(later, rebound, &quic(10)),
+            Verdict::Forward(b)
+        );
+        assert_eq!(
+            relay.handle_input(later, a, &quic(10)),
+            Verdict::Done,
+            "the old port is no leg"
+        );
+        assert_eq!(relay.stats().legs_moved, 1);
+        // Another address is still refused, however quiet the legs are.
+        relay.handle_input(later + LEG_MOVE_SILENCE * 3, addr(3), &bind(TOKEN));
+        assert!(answers(&mut relay).is_empty());
+        // Binds alone (both peers direct) keep the pair past its idle time.
+        let mut now = later;
+        for _ in 0..4 {
+            now += Duration::from_secs(40);
+            relay.handle_input(now, b, &bind(TOKEN));
+            relay.handle_timeout(now);
+            assert_eq!(answers(&mut relay), [(RelayState::Paired, b)]);
+        }
+        assert_eq!(relay.pairs(), 1);
     }
 
     #[tokio::test(start_paused = true)]
