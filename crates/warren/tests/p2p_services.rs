@@ -209,6 +209,16 @@ async fn two_clients_carry_a_tcp_and_a_udp_p2p_service_and_report_them() {
         )),
         "{metrics}"
     );
+    // The UDP service's payload bytes count on both ends, each way (at least once each:
+    // `check_udp` resends a datagram whose echo was slow).
+    let datagrams: u64 = (0..16).map(|i| 100 + i).sum();
+    for admin in [entrance_admin, exit_admin] {
+        let dns = service_when(admin, "dns", |s| {
+            s["bytes_in"].as_u64() >= Some(datagrams) && s["bytes_out"].as_u64() >= Some(datagrams)
+        })
+        .await;
+        assert!(dns["bytes_in"].as_u64() < Some(4 * datagrams), "{dns}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -80,6 +80,7 @@ async fn serve_stream(
             settings,
             tasks: &shared.tasks,
             cancel: session.cancel.clone(),
+            stats: None,
         };
         relay::udp::targets::serve(side, channel).await;
         return None;

@@ -125,8 +125,9 @@ pub enum TunnelError {
 
 /// What one side of a tunnel moved (TCP: bytes of finished and running streams). The
 /// counters are the service's own metrics in a client ([`TunnelStats::metered`]), or
-/// free-standing ones for a command.
-#[derive(Debug, Default)]
+/// free-standing ones for a command. A UDP tunnel's payload bytes count in `bytes_up` and
+/// `bytes_down` too (its [`UdpStats`] shares them).
+#[derive(Debug)]
 pub struct TunnelStats {
     /// TCP connections carried (or UDP datagram channels opened).
     pub streams: Counter,
@@ -151,17 +152,46 @@ impl Drop for Open<'_> {
     }
 }
 
+impl Default for TunnelStats {
+    fn default() -> Self {
+        TunnelStats::sharing(
+            Counter::default(),
+            Counter::default(),
+            Gauge::default(),
+            Counter::default(),
+            Counter::default(),
+        )
+    }
+}
+
 impl TunnelStats {
     /// Stats that add to `meter`, a service's metrics: streams are its connections, up
     /// is `in` (visitor to target) and down is `out`.
     pub fn metered(meter: &ServiceMeter) -> TunnelStats {
+        TunnelStats::sharing(
+            meter.total.clone(),
+            meter.errors.clone(),
+            meter.active.clone(),
+            meter.bytes_in.clone(),
+            meter.bytes_out.clone(),
+        )
+    }
+
+    fn sharing(
+        streams: Counter,
+        failed: Counter,
+        active: Gauge,
+        bytes_up: Counter,
+        bytes_down: Counter,
+    ) -> TunnelStats {
+        let udp = Arc::new(UdpStats::with_bytes(bytes_up.clone(), bytes_down.clone()));
         TunnelStats {
-            streams: meter.total.clone(),
-            failed: meter.errors.clone(),
-            active: meter.active.clone(),
-            bytes_up: meter.bytes_in.clone(),
-            bytes_down: meter.bytes_out.clone(),
-            udp: Arc::default(),
+            streams,
+            failed,
+            active,
+            bytes_up,
+            bytes_down,
+            udp,
         }
     }
 
@@ -262,6 +292,7 @@ impl StreamHandler for ExitStreams {
                     settings: self.exit.udp,
                     tasks: &self.tasks,
                     cancel: self.cancel.clone(),
+                    stats: Some(Arc::clone(&self.stats.udp)),
                 };
                 targets::serve(side, stream).await;
             }

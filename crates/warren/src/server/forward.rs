@@ -521,6 +521,7 @@ pub(super) async fn serve_forward(
             settings,
             tasks: &shared.tasks,
             cancel: session.cancel.clone(),
+            stats: None,
         };
         relay::udp::targets::serve(side, channel).await;
         return;

@@ -158,6 +158,10 @@ pub struct UdpStats {
     dropped_no_client: AtomicU64,
     dropped_unknown_flow: AtomicU64,
     send_errors: AtomicU64,
+    /// Payload bytes from visitors towards the target, and back: the service's own byte
+    /// counters when it has them ([`UdpStats::with_bytes`]).
+    bytes_up: prometheus_client::metrics::counter::Counter,
+    bytes_down: prometheus_client::metrics::counter::Counter,
 }
 
 /// A copy of [`UdpStats`] at one moment.
@@ -203,6 +207,31 @@ pub enum Counter {
 }
 
 impl UdpStats {
+    /// Stats whose payload bytes add to `up` (visitors towards the target) and `down`.
+    pub fn with_bytes(
+        up: prometheus_client::metrics::counter::Counter,
+        down: prometheus_client::metrics::counter::Counter,
+    ) -> UdpStats {
+        UdpStats {
+            bytes_up: up,
+            bytes_down: down,
+            ..UdpStats::default()
+        }
+    }
+
+    /// Counts one datagram of `len` payload bytes under `counter` (`ToTunnel` or
+    /// `FromTunnel`), `up` when it went from a visitor towards the target.
+    pub fn carried(&self, counter: Counter, len: usize, up: bool) {
+        self.bump(counter);
+        let bytes = if up { &self.bytes_up } else { &self.bytes_down };
+        bytes.inc_by(len as u64);
+    }
+
+    /// Payload bytes carried from visitors towards the target, and back.
+    pub fn bytes(&self) -> (u64, u64) {
+        (self.bytes_up.get(), self.bytes_down.get())
+    }
+
     /// Adds `n` to `counter`.
     pub fn add(&self, counter: Counter, n: u64) {
         let cell = match counter {

@@ -52,6 +52,8 @@ pub struct TargetSide<'a> {
     pub tasks: &'a TaskTracker,
     /// Cancelled when the session ends; the channel and its flows stop with it.
     pub cancel: CancellationToken,
+    /// The service's counters (shared by its channels), or fresh ones for this channel.
+    pub stats: Option<Arc<UdpStats>>,
 }
 
 /// Carries one datagram channel until it or the session ends.
@@ -62,6 +64,7 @@ pub async fn serve(side: TargetSide<'_>, channel: Stream) {
         settings,
         tasks,
         cancel,
+        stats,
     } = side;
     let (mut sender, mut receiver) = DatagramChannel::new(channel).split();
     let target = match resolve(target).await {
@@ -73,7 +76,7 @@ pub async fn serve(side: TargetSide<'_>, channel: Stream) {
         }
     };
     let cancel = cancel.child_token();
-    let stats = Arc::new(UdpStats::default());
+    let stats = stats.unwrap_or_default();
     let flows: Flows = Arc::new(Mutex::new(FlowTable::new(settings)));
     let (queue, mut outgoing) = mpsc::channel::<(FlowId, Vec<u8>)>(TUNNEL_QUEUE);
     debug!(event = "udp_channel_opened", service = %name, %target, "datagram channel opened");
@@ -132,7 +135,7 @@ pub async fn serve(side: TargetSide<'_>, channel: Stream) {
                 }
             };
             match socket.send(bytes).await {
-                Ok(_) => stats.bump(Counter::FromTunnel),
+                Ok(_) => stats.carried(Counter::FromTunnel, bytes.len(), true),
                 Err(error) => {
                     stats.bump(Counter::SendErrors);
                     debug!(event = "udp_send_failed", service = %name, %target, %error, "could not send a datagram to the target");
@@ -219,8 +222,9 @@ async fn open_flow(
                         .lock()
                         .unwrap_or_else(PoisonError::into_inner)
                         .touch(&flow, Instant::now());
+                    let len = bytes.len();
                     match queue.try_send((flow, bytes)) {
-                        Ok(()) => stats.bump(Counter::ToTunnel),
+                        Ok(()) => stats.carried(Counter::ToTunnel, len, false),
                         Err(mpsc::error::TrySendError::Full(_)) => {
                             stats.bump(Counter::DroppedQueueFull)
                         }

@@ -295,7 +295,7 @@ pub async fn serve<S: ChannelSource>(
         };
         let link = &links[index];
         match link.queue.try_send((flow, buf[..len].to_vec())) {
-            Ok(()) => stats.bump(Counter::ToTunnel),
+            Ok(()) => stats.carried(Counter::ToTunnel, len, true),
             Err(_) => stats.bump(Counter::DroppedQueueFull),
         }
     }
@@ -352,7 +352,7 @@ fn open_link<S: ChannelSource>(
                     continue;
                 };
                 match service.socket.send_to(bytes, visitor).await {
-                    Ok(_) => service.stats.bump(Counter::FromTunnel),
+                    Ok(_) => service.stats.carried(Counter::FromTunnel, bytes.len(), false),
                     Err(error) => {
                         service.stats.bump(Counter::SendErrors);
                         debug!(event = "udp_send_failed", service = %name, peer = %visitor, %error, "could not send a datagram to a visitor");
