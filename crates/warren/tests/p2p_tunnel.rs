@@ -11,7 +11,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use support::*;
-use tokio::net::UdpSocket;
 use tokio_util::sync::CancellationToken;
 use warren::Server;
 use warren::config::{HostPort, UdpSettings};
@@ -214,51 +213,10 @@ async fn tcp_connections_go_through_the_direct_path_and_the_relay() {
     }
 }
 
-/// Sends `count` datagrams from each of two sockets to `entrance` and checks every echo
-/// comes back to its own socket.
-async fn check_udp_echoes(entrance: SocketAddr, count: usize) {
-    let a = UdpSocket::bind("127.0.0.1:0").await.unwrap();
-    let b = UdpSocket::bind("127.0.0.1:0").await.unwrap();
-    for (n, socket) in [&a, &b].into_iter().enumerate() {
-        let mut got = 0;
-        for i in 0..count {
-            let payload = random_bytes(100 + 37 * i + n);
-            // Datagrams may be lost (the first ones race the channel's opening): retry.
-            for attempt in 0.. {
-                socket.send_to(&payload, entrance).await.unwrap();
-                let mut buf = vec![0u8; 65_536];
-                match tokio::time::timeout(Duration::from_millis(500), socket.recv(&mut buf)).await
-                {
-                    Ok(Ok(len)) => {
-                        assert_eq!(&buf[..len], &payload[..], "socket {n} datagram {i}");
-                        got += 1;
-                        break;
-                    }
-                    _ if attempt < 10 => {}
-                    _ => panic!("socket {n}: datagram {i} never came back"),
-                }
-            }
-        }
-        assert_eq!(got, count);
-    }
-}
-
-async fn udp_echo() -> SocketAddr {
-    let socket = UdpSocket::bind("127.0.0.1:0").await.unwrap();
-    let addr = socket.local_addr().unwrap();
-    tokio::spawn(async move {
-        let mut buf = vec![0u8; 65_536];
-        while let Ok((len, peer)) = socket.recv_from(&mut buf).await {
-            let _ = socket.send_to(&buf[..len], peer).await;
-        }
-    });
-    addr
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn udp_flows_go_through_the_direct_path_and_the_relay() {
     let (server, _stop) = server().await;
-    let echo = udp_echo().await;
+    let echo = udp_echo_target().await;
     for relay_only in [false, true] {
         let options = tunnel_options(&server, relay_only);
         let listener = listen(options.clone(), Kind::Udp, echo, None).await;

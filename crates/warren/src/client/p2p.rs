@@ -216,7 +216,7 @@ fn identity(config: &ClientConfig) -> Result<Option<Arc<Identity>>, String> {
 /// Whether a change from `old` to `new` must restart every P2P service (the way to the
 /// mailbox changed).
 pub(super) fn mailbox_changed(old: &ClientConfig, new: &ClientConfig) -> bool {
-    old.server != new.server
+    old.servers() != new.servers()
         || old.psk != new.psk
         || old.transport != new.transport
         || old.quic != new.quic
@@ -436,5 +436,31 @@ pub(super) async fn apply(
                 service.name
             )),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::crypto::secret::Secret;
+
+    #[test]
+    fn a_change_to_any_server_or_the_psk_restarts_the_p2p_services() {
+        let server = |port: u16| HostPort::from(std::net::SocketAddr::from(([127, 0, 0, 1], port)));
+        let old = ClientConfig {
+            more_servers: vec![server(2)],
+            ..ClientConfig::new(server(1), Secret::new("p2p-test-psk-0123456789"))
+        };
+        assert!(!mailbox_changed(&old, &old.clone()));
+        let second_moved = ClientConfig {
+            more_servers: vec![server(3)],
+            ..old.clone()
+        };
+        assert!(mailbox_changed(&old, &second_moved));
+        let new_psk = ClientConfig {
+            psk: Secret::new("another-p2p-test-psk-0123"),
+            ..old.clone()
+        };
+        assert!(mailbox_changed(&old, &new_psk));
     }
 }

@@ -326,3 +326,45 @@ impl Drop for StopOnDrop {
         self.0.cancel();
     }
 }
+
+/// A UDP echo service on loopback.
+pub async fn udp_echo_target() -> SocketAddr {
+    let socket = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    let addr = socket.local_addr().unwrap();
+    tokio::spawn(async move {
+        let mut buf = vec![0u8; 65_536];
+        while let Ok((len, peer)) = socket.recv_from(&mut buf).await {
+            let _ = socket.send_to(&buf[..len], peer).await;
+        }
+    });
+    addr
+}
+
+/// Sends `count` datagrams from each of two sockets to `entrance` and checks every echo
+/// comes back to its own socket.
+pub async fn check_udp_echoes(entrance: SocketAddr, count: usize) {
+    let a = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    let b = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    for (n, socket) in [&a, &b].into_iter().enumerate() {
+        let mut got = 0;
+        for i in 0..count {
+            let payload = random_bytes(100 + 37 * i + n);
+            // Datagrams may be lost (the first ones race the channel's opening): retry.
+            for attempt in 0.. {
+                socket.send_to(&payload, entrance).await.unwrap();
+                let mut buf = vec![0u8; 65_536];
+                match tokio::time::timeout(Duration::from_millis(500), socket.recv(&mut buf)).await
+                {
+                    Ok(Ok(len)) => {
+                        assert_eq!(&buf[..len], &payload[..], "socket {n} datagram {i}");
+                        got += 1;
+                        break;
+                    }
+                    _ if attempt < 10 => {}
+                    _ => panic!("socket {n}: datagram {i} never came back"),
+                }
+            }
+        }
+        assert_eq!(got, count);
+    }
+}
