@@ -135,33 +135,30 @@ fn run_in(
     (status.and_then(|s| s.code()), lab.stdout(child))
 }
 
+/// ssh and scp options for the lab: no user config, keys only, no host-key prompts or
+/// files, errors only.
+const QUIET_SSH: [&str; 10] = [
+    "-F",
+    "/dev/null",
+    "-o",
+    "BatchMode=yes",
+    "-o",
+    "StrictHostKeyChecking=no",
+    "-o",
+    "UserKnownHostsFile=/dev/null",
+    "-o",
+    "LogLevel=ERROR",
+];
+
 /// `scp` of the served file from 127.0.0.1:`port` in namespace `ns` (through a tunnel,
 /// or straight to sshd) into `dest`: its exit code.
 fn scp(lab: &mut Lab, ns: &str, ssh: &SshSetup, port: u16, dest: &Path) -> Option<i32> {
     let key = ssh.client_key.to_str().unwrap().to_owned();
     let remote = format!("root@127.0.0.1:{}", ssh.file.display());
     let port = port.to_string();
-    let args = [
-        "-q",
-        "-F",
-        "/dev/null",
-        "-P",
-        &port,
-        "-i",
-        &key,
-        "-o",
-        "BatchMode=yes",
-        "-o",
-        "StrictHostKeyChecking=no",
-        "-o",
-        "UserKnownHostsFile=/dev/null",
-        "-o",
-        "ConnectTimeout=10",
-        "-o",
-        "LogLevel=ERROR",
-        &remote,
-        dest.to_str().unwrap(),
-    ];
+    let mut args = vec!["-q", "-P", &port, "-i", &key];
+    args.extend(QUIET_SSH);
+    args.extend(["-o", "ConnectTimeout=10", &remote, dest.to_str().unwrap()]);
     run_in(lab, ns, "scp", "scp", &args, TOOL_TIMEOUT).0
 }
 
@@ -454,30 +451,10 @@ fn ssh_stream(lab: &mut Lab, ssh: &SshSetup, port: u16, pause: &str) -> usize {
     let key = ssh.client_key.to_str().unwrap().to_owned();
     let port_arg = port.to_string();
     let peer2 = lab.ns("peer2");
-    lab.spawn_cmd(
-        &peer2,
-        "ssh-stream",
-        "ssh",
-        &[
-            "-F",
-            "/dev/null",
-            "-p",
-            &port_arg,
-            "-i",
-            &key,
-            "-o",
-            "BatchMode=yes",
-            "-o",
-            "StrictHostKeyChecking=no",
-            "-o",
-            "UserKnownHostsFile=/dev/null",
-            "-o",
-            "LogLevel=ERROR",
-            "root@127.0.0.1",
-            &remote,
-        ],
-        &[],
-    )
+    let mut args = vec!["-p", &port_arg, "-i", &key];
+    args.extend(QUIET_SSH);
+    args.extend(["root@127.0.0.1", &remote]);
+    lab.spawn_cmd(&peer2, "ssh-stream", "ssh", &args, &[])
 }
 
 /// Waits until the stream `child` ended well and its bytes are the served file's.

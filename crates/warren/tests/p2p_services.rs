@@ -105,15 +105,27 @@ async fn check_tcp(entrance: SocketAddr, count: usize) {
     }
 }
 
+/// A running server whose `[server.p2p]` offers `services` (name, token); its address,
+/// and what stops it when dropped.
+async fn p2p_server(services: &[(&str, &str)]) -> (SocketAddr, StopOnDrop) {
+    let sections: String = services
+        .iter()
+        .map(|(name, token)| format!("[server.p2p.services.{name}]\ntoken = \"{token}\"\n"))
+        .collect();
+    let bound = Server::from_config(p2p_server_config(&sections))
+        .unwrap()
+        .bind()
+        .await
+        .unwrap();
+    let server = bound.local_addr();
+    let stop = StopOnDrop(bound.shutdown_token());
+    tokio::spawn(bound.run());
+    (server, stop)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_clients_carry_a_tcp_and_a_udp_p2p_service_and_report_them() {
-    let config = p2p_server_config(&format!(
-        "[server.p2p.services.ssh]\ntoken = \"{SSH_TOKEN}\"\n[server.p2p.services.dns]\ntoken = \"{DNS_TOKEN}\"\n"
-    ));
-    let bound = Server::from_config(config).unwrap().bind().await.unwrap();
-    let server = bound.local_addr();
-    let _server_stop = StopOnDrop(bound.shutdown_token());
-    tokio::spawn(bound.run());
+    let (server, _server_stop) = p2p_server(&[("ssh", SSH_TOKEN), ("dns", DNS_TOKEN)]).await;
 
     let (tcp_target, udp_target) = (echo_target().await, udp_echo_target().await);
     let (exit_admin, exit_stop) = client(
@@ -191,13 +203,7 @@ async fn two_clients_carry_a_tcp_and_a_udp_p2p_service_and_report_them() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wrong_token_is_refused_and_shown_while_the_port_stays_bound() {
-    let config = p2p_server_config(&format!(
-        "[server.p2p.services.ssh]\ntoken = \"{SSH_TOKEN}\"\n"
-    ));
-    let bound = Server::from_config(config).unwrap().bind().await.unwrap();
-    let server = bound.local_addr();
-    let _server_stop = StopOnDrop(bound.shutdown_token());
-    tokio::spawn(bound.run());
+    let (server, _server_stop) = p2p_server(&[("ssh", SSH_TOKEN)]).await;
     let target = echo_target().await;
     let (_, exit_stop) = client(
         server,
@@ -230,13 +236,7 @@ async fn a_wrong_token_is_refused_and_shown_while_the_port_stays_bound() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pinned_long_term_identity_is_required_of_the_other_end() {
-    let config = p2p_server_config(&format!(
-        "[server.p2p.services.ssh]\ntoken = \"{SSH_TOKEN}\"\n"
-    ));
-    let bound = Server::from_config(config).unwrap().bind().await.unwrap();
-    let server = bound.local_addr();
-    let _server_stop = StopOnDrop(bound.shutdown_token());
-    tokio::spawn(bound.run());
+    let (server, _server_stop) = p2p_server(&[("ssh", SSH_TOKEN)]).await;
     let dir = std::env::temp_dir().join(format!("warren-p2p-identity-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
@@ -300,13 +300,7 @@ async fn a_pinned_long_term_identity_is_required_of_the_other_end() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reload_restarts_only_the_p2p_service_that_changed() {
-    let config = p2p_server_config(&format!(
-        "[server.p2p.services.ssh]\ntoken = \"{SSH_TOKEN}\"\n[server.p2p.services.dns]\ntoken = \"{DNS_TOKEN}\"\n"
-    ));
-    let bound = Server::from_config(config).unwrap().bind().await.unwrap();
-    let server = bound.local_addr();
-    let _server_stop = StopOnDrop(bound.shutdown_token());
-    tokio::spawn(bound.run());
+    let (server, _server_stop) = p2p_server(&[("ssh", SSH_TOKEN), ("dns", DNS_TOKEN)]).await;
     let (tcp_target, udp_target) = (echo_target().await, udp_echo_target().await);
     let (_, exit_stop) = client(
         server,
@@ -369,13 +363,7 @@ async fn a_reload_restarts_only_the_p2p_service_that_changed() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_the_first_server_down_the_ends_meet_at_the_second() {
-    let config = p2p_server_config(&format!(
-        "[server.p2p.services.ssh]\ntoken = \"{SSH_TOKEN}\"\n"
-    ));
-    let bound = Server::from_config(config).unwrap().bind().await.unwrap();
-    let live = bound.local_addr();
-    let _server_stop = StopOnDrop(bound.shutdown_token());
-    tokio::spawn(bound.run());
+    let (live, _server_stop) = p2p_server(&[("ssh", SSH_TOKEN)]).await;
     // Nothing listens on the first server's port.
     let down: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
     let start = |services: String| {

@@ -727,6 +727,15 @@ impl Agreed<'_> {
         self.ours.relay_only || self.theirs.relay_only
     }
 
+    /// Our leg at the relay at `addr`: the token from the PAKE, the tag from the PSK.
+    fn relay_leg(&self, addr: SocketAddr) -> upgrade::RelayLeg {
+        upgrade::RelayLeg {
+            addr,
+            token: RelayToken::from_key(&self.outcome.relay_key),
+            auth: RelayAuth::from_psk(&self.options.server.psk),
+        }
+    }
+
     /// The relay, for a tunnel that starts there and moves to a direct path later.
     fn relay_first(&self) -> Option<SocketAddr> {
         match (self.options.purpose, self.skip_checks()) {
@@ -882,15 +891,11 @@ impl PeerSocket {
         }
         let relay = relay.ok_or_else(|| no_relay(&punch_note))?;
         let client = identity::client_config(identity, outcome, &self.path_settings(true))?;
-        relay::join(
-            &mut channel,
-            relay,
-            &RelayToken::from_key(&outcome.relay_key),
-            &RelayAuth::from_psk(&options.server.psk),
-            &JoinConfig::default(),
-        )
-        .await
-        .map_err(|e| SessionError::NoPath(format!("{punch_note}; the relay: {e}")))?;
+        agreed
+            .relay_leg(relay)
+            .join(&mut channel, &JoinConfig::default())
+            .await
+            .map_err(|e| SessionError::NoPath(format!("{punch_note}; the relay: {e}")))?;
         let connection = handshake(self.endpoint.connect_with(client, relay, SERVER_NAME))
             .await
             .map_err(|e| SessionError::NoPath(format!("{punch_note}; through the relay: {e}")))?;
@@ -917,8 +922,7 @@ impl PeerSocket {
         // Listening before the checks: a receiver that finishes first dials at once.
         let relayed = self.listen_for(identity, outcome)?;
         let channel = self.take_channel()?;
-        let token = RelayToken::from_key(&outcome.relay_key);
-        let auth = RelayAuth::from_psk(&options.server.psk);
+        let leg = relay.map(|addr| agreed.relay_leg(addr));
         let skip_checks = agreed.skip_checks();
         let endpoint = self.endpoint.clone();
         // Everything but the accepting: checks, answering, the relay when needed. It ends
@@ -941,10 +945,10 @@ impl PeerSocket {
                 }
                 channel = checker.into_inner();
             }
-            let Some(relay) = relay else {
+            let Some(leg) = leg else {
                 return format!("{note}; the server has no relay");
             };
-            match relay::join(&mut channel, relay, &token, &auth, &JoinConfig::default()).await {
+            match leg.join(&mut channel, &JoinConfig::default()).await {
                 Ok(()) => std::future::pending().await,
                 Err(error) => format!("{note}; the relay: {error}"),
             }
@@ -1105,11 +1109,7 @@ impl PeerSocket {
             connection: connection.clone(),
             socket: Arc::clone(&self.socket),
             anchor,
-            relay: relay.map(|addr| upgrade::RelayLeg {
-                addr,
-                token: RelayToken::from_key(&agreed.outcome.relay_key),
-                auth: RelayAuth::from_psk(&agreed.options.server.psk),
-            }),
+            relay: relay.map(|addr| agreed.relay_leg(addr)),
             candidates: (
                 agreed.ours.candidates.clone(),
                 agreed.theirs.candidates.clone(),
@@ -1152,14 +1152,10 @@ impl PeerSocket {
             ..
         } = *agreed;
         let mut channel = self.take_channel()?;
-        let joined = relay::join(
-            &mut channel,
-            relay,
-            &RelayToken::from_key(&outcome.relay_key),
-            &RelayAuth::from_psk(&options.server.psk),
-            &JoinConfig::default(),
-        )
-        .await;
+        let joined = agreed
+            .relay_leg(relay)
+            .join(&mut channel, &JoinConfig::default())
+            .await;
         let checker = Checker::new(
             channel,
             CheckKey::new(*outcome.check_key.expose()),

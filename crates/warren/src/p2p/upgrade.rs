@@ -32,10 +32,11 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
+use super::net::StunIo;
 use super::net::candidates::Candidates;
 use super::net::demux::{DemuxSocket, StunChannel};
 use super::net::punch::{Checker, Consent, PunchError, Punched, Watched};
-use super::net::relay::{self, JoinConfig, RelayAuth, RelayToken};
+use super::net::relay::{self, JoinConfig, RelayAuth, RelayError, RelayToken};
 use super::session::Route;
 
 /// How long the connecting side waits for the checks before it connects through the
@@ -116,6 +117,13 @@ pub(super) struct RelayLeg {
     pub auth: RelayAuth,
 }
 
+impl RelayLeg {
+    /// Binds (or binds again) at the relay from `io`, re-sending as `config` says.
+    pub async fn join<S: StunIo>(&self, io: &mut S, config: &JoinConfig) -> Result<(), RelayError> {
+        relay::join(io, self.addr, &self.token, &self.auth, config).await
+    }
+}
+
 /// What a kept path starts from.
 pub(super) struct Keep {
     /// The connection, made with `anchor` as its peer's address.
@@ -169,8 +177,9 @@ impl Keeper {
                         tracing::debug!(event = "p2p_upgrade_stopped", %error, "the path is no longer watched");
                         return;
                     }
+                    // `direct` bound at the relay as it left the direct path.
                     pause = RETRY_FIRST;
-                    refresh_at = Instant::now();
+                    refresh_at = Instant::now() + RELAY_REFRESH;
                 }
                 Err(PunchError::Io(error)) => {
                     tracing::debug!(event = "p2p_upgrade_stopped", %error, "checks stopped; the connection stays on its path");
@@ -267,15 +276,7 @@ impl Keeper {
         let Some(relay) = &self.keep.relay else {
             return;
         };
-        if let Err(error) = relay::join(
-            checker.io_mut(),
-            relay.addr,
-            &relay.token,
-            &relay.auth,
-            &REFRESH_JOIN,
-        )
-        .await
-        {
+        if let Err(error) = relay.join(checker.io_mut(), &REFRESH_JOIN).await {
             tracing::debug!(event = "p2p_relay_refresh_failed", %error, "the relay did not confirm our pair");
         }
     }

@@ -227,11 +227,6 @@ impl UdpStats {
         bytes.inc_by(len as u64);
     }
 
-    /// Payload bytes carried from visitors towards the target, and back.
-    pub fn bytes(&self) -> (u64, u64) {
-        (self.bytes_up.get(), self.bytes_down.get())
-    }
-
     /// Adds `n` to `counter`.
     pub fn add(&self, counter: Counter, n: u64) {
         let cell = match counter {
