@@ -57,6 +57,7 @@ use prometheus_client::registry::Registry;
 use serde::Serialize;
 
 use crate::Side;
+use crate::relay::limit::Bandwidth;
 
 /// Most live connections listed by the admin API; past this, connections still work and
 /// count in the metrics but are not listed one by one.
@@ -771,14 +772,33 @@ pub enum LocalEnd {
     Target,
 }
 
-/// What a relay adds its bytes to: the service's counters and the connection's own.
+/// What a relay adds its bytes to: the service's counters and the connection's own, and
+/// the service's bandwidth limit, which the relay waits on as it counts.
 #[derive(Debug, Clone, Default)]
 pub struct Meter {
     to_tunnel: [Counter; 2],
     to_local: [Counter; 2],
+    pace: Option<Arc<Bandwidth>>,
 }
 
 impl Meter {
+    /// A meter that counts nothing and only holds a relay to `limit`: for services without
+    /// metrics (forward and P2P services).
+    pub fn pacing(limit: Arc<Bandwidth>) -> Meter {
+        Meter::default().paced(Some(limit))
+    }
+
+    /// This meter, also holding the relay to `limit` (`None`: no limit).
+    pub fn paced(mut self, limit: Option<Arc<Bandwidth>>) -> Meter {
+        self.pace = limit;
+        self
+    }
+
+    /// The bandwidth limit a relay counting on this meter keeps to.
+    pub fn limit(&self) -> Option<&Bandwidth> {
+        self.pace.as_deref()
+    }
+
     /// Adds `n` bytes moved from the local socket into the tunnel.
     #[inline]
     pub fn to_tunnel(&self, n: u64) {
@@ -887,10 +907,12 @@ impl Telemetry {
             LocalEnd::Visitor => Meter {
                 to_tunnel: inbound,
                 to_local: outbound,
+                pace: None,
             },
             LocalEnd::Target => Meter {
                 to_tunnel: outbound,
                 to_local: inbound,
+                pace: None,
             },
         };
         let guard = ConnectionGuard {

@@ -737,3 +737,57 @@ async fn a_reload_to_an_unreachable_server_ends_the_session_and_a_good_one_comes
     client.wait_serving(2, &["web"]).await;
     assert!(echoes(loopback(web)).await);
 }
+
+/// Issue 19: a new `bandwidth_limit` applies in place: the connection under way follows it
+/// at once (neither cut nor restarted, bytes checked) and no session starts again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_changed_bandwidth_limit_applies_to_the_connection_under_way() {
+    let echo = echo_target().await;
+    let port = free_port();
+    let limited = |limit: &str| {
+        let mut text = server_toml(PSK, &[("web", port)], "");
+        text.push_str(limit);
+        server_config(&text)
+    };
+    let (bound, server) = start_server(limited("bandwidth_limit = \"200KB/s\"\n")).await;
+    let reloader = bound.reloader();
+    let _stop = DropCancel(bound.shutdown_token());
+    tokio::spawn(bound.run());
+    let mut client = start_client(client_config(server, PSK, &[("web", echo)], ""));
+    client.wait_serving(1, &["web"]).await;
+
+    let mut transfer = Echo::open(loopback(port)).await;
+    // 400 kB each way at 200 kB/s: about 2 s.
+    let started = tokio::time::Instant::now();
+    for _ in 0..4 {
+        transfer.exchange(100_000).await;
+    }
+    let limited_time = started.elapsed();
+    assert!(
+        limited_time >= Duration::from_millis(1500),
+        "400 kB took {limited_time:?} under a 200 kB/s limit"
+    );
+
+    let summary = reloader.apply(limited("")).await.expect("reload applies");
+    let text = summary.to_string();
+    assert!(
+        text.contains("service web: bandwidth limit now none"),
+        "{text}"
+    );
+    assert!(!text.contains("restarted"), "{text}");
+    let started = tokio::time::Instant::now();
+    for _ in 0..4 {
+        transfer.exchange(100_000).await;
+    }
+    let free_time = started.elapsed();
+    assert!(
+        free_time < limited_time / 3,
+        "still limited after the reload: {free_time:?} (was {limited_time:?})"
+    );
+    transfer.assert_intact();
+    assert_eq!(
+        client.status.borrow().sessions,
+        1,
+        "the session started again"
+    );
+}

@@ -272,6 +272,7 @@ pub fn expose_config(
             weight: 1,
             health_check: None,
             http_claim: None,
+            bandwidth_limit: None,
         },
     );
     config
@@ -301,6 +302,7 @@ pub fn forward_config(
             bind,
             target,
             token,
+            bandwidth_limit: None,
         },
     );
     config

@@ -28,6 +28,7 @@ use warren_proto::message::StreamOpen;
 use super::{ClientError, ClientSession, Shared};
 use crate::config::proxy::ProxyUrl;
 use crate::config::{ClientConfig, ClientForward, HostPort, ServiceKind, UdpSettings};
+use crate::metrics::Meter;
 use crate::relay;
 use crate::relay::udp::visitors::{self, ChannelSource, VisitorSide};
 use crate::session::stream::Stream;
@@ -164,6 +165,7 @@ pub(super) fn start(
                 socket,
                 settings,
                 stats: Arc::default(),
+                limit: shared.limits.get(&name),
                 source: Arc::new(ForwardSource {
                     shared: shared_for_task,
                     name,
@@ -247,9 +249,11 @@ async fn serve_tcp(
                 };
                 let name = name.clone();
                 let stop = stop.clone();
+                let pacer = shared.limits.get(&name).map(Meter::pacing);
                 shared.tasks.spawn(async move {
+                    let local = (local, peer, pacer);
                     session
-                        .counting(serve_local(&session, local, peer, name, &stop))
+                        .counting(serve_local(&session, local, name, &stop))
                         .await;
                 });
             }
@@ -263,8 +267,7 @@ async fn serve_tcp(
 
 async fn serve_local(
     session: &Arc<ClientSession>,
-    local: TcpStream,
-    peer: SocketAddr,
+    (local, peer, pacer): (TcpStream, SocketAddr, Option<Meter>),
     service: String,
     stop: &CancellationToken,
 ) {
@@ -281,7 +284,7 @@ async fn serve_local(
         }
     };
     debug!(event = "forward_opened", %service, %peer, "local connection forwarded");
-    match relay::pump(local, &mut channel, stop).await {
+    match relay::pump_metered(local, &mut channel, stop, pacer.as_ref()).await {
         Ok(moved) => {
             debug!(event = "stream_closed", %service, up = moved.to_tunnel, down = moved.to_local, "forward stream done")
         }

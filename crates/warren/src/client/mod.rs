@@ -50,6 +50,7 @@ use crate::config::{
 use crate::crypto::keys::SessionKeys;
 use crate::crypto::secret::Secret;
 use crate::metrics::{HandshakeFailure, ServiceMeter, Telemetry, unix_seconds};
+use crate::relay::limit::Limits;
 use crate::reload::{ConfigSource, Reloader, Requests};
 use crate::session::link::ClientLink;
 use crate::session::stream::Stream;
@@ -156,6 +157,8 @@ pub struct ClientBuilder {
     weights: HashMap<String, u16>,
     /// Target health checks, by service name.
     health_checks: HashMap<String, HealthCheck>,
+    /// Bandwidth limits (bytes per second each way), by service name.
+    bandwidth_limits: HashMap<String, u64>,
 }
 
 impl ClientBuilder {
@@ -265,6 +268,13 @@ impl ClientBuilder {
         self
     }
 
+    /// Holds service `name` (reverse or forward) to `bytes_per_second` each way, shared by
+    /// all of its connections.
+    pub fn bandwidth_limit(mut self, name: impl Into<String>, bytes_per_second: u64) -> Self {
+        self.bandwidth_limits.insert(name.into(), bytes_per_second);
+        self
+    }
+
     /// Checks the target of service `name`; while it fails, the service is withdrawn.
     pub fn health_check(mut self, name: impl Into<String>, check: HealthCheck) -> Self {
         self.health_checks.insert(name.into(), check);
@@ -334,6 +344,7 @@ impl ClientBuilder {
                     weight: self.weights.get(&name).copied().unwrap_or(1),
                     health_check: self.health_checks.get(&name).cloned(),
                     http_claim: None,
+                    bandwidth_limit: self.bandwidth_limits.get(&name).copied(),
                     name,
                     kind,
                     target,
@@ -346,6 +357,7 @@ impl ClientBuilder {
             self.config.forwards.insert(
                 name.clone(),
                 ClientForward {
+                    bandwidth_limit: self.bandwidth_limits.get(&name).copied(),
                     name,
                     kind,
                     bind,
@@ -369,6 +381,7 @@ impl Client {
             forwards: Vec::new(),
             weights: HashMap::new(),
             health_checks: HashMap::new(),
+            bandwidth_limits: HashMap::new(),
         }
     }
 
@@ -439,7 +452,9 @@ impl Client {
             .as_ref()
             .map(crate::admin::Access::from)
             .unwrap_or_default();
+        let limits = Limits::new(bandwidth_limits(&config));
         let shared = Arc::new(Shared {
+            limits,
             config: RwLock::new(Arc::new(config)),
             status,
             cancel,
@@ -610,6 +625,25 @@ struct Shared {
     /// P2P services, by name.
     #[cfg(unix)]
     p2p: Mutex<HashMap<String, p2p::Running>>,
+    /// Services' bandwidth limits (a reload changes them in place).
+    limits: Limits,
+}
+
+/// Every reverse, forward and P2P service of the config with its bandwidth limit, if any.
+fn bandwidth_limits(config: &ClientConfig) -> impl Iterator<Item = (&str, Option<u64>)> {
+    let services = config
+        .services
+        .values()
+        .map(|s| (&s.name, s.bandwidth_limit));
+    let forwards = config
+        .forwards
+        .values()
+        .map(|f| (&f.name, f.bandwidth_limit));
+    let p2p = config.p2p.values().map(|p| (&p.name, p.bandwidth_limit));
+    services
+        .chain(forwards)
+        .chain(p2p)
+        .map(|(name, limit)| (name.as_str(), limit))
 }
 
 /// A QUIC endpoint and the settings it was made for.

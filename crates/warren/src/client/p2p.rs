@@ -236,7 +236,7 @@ pub(super) async fn start(
 ) -> Result<Running, ClientError> {
     let meter = shared.telemetry.metrics.service(&service.name);
     let state = Arc::new(P2pState {
-        stats: Arc::new(TunnelStats::metered(&meter)),
+        stats: Arc::new(TunnelStats::metered(&meter).limited(shared.limits.get(&service.name))),
         peers: Mutex::default(),
         last_error: Mutex::default(),
     });
@@ -389,6 +389,14 @@ pub(super) async fn start_all(
 /// Applies a reload's P2P services: stops those removed or changed (all of them when the
 /// way to the mailbox changed), then starts the new and changed ones. A port that cannot
 /// be bound is reported in the summary; the rest of the reload stands.
+/// Whether two settings of a P2P service differ at most in their bandwidth limit, which a
+/// reload changes in place.
+fn same_but_limit(wanted: &ClientP2p, running: &ClientP2p) -> bool {
+    let mut running = running.clone();
+    running.bandwidth_limit = wanted.bandwidth_limit;
+    running == *wanted
+}
+
 pub(super) async fn apply(
     shared: &Arc<Shared>,
     old: &ClientConfig,
@@ -400,7 +408,12 @@ pub(super) async fn apply(
         let mut running = shared.p2p_running();
         let names: Vec<String> = running
             .iter()
-            .filter(|(name, running)| all || new.p2p.get(*name) != Some(&running.config))
+            .filter(|(name, running)| {
+                all || new
+                    .p2p
+                    .get(*name)
+                    .is_none_or(|wanted| !same_but_limit(wanted, &running.config))
+            })
             .map(|(name, _)| name.clone())
             .collect();
         names

@@ -46,7 +46,10 @@ pub(super) async fn apply(shared: &Arc<Shared>, new: ClientConfig) -> ReloadResu
         new.forwards.values(),
         |forward| {
             let running = running.get(&forward.name)?;
-            Some((running.forward.clone(), running.socket.clone()))
+            // A new bandwidth limit applies in place (below): no reason to restart.
+            let mut settings = running.forward.clone();
+            settings.bandwidth_limit = forward.bandwidth_limit;
+            Some((settings, running.socket.clone()))
         },
         |old, new| old.bind == new.bind && old.kind.same_protocol(new.kind),
         forward::bind_forward,
@@ -74,6 +77,7 @@ pub(super) async fn apply(shared: &Arc<Shared>, new: ClientConfig) -> ReloadResu
         .config
         .write()
         .unwrap_or_else(PoisonError::into_inner) = Arc::new(new.clone());
+    shared.limits.set(super::bandwidth_limits(&new));
     summary.note_table("service", &old.services, &new.services);
     summary.note_table("forward service", &old.forwards, &new.forwards);
     describe_settings(&old, &new, &mut summary);

@@ -14,7 +14,7 @@ use warren_proto::message::StreamOpen;
 
 use super::{ClientSession, Shared};
 use crate::config::ServiceKind;
-use crate::metrics::LocalEnd;
+use crate::metrics::{LocalEnd, Meter};
 use crate::relay;
 use crate::session::link::{Replenish, StreamHandler};
 use crate::session::stream::Stream;
@@ -81,6 +81,7 @@ async fn serve_stream(
             tasks: &shared.tasks,
             cancel: session.cancel.clone(),
             stats: None,
+            limit: shared.limits.get(&config.name),
         };
         relay::udp::targets::serve(side, channel).await;
         return None;
@@ -123,10 +124,14 @@ async fn serve_stream(
             .telemetry
             .open(meter, &service, peer, LocalEnd::Target)
     });
-    let byte_meter = listed.as_ref().map(|(byte_meter, _)| byte_meter);
+    let limit = shared.limits.get(&service);
+    let (byte_meter, _listed) = match listed {
+        Some((byte_meter, guard)) => (Some(byte_meter.paced(limit)), Some(guard)),
+        None => (limit.map(Meter::pacing), None),
+    };
     // The last end is staged: it leaves with what the link sends next (see
     // `relay::pump_for_reuse`).
-    match relay::pump_for_reuse(target, &mut channel, &shared.cancel, byte_meter).await {
+    match relay::pump_for_reuse(target, &mut channel, &shared.cancel, byte_meter.as_ref()).await {
         Ok(moved) => {
             debug!(event = "stream_closed", %service, up = moved.to_tunnel, down = moved.to_local, "stream done");
             Some(channel)

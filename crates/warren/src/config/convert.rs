@@ -266,6 +266,7 @@ fn server_services(
         }
         let bind_key = join_key(&key, "bind");
         let proxy_protocol = proxy_protocol(report, &key, service.proxy_protocol.as_deref());
+        let bandwidth_limit = bandwidth_limit(report, &key, service.bandwidth_limit.as_deref());
         let load_balance = ha::load_balance(report, &key, service.load_balance.as_deref());
         if let (None, Some(text)) = (&service.bind, &service.target) {
             if service.load_balance.is_some() {
@@ -288,6 +289,7 @@ fn server_services(
                     target,
                     token,
                     proxy_protocol,
+                    bandwidth_limit,
                 },
             );
             continue;
@@ -330,6 +332,7 @@ fn server_services(
                 token,
                 load_balance,
                 http: None,
+                bandwidth_limit,
             },
         );
     }
@@ -420,6 +423,12 @@ fn http_service(
             );
         }
     }
+    if service.bandwidth_limit.is_some() {
+        report.fail(
+            ConfigError::new(join_key(key, "bandwidth_limit"), "`bandwidth_limit` on the server applies to tcp and udp services; an http service's requests are limited by its middleware")
+                .with_hint("set bandwidth_limit on the client's service (it limits the bytes to and from the target), or use a rate_limit middleware here"),
+        );
+    }
     let Some(listen) = http else {
         report.fail(
             ConfigError::new(key, "an http service needs the server's shared HTTP port").with_hint(
@@ -442,6 +451,7 @@ fn http_service(
         token,
         load_balance,
         http: Some(Box::new(route)),
+        bandwidth_limit: None,
     })
 }
 
@@ -571,6 +581,7 @@ fn client_services(
             service.udp_idle_timeout.as_ref(),
             service.udp_max_sessions,
         );
+        let bandwidth_limit = bandwidth_limit(report, &key, service.bandwidth_limit.as_deref());
         if service.p2p == Some(true) {
             let token = token(
                 report,
@@ -598,6 +609,7 @@ fn client_services(
                         end,
                         token,
                         peer,
+                        bandwidth_limit,
                     },
                 );
             }
@@ -663,6 +675,7 @@ fn client_services(
                     bind,
                     target,
                     token,
+                    bandwidth_limit,
                 },
             );
             continue;
@@ -716,6 +729,7 @@ fn client_services(
                 weight,
                 health_check,
                 http_claim,
+                bandwidth_limit,
             },
         );
     }
@@ -791,6 +805,39 @@ fn http_claim(
         subdomain,
         hosts: names,
     })
+}
+
+/// Parses a service's `bandwidth_limit` (`"10MB/s"`, `"512KiB"`): bytes per second.
+fn bandwidth_limit(report: &mut Report, key: &str, text: Option<&str>) -> Option<u64> {
+    let text = text?;
+    let trimmed = text.trim();
+    // "Mbps" is refused (parse_size reads "Mb" as megabytes, and "bps" suggests bits).
+    let amount = trimmed.strip_suffix("/s").unwrap_or(trimmed);
+    match super::middleware::parse_size(amount) {
+        Some(0) => {
+            report.fail(
+                ConfigError::new(
+                    join_key(key, "bandwidth_limit"),
+                    "a zero bandwidth limit would stop every byte",
+                )
+                .with_hint(
+                    "remove bandwidth_limit for no limit, or give a rate such as \"10MB/s\"",
+                ),
+            );
+            None
+        }
+        Some(rate) => Some(rate),
+        None => {
+            report.fail(
+                ConfigError::new(
+                    join_key(key, "bandwidth_limit"),
+                    format!("{text:?} is not a rate in bytes per second"),
+                )
+                .with_hint("write a size per second, such as \"10MB/s\" or \"512KiB/s\" (KB = 1000 bytes, KiB = 1024; bits are not accepted)"),
+            );
+            None
+        }
+    }
 }
 
 /// Parses a service's `proxy_protocol` (`"v1"`, `"v2"`).

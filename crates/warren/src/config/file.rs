@@ -103,6 +103,9 @@ pub struct FileServerService {
     /// UDP only: most visitor sessions at once; the least recently active is evicted when
     /// full. Default 4096.
     pub udp_max_sessions: Option<i64>,
+    /// The most bytes per second each way, shared by all of the service's connections
+    /// (`"10MB/s"`; KB = 1000 bytes, KiB = 1024); UDP over it is dropped. Default: none.
+    pub bandwidth_limit: Option<String>,
     /// Reverse services: how visitors are spread over the clients serving the service,
     /// `"least-connections"` (default), `"round-robin"` or `"random"`.
     pub load_balance: Option<String>,
@@ -221,6 +224,9 @@ pub struct FileClientService {
     /// UDP only: most flows (target sockets) at once; the least recently active is closed
     /// when full. Default 4096.
     pub udp_max_sessions: Option<i64>,
+    /// The most bytes per second each way, shared by all of the service's connections
+    /// (`"10MB/s"`; KB = 1000 bytes, KiB = 1024); UDP over it is dropped. Default: none.
+    pub bandwidth_limit: Option<String>,
     /// Reverse services: this client's share of the service's visitors when several clients
     /// serve it (1 to 1000). Default 1.
     pub weight: Option<i64>,
@@ -357,6 +363,7 @@ mod tests {
                 "proxy_protocol",
                 "udp_idle_timeout",
                 "udp_max_sessions",
+                "bandwidth_limit",
                 "load_balance",
                 "hosts",
                 "paths",
@@ -397,6 +404,7 @@ mod tests {
                 "token",
                 "udp_idle_timeout",
                 "udp_max_sessions",
+                "bandwidth_limit",
                 "weight",
                 "health_check",
                 "subdomain",

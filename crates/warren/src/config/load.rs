@@ -1072,6 +1072,53 @@ udp_max_sessions = 1
     }
 
     #[test]
+    fn bandwidth_limits_are_rates_in_bytes_per_second_on_every_kind_of_service() {
+        let head = "[client]\nserver = \"a:1\"\npsk = \"${WARREN_TEST_PSK}\"\ndefault_token = \"${WARREN_TEST_TOKEN}\"\n";
+        let config = client(&format!(
+            "{head}[client.services.web]\ntarget = \"127.0.0.1:80\"\nbandwidth_limit = \"10MB/s\"\n\
+             [client.services.db]\nbind = \"127.0.0.1:5432\"\nbandwidth_limit = \"512KiB\"\n\
+             [client.services.ssh]\ntarget = \"127.0.0.1:22\"\np2p = true\nbandwidth_limit = \"1.5 MB/s\"\n\
+             [client.services.free]\ntarget = \"127.0.0.1:81\"\n"
+        ));
+        assert_eq!(config.services["web"].bandwidth_limit, Some(10_000_000));
+        assert_eq!(config.forwards["db"].bandwidth_limit, Some(512 * 1024));
+        assert_eq!(config.p2p["ssh"].bandwidth_limit, Some(1_500_000));
+        assert_eq!(config.services["free"].bandwidth_limit, None);
+        let refused = errors(&format!(
+            "{head}[client.services.a]\ntarget = \"127.0.0.1:80\"\nbandwidth_limit = \"0\"\n\
+             [client.services.b]\ntarget = \"127.0.0.1:80\"\nbandwidth_limit = \"80Mbps\"\n\
+             [client.services.c]\ntarget = \"127.0.0.1:80\"\nbandwidth_limit = \"fast\"\n"
+        ));
+        let keys: Vec<String> = keys_and_lines(&refused)
+            .into_iter()
+            .map(|(k, _)| k)
+            .collect();
+        assert_eq!(
+            keys,
+            [
+                "client.services.a.bandwidth_limit",
+                "client.services.b.bandwidth_limit",
+                "client.services.c.bandwidth_limit",
+            ]
+        );
+        let server_head = "[server]\nbind = \"0.0.0.0:7000\"\npsk = \"${WARREN_TEST_PSK}\"\ndefault_token = \"${WARREN_TEST_TOKEN}\"\n";
+        let config = server(&format!(
+            "{server_head}[server.services.web]\nbind = \"0.0.0.0:8080\"\nbandwidth_limit = \"2MB/s\"\n\
+             [server.services.lan]\ntarget = \"10.0.0.5:80\"\nbandwidth_limit = \"1MB\"\n"
+        ));
+        assert_eq!(config.services["web"].bandwidth_limit, Some(2_000_000));
+        assert_eq!(config.forwards["lan"].bandwidth_limit, Some(1_000_000));
+        // The server's http services are shaped by their middleware.
+        let refused = errors(&format!(
+            "{server_head}[server.http]\nbind = \"0.0.0.0:80\"\n[server.services.site]\ntype = \"http\"\nhosts = [\"a.example.com\"]\nbandwidth_limit = \"1MB/s\"\n"
+        ));
+        assert_eq!(
+            keys_and_lines(&refused)[0].0,
+            "server.services.site.bandwidth_limit"
+        );
+    }
+
+    #[test]
     fn p2p_services_have_one_end_and_no_server_tunnel_keys() {
         let head = "[client]\nserver = \"a:1\"\npsk = \"${WARREN_TEST_PSK}\"\ndefault_token = \"${WARREN_TEST_TOKEN}\"\n";
         let config = client(&format!(

@@ -362,6 +362,9 @@ pub struct ServerForward {
     /// TCP only: write a PROXY protocol header (the visitor's address at the client's
     /// `bind`) to the target before the stream's bytes.
     pub proxy_protocol: Option<ProxyProtocol>,
+    /// The most bytes per second each way, shared by all of its connections (UDP over it
+    /// is dropped); `None`: no limit.
+    pub bandwidth_limit: Option<u64>,
 }
 
 /// The `[admin]` section: where the admin API and `/metrics` listen, and their token.
@@ -432,6 +435,9 @@ pub struct ServerService {
     pub load_balance: super::ha::Strategy,
     /// An http service's routes and middleware (`kind` is [`ServiceKind::Http`]).
     pub http: Option<Box<super::http::HttpRoute>>,
+    /// The most bytes per second each way, shared by all of its connections (UDP over it
+    /// is dropped); `None`: no limit.
+    pub bandwidth_limit: Option<u64>,
 }
 
 /// Everything the client runs with.
@@ -504,6 +510,9 @@ pub struct ClientService {
     pub health_check: Option<super::ha::HealthCheck>,
     /// A client-declared http service: the names it asks the server to route to it.
     pub http_claim: Option<super::http::HttpClaim>,
+    /// The most bytes per second each way, shared by all of its connections (UDP over it
+    /// is dropped); `None`: no limit.
+    pub bandwidth_limit: Option<u64>,
 }
 
 /// A forward service on the client: it listens on `bind` and carries each connection to the
@@ -521,6 +530,9 @@ pub struct ClientForward {
     pub target: Option<HostPort>,
     /// Token proving the client may use the service.
     pub token: Secret,
+    /// The most bytes per second each way, shared by all of its connections (UDP over it
+    /// is dropped); `None`: no limit.
+    pub bandwidth_limit: Option<u64>,
 }
 
 /// A peer-to-peer service (`p2p = true`): both ends are clients of the same server, which
@@ -539,6 +551,9 @@ pub struct ClientP2p {
     pub token: Secret,
     /// The other end's identity (SHA-256 of its key), when pinned: any other is refused.
     pub peer: Option<[u8; 32]>,
+    /// The most bytes per second each way, shared by all of its connections (UDP over it
+    /// is dropped); `None`: no limit.
+    pub bandwidth_limit: Option<u64>,
 }
 
 /// The two ends of a P2P service.
@@ -1300,6 +1315,7 @@ mod tests {
                     bind: SocketAddr::from(([127, 0, 0, 1], port)),
                     token: strong(),
                     load_balance: Default::default(),
+                    bandwidth_limit: None,
                 },
             );
         }
@@ -1360,6 +1376,7 @@ mod tests {
                     bind: SocketAddr::from(([127, 0, 0, 1], port)),
                     token: strong(),
                     load_balance: Default::default(),
+                    bandwidth_limit: None,
                 },
             );
         }

@@ -36,7 +36,8 @@ use warren_proto::message::StreamOpen;
 use super::mailbox::MailboxError;
 use super::session::{self, Connected, Meeting, Options, Route, SessionError};
 use crate::config::{HostPort, UdpSettings};
-use crate::metrics::ServiceMeter;
+use crate::metrics::{Meter, ServiceMeter};
+use crate::relay::limit::Bandwidth;
 use crate::relay::udp::targets::{self, TargetSide};
 use crate::relay::udp::visitors::{self, ChannelSource, VisitorSide};
 use crate::relay::udp::{UdpStats, bind_service_socket};
@@ -141,6 +142,8 @@ pub struct TunnelStats {
     pub bytes_down: Counter,
     /// The UDP flows' counters (UDP tunnels).
     pub udp: Arc<UdpStats>,
+    /// The service's bandwidth limit, which its relays keep to (UDP over it is dropped).
+    pub limit: Option<Arc<Bandwidth>>,
 }
 
 /// One open stream in [`TunnelStats::active`] until dropped.
@@ -192,7 +195,19 @@ impl TunnelStats {
             bytes_up,
             bytes_down,
             udp,
+            limit: None,
         }
+    }
+
+    /// These stats, for a tunnel held to `limit`.
+    pub fn limited(mut self, limit: Option<Arc<Bandwidth>>) -> TunnelStats {
+        self.limit = limit;
+        self
+    }
+
+    /// What a TCP stream's pump paces itself by (counting is done by [`Self::count`]).
+    fn pacer(&self) -> Option<Meter> {
+        self.limit.clone().map(Meter::pacing)
     }
 
     /// Counts a stream that starts now; it is active until the guard drops.
@@ -293,6 +308,7 @@ impl StreamHandler for ExitStreams {
                     tasks: &self.tasks,
                     cancel: self.cancel.clone(),
                     stats: Some(Arc::clone(&self.stats.udp)),
+                    limit: self.stats.limit.clone(),
                 };
                 targets::serve(side, stream).await;
             }
@@ -312,7 +328,9 @@ impl StreamHandler for ExitStreams {
                         return None;
                     }
                 };
-                let moved = relay::pump(target, &mut stream, &self.cancel).await;
+                let pacer = self.stats.pacer();
+                let moved =
+                    relay::pump_metered(target, &mut stream, &self.cancel, pacer.as_ref()).await;
                 // The target is the local end here: what goes into the tunnel goes back to
                 // visitors.
                 self.stats.count(moved, false);
@@ -395,6 +413,7 @@ impl Entrance {
                     socket: Arc::new(socket),
                     settings: udp,
                     stats: Arc::clone(&stats.udp),
+                    limit: stats.limit.clone(),
                     source: Arc::new(EntranceChannels {
                         current: Arc::clone(&current),
                         stats: Arc::clone(&stats),
@@ -714,7 +733,8 @@ async fn carry_visitor(
         }
     };
     let _open = stats.open();
-    let moved = relay::pump(visitor, &mut stream, &attached.cancel).await;
+    let pacer = stats.pacer();
+    let moved = relay::pump_metered(visitor, &mut stream, &attached.cancel, pacer.as_ref()).await;
     stats.count(moved, true);
 }
 

@@ -10,6 +10,7 @@
 //! * A local connection that fails (e.g. reset by the visitor) resets the stream, and the
 //!   peer resets its own local connection in turn.
 
+pub mod limit;
 pub mod opening;
 pub mod udp;
 
@@ -265,13 +266,22 @@ impl<'a> Tally<'a> {
         }
     }
 
-    fn add(&mut self, bytes: usize) {
-        let bytes = bytes as u64;
-        *self.total += bytes;
-        match (self.meter, self.towards) {
-            (Some(meter), Towards::Tunnel) => meter.to_tunnel(bytes),
-            (Some(meter), Towards::Local) => meter.to_local(bytes),
-            (None, _) => {}
+    /// Counts `bytes` moved, then waits while they are over the service's bandwidth limit.
+    async fn add(&mut self, bytes: usize) {
+        *self.total += bytes as u64;
+        let Some(meter) = self.meter else {
+            return;
+        };
+        match self.towards {
+            Towards::Tunnel => meter.to_tunnel(bytes as u64),
+            Towards::Local => meter.to_local(bytes as u64),
+        }
+        if let Some(limit) = meter.limit() {
+            let pace = match self.towards {
+                Towards::Tunnel => &limit.to_tunnel,
+                Towards::Local => &limit.to_local,
+            };
+            pace.spend(bytes).await;
         }
     }
 }
@@ -292,7 +302,7 @@ async fn local_to_tunnel(
                 };
                 return finished.map_err(RelayError::from);
             }
-            Ok(n) => tally.add(n),
+            Ok(n) => tally.add(n).await,
             Err(SendError::Source(e)) => return Err(RelayError::Local(e)),
             Err(SendError::Sink(e)) => return Err(e.into()),
         }
@@ -332,7 +342,7 @@ async fn deliver(
     match chunk {
         Chunk::Data(bytes) => {
             local.write_all(bytes).await.map_err(RelayError::Local)?;
-            tally.add(bytes.len());
+            tally.add(bytes.len()).await;
             Ok(Flow::More)
         }
         Chunk::End => {

@@ -40,6 +40,7 @@ use crate::config::proxy::PortRange;
 use crate::config::{HostPort, ServerConfig, ServerForward, ServiceKind, UdpSettings};
 use crate::crypto::keys::{self, SessionKeys};
 use crate::crypto::secret::Secret;
+use crate::metrics::Meter;
 use crate::relay;
 use crate::session::link::{Replenish, StreamHandler};
 use crate::session::stream::Stream;
@@ -522,6 +523,7 @@ pub(super) async fn serve_forward(
             tasks: &shared.tasks,
             cancel: session.cancel.clone(),
             stats: None,
+            limit: shared.limits.get(&forward.name),
         };
         relay::udp::targets::serve(side, channel).await;
         return;
@@ -544,7 +546,8 @@ pub(super) async fn serve_forward(
         return;
     }
     debug!(event = "forward_opened", %service, %target, visitor = ?open.visitor, peer = %session.peer, "forward stream opened");
-    match relay::pump(stream, &mut channel, &shared.cancel).await {
+    let pacer = shared.limits.get(&forward.name).map(Meter::pacing);
+    match relay::pump_metered(stream, &mut channel, &shared.cancel, pacer.as_ref()).await {
         Ok(moved) => {
             debug!(event = "stream_closed", %service, up = moved.to_tunnel, down = moved.to_local, "forward stream done")
         }

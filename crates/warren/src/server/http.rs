@@ -321,7 +321,9 @@ async fn serve_tls(shared: Arc<Shared>, stream: TcpStream, peer: SocketAddr) {
         let slot = Arc::clone(slot);
         let cancel = slot.stop.clone();
         debug!(event = "tls_passthrough", %peer, sni = %name, service = %slot.name, "passing TLS through");
-        super::serve_visitor(slot, stream, peer, cancel, Arc::clone(&shared.telemetry)).await;
+        // Not limited: `bandwidth_limit` is for tcp and udp services on the server.
+        let telemetry = Arc::clone(&shared.telemetry);
+        super::serve_visitor(slot, (stream, peer), cancel, telemetry, None).await;
         return;
     }
     let config = front

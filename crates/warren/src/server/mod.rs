@@ -54,6 +54,7 @@ use crate::crypto::keys::{self, SessionKeys};
 use crate::crypto::secret::Secret;
 use crate::metrics::{HandshakeFailure, LocalEnd, Telemetry};
 use crate::relay;
+use crate::relay::limit::{Bandwidth, Limits};
 use crate::relay::opening::{Opened, Opening};
 use crate::relay::udp::{UdpStats, UdpStatsSnapshot};
 use crate::reload::{ConfigSource, Reloader, Requests};
@@ -123,6 +124,8 @@ pub struct ServerBuilder {
     forward_proxy: HashMap<String, ProxyProtocol>,
     /// Balancing strategies of reverse services, by name.
     load_balance: HashMap<String, Strategy>,
+    /// Bandwidth limits (bytes per second each way), by service name.
+    bandwidth_limits: HashMap<String, u64>,
 }
 
 impl ServerBuilder {
@@ -182,6 +185,13 @@ impl ServerBuilder {
     /// (default least-connections).
     pub fn load_balance(mut self, name: impl Into<String>, strategy: Strategy) -> Self {
         self.load_balance.insert(name.into(), strategy);
+        self
+    }
+
+    /// Holds service `name` (reverse or forward) to `bytes_per_second` each way, shared by
+    /// all of its connections.
+    pub fn bandwidth_limit(mut self, name: impl Into<String>, bytes_per_second: u64) -> Self {
+        self.bandwidth_limits.insert(name.into(), bytes_per_second);
         self
     }
 
@@ -245,6 +255,7 @@ impl ServerBuilder {
                 ServerService {
                     http: None,
                     load_balance: self.load_balance.get(&name).copied().unwrap_or_default(),
+                    bandwidth_limit: self.bandwidth_limits.get(&name).copied(),
                     name,
                     kind,
                     bind,
@@ -258,6 +269,7 @@ impl ServerBuilder {
                 name.clone(),
                 ServerForward {
                     proxy_protocol: self.forward_proxy.get(&name).copied(),
+                    bandwidth_limit: self.bandwidth_limits.get(&name).copied(),
                     name,
                     kind,
                     target,
@@ -278,6 +290,7 @@ impl Server {
             forwards: Vec::new(),
             forward_proxy: HashMap::new(),
             load_balance: HashMap::new(),
+            bandwidth_limits: HashMap::new(),
         }
     }
 
@@ -363,7 +376,9 @@ impl Server {
             let binding = Binding::new(service, socket, &telemetry, &cancel);
             services.insert(service.name.clone(), binding);
         }
+        let limits = Limits::new(bandwidth_limits(&self.config));
         let shared = Arc::new(Shared {
+            limits,
             live: RwLock::new(Arc::new(Live::new(self.config))),
             sessions: Mutex::new(HashMap::new()),
             services: RwLock::new(services),
@@ -741,6 +756,23 @@ struct Shared {
     tcp_legs: Arc<crate::p2p::net::tcp_leg::TcpLegs>,
     /// The P2P UDP task's relay limits and key, when it runs (a reload sends new ones).
     p2p_settings: Option<tokio::sync::watch::Sender<crate::p2p::net::relay::RelaySettings>>,
+    /// Services' bandwidth limits (a reload changes them in place).
+    limits: Limits,
+}
+
+/// Every reverse and forward service of the config with its bandwidth limit, if any.
+fn bandwidth_limits(config: &ServerConfig) -> impl Iterator<Item = (&str, Option<u64>)> {
+    let services = config
+        .services
+        .values()
+        .map(|s| (&s.name, s.bandwidth_limit));
+    let forwards = config
+        .forwards
+        .values()
+        .map(|f| (&f.name, f.bandwidth_limit));
+    services
+        .chain(forwards)
+        .map(|(name, limit)| (name.as_str(), limit))
 }
 
 impl Shared {
@@ -1400,8 +1432,9 @@ async fn serve_visitors(
                 let slot = Arc::clone(&slot);
                 let cancel = slot.stop.clone();
                 let telemetry = Arc::clone(&shared.telemetry);
+                let limit = shared.limits.get(&slot.name);
                 shared.tasks.spawn(async move {
-                    serve_visitor(slot, visitor, peer, cancel, telemetry).await;
+                    serve_visitor(slot, (visitor, peer), cancel, telemetry, limit).await;
                     drop(permit);
                 });
             }
@@ -1415,10 +1448,10 @@ async fn serve_visitors(
 
 async fn serve_visitor(
     slot: Arc<ServiceSlot>,
-    mut visitor: TcpStream,
-    peer: SocketAddr,
+    (mut visitor, peer): (TcpStream, SocketAddr),
     cancel: CancellationToken,
     telemetry: Arc<Telemetry>,
+    limit: Option<Arc<Bandwidth>>,
 ) {
     let started = tokio::time::Instant::now();
     let local = visitor.local_addr().ok();
@@ -1450,6 +1483,7 @@ async fn serve_visitor(
     slot.meter.connected_in(started.elapsed());
     debug!(event = "stream_opened", service = %slot.name, %peer, session = %short_id(&lease.session.id()), "visitor connected");
     let (meter, _listed) = telemetry.open(&slot.meter, &slot.name, peer, LocalEnd::Visitor);
+    let meter = meter.paced(limit);
     meter.to_tunnel(start.moved.to_tunnel);
     meter.to_local(start.moved.to_local);
     match relay::pump_from(visitor, &mut channel, &cancel, Some(&meter), start).await {

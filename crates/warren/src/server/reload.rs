@@ -29,7 +29,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::sync::{Arc, PoisonError};
 
 use super::{Binding, Live, ServiceSocket, Shared, spawn_service};
-use crate::config::{ServerConfig, Transport};
+use crate::config::{ServerConfig, ServerForward, Transport};
 use crate::reload::{ReloadError, ReloadResult, ReloadSummary, sockets_for};
 
 /// What a reconnecting client reads in the goodbye.
@@ -112,6 +112,7 @@ pub(super) async fn apply(shared: &Arc<Shared>, mut new: ServerConfig) -> Reload
     let InPlace {
         rebalanced,
         rerouted,
+        relimited,
     } = apply_in_place(shared, &new);
     for name in &rebalanced {
         summary.applied.push(format!(
@@ -124,11 +125,18 @@ pub(super) async fn apply(shared: &Arc<Shared>, mut new: ServerConfig) -> Reload
             "http service {name}: routes and middleware updated"
         ));
     }
+    for name in &relimited {
+        summary.applied.push(format!(
+            "service {name}: bandwidth limit now {}",
+            describe_limit(new.services[name].bandwidth_limit)
+        ));
+    }
     let mut old_services = old.services.clone();
-    for name in rebalanced.iter().chain(&rerouted) {
+    for name in rebalanced.iter().chain(&rerouted).chain(&relimited) {
         if let Some(service) = old_services.get_mut(name) {
             service.load_balance = new.services[name].load_balance;
             service.http.clone_from(&new.services[name].http);
+            service.bandwidth_limit = new.services[name].bandwidth_limit;
         }
     }
 
@@ -155,7 +163,13 @@ pub(super) async fn apply(shared: &Arc<Shared>, mut new: ServerConfig) -> Reload
     // 2. Which sessions must authenticate again, judged against the old config.
     let reauthenticate_all = handshake_changed(old, &new);
     let changed_services = differing(&old_services, &new.services);
-    let changed_forwards = differing(&old.forwards, &new.forwards);
+    // A forward's new bandwidth limit applies in place (below): not a change to claim.
+    let unlimited = |forwards: &BTreeMap<String, ServerForward>| {
+        let mut forwards = forwards.clone();
+        forwards.values_mut().for_each(|f| f.bandwidth_limit = None);
+        forwards
+    };
+    let changed_forwards = differing(&unlimited(&old.forwards), &unlimited(&new.forwards));
     let declared_rules_changed = new.allow_ports != old.allow_ports
         || new.allow_bind_addrs != old.allow_bind_addrs
         || new.default_token != old.default_token;
@@ -164,6 +178,7 @@ pub(super) async fn apply(shared: &Arc<Shared>, mut new: ServerConfig) -> Reload
     // off the accept path; the others keep their start-up figures.
     crate::crypto::speed::prepare(&new.ciphers, new.cipher_choice).await;
     *shared.live.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(Live::new(new.clone()));
+    shared.limits.set(super::bandwidth_limits(&new));
     if let Some(settings) = &shared.p2p_settings {
         let mut next = super::relay_settings(
             new.p2p
@@ -270,10 +285,12 @@ struct InPlace {
     rebalanced: Vec<String>,
     /// New http routes, TLS or middleware (the HTTP front is rebuilt after the swap).
     rerouted: Vec<String>,
+    /// A new `bandwidth_limit` (the buckets change with the config swap).
+    relimited: Vec<String>,
 }
 
-/// Applies a changed `load_balance` or http route to the running slot of every service
-/// where that is all that changed.
+/// Applies a changed `load_balance`, http route or bandwidth limit to the running slot of
+/// every service where that is all that changed.
 fn apply_in_place(shared: &Shared, new: &ServerConfig) -> InPlace {
     let mut services = shared
         .services
@@ -282,6 +299,7 @@ fn apply_in_place(shared: &Shared, new: &ServerConfig) -> InPlace {
     let mut in_place = InPlace {
         rebalanced: Vec::new(),
         rerouted: Vec::new(),
+        relimited: Vec::new(),
     };
     for (name, wanted) in &new.services {
         let Some(binding) = services.get_mut(name) else {
@@ -290,8 +308,13 @@ fn apply_in_place(shared: &Shared, new: &ServerConfig) -> InPlace {
         let mut same = binding.service.clone();
         same.load_balance = wanted.load_balance;
         same.http.clone_from(&wanted.http);
+        same.bandwidth_limit = wanted.bandwidth_limit;
         if same != *wanted {
             continue;
+        }
+        if binding.service.bandwidth_limit != wanted.bandwidth_limit {
+            binding.service.bandwidth_limit = wanted.bandwidth_limit;
+            in_place.relimited.push(name.clone());
         }
         if binding.service.load_balance != wanted.load_balance {
             binding.slot.set_strategy(wanted.load_balance);
@@ -304,6 +327,14 @@ fn apply_in_place(shared: &Shared, new: &ServerConfig) -> InPlace {
         }
     }
     in_place
+}
+
+/// A bandwidth limit as a reload summary says it.
+pub(crate) fn describe_limit(limit: Option<u64>) -> String {
+    match limit {
+        Some(rate) => format!("{rate} bytes/s each way"),
+        None => "none".to_owned(),
+    }
 }
 
 /// Names added, removed or changed between `old` and `new`.

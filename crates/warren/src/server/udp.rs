@@ -70,6 +70,7 @@ pub(super) async fn serve_udp(shared: Arc<Shared>, service: UdpService, until: C
         socket: service.socket,
         settings: service.settings,
         stats: service.stats,
+        limit: shared.limits.get(&service.slot.name),
         source: Arc::new(SlotSource(service.slot)),
     };
     visitors::serve(side, shared.tasks.clone(), until).await;

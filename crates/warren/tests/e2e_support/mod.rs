@@ -343,6 +343,8 @@ pub struct Setup {
     pub client_token: String,
     /// The client's `WARREN_PSK`.
     pub client_psk: String,
+    /// More lines for the client's `[client.services.web]`.
+    pub client_web: String,
 }
 
 impl Default for Setup {
@@ -354,6 +356,7 @@ impl Default for Setup {
             server_token: TOKEN.into(),
             client_token: TOKEN.into(),
             client_psk: PSK.into(),
+            client_web: String::new(),
         }
     }
 }
@@ -461,7 +464,7 @@ handshake_timeout = "5s"
 
 [client.services.web]
 target = "{target}"
-
+{web}
 [client.services.probe]
 target = "{probe_target}"
 "#,
@@ -469,6 +472,7 @@ target = "{probe_target}"
         token = setup.client_token,
         transport = setup.transport,
         insecure = setup.insecure,
+        web = setup.client_web,
     )
 }
 

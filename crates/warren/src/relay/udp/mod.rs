@@ -30,6 +30,7 @@ use tokio::net::UdpSocket;
 use tokio::time::Instant;
 
 use crate::config::UdpSettings;
+use crate::relay::limit::Pace;
 use crate::session::datagram::MAX_DATAGRAM_LEN;
 
 /// Receive buffer: larger than any UDP payload (65,535 − 8), so the kernel never truncates
@@ -157,6 +158,7 @@ pub struct UdpStats {
     dropped_queue_full: AtomicU64,
     dropped_no_client: AtomicU64,
     dropped_unknown_flow: AtomicU64,
+    dropped_over_limit: AtomicU64,
     send_errors: AtomicU64,
     /// Payload bytes from visitors towards the target, and back: the service's own byte
     /// counters when it has them ([`UdpStats::with_bytes`]).
@@ -186,6 +188,8 @@ pub struct UdpStatsSnapshot {
     pub dropped_no_client: u64,
     /// Datagrams from the tunnel for a flow that no longer exists.
     pub dropped_unknown_flow: u64,
+    /// Datagrams over the service's `bandwidth_limit`, dropped.
+    pub dropped_over_limit: u64,
     /// Datagrams the local socket failed to send.
     pub send_errors: u64,
 }
@@ -203,6 +207,7 @@ pub enum Counter {
     DroppedQueueFull,
     DroppedNoClient,
     DroppedUnknownFlow,
+    DroppedOverLimit,
     SendErrors,
 }
 
@@ -227,6 +232,16 @@ impl UdpStats {
         bytes.inc_by(len as u64);
     }
 
+    /// Whether a datagram of `len` bytes fits the bandwidth limit `pace` (always, without
+    /// one); a datagram that does not is counted as dropped.
+    pub fn within(&self, pace: Option<&Pace>, len: usize) -> bool {
+        let fits = pace.is_none_or(|pace| pace.admit(len));
+        if !fits {
+            self.bump(Counter::DroppedOverLimit);
+        }
+        fits
+    }
+
     /// Adds `n` to `counter`.
     pub fn add(&self, counter: Counter, n: u64) {
         let cell = match counter {
@@ -239,6 +254,7 @@ impl UdpStats {
             Counter::DroppedQueueFull => &self.dropped_queue_full,
             Counter::DroppedNoClient => &self.dropped_no_client,
             Counter::DroppedUnknownFlow => &self.dropped_unknown_flow,
+            Counter::DroppedOverLimit => &self.dropped_over_limit,
             Counter::SendErrors => &self.send_errors,
         };
         cell.fetch_add(n, Ordering::Relaxed);
@@ -262,6 +278,7 @@ impl UdpStats {
             dropped_queue_full: get(&self.dropped_queue_full),
             dropped_no_client: get(&self.dropped_no_client),
             dropped_unknown_flow: get(&self.dropped_unknown_flow),
+            dropped_over_limit: get(&self.dropped_over_limit),
             send_errors: get(&self.send_errors),
         }
     }

@@ -26,6 +26,7 @@ use tracing::{debug, info, warn};
 
 use super::{Counter, FlowTable, Received, TUNNEL_QUEUE, UdpStats, recv_connected, sweep_interval};
 use crate::config::{HostPort, UdpSettings};
+use crate::relay::limit::Bandwidth;
 use crate::session::datagram::{DatagramChannel, FlowId};
 use crate::session::stream::Stream;
 
@@ -54,6 +55,8 @@ pub struct TargetSide<'a> {
     pub cancel: CancellationToken,
     /// The service's counters (shared by its channels), or fresh ones for this channel.
     pub stats: Option<Arc<UdpStats>>,
+    /// The service's bandwidth limit: datagrams over it are dropped.
+    pub limit: Option<Arc<Bandwidth>>,
 }
 
 /// Carries one datagram channel until it or the session ends.
@@ -65,6 +68,7 @@ pub async fn serve(side: TargetSide<'_>, channel: Stream) {
         tasks,
         cancel,
         stats,
+        limit,
     } = side;
     let (mut sender, mut receiver) = DatagramChannel::new(channel).split();
     let target = match resolve(target).await {
@@ -122,9 +126,12 @@ pub async fn serve(side: TargetSide<'_>, channel: Stream) {
             let socket = match socket {
                 Some(socket) => socket,
                 None => {
-                    match open_flow(tasks, name, flow, target, &flows, &queue, &stats, &cancel)
-                        .await
-                    {
+                    let reader = FlowReader {
+                        queue: &queue,
+                        stats: &stats,
+                        limit: limit.as_ref(),
+                    };
+                    match open_flow(tasks, name, flow, target, &flows, reader, &cancel).await {
                         Ok(socket) => socket,
                         Err(error) => {
                             stats.bump(Counter::SendErrors);
@@ -134,6 +141,9 @@ pub async fn serve(side: TargetSide<'_>, channel: Stream) {
                     }
                 }
             };
+            if !stats.within(limit.as_ref().map(|l| &l.to_local), bytes.len()) {
+                continue;
+            }
             match socket.send(bytes).await {
                 Ok(_) => stats.carried(Counter::FromTunnel, bytes.len(), true),
                 Err(error) => {
@@ -164,18 +174,29 @@ async fn resolve(target: &HostPort) -> std::io::Result<SocketAddr> {
         .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::NotFound, "no address"))
 }
 
+/// What a flow's reader task hands the target's datagrams to.
+struct FlowReader<'a> {
+    /// Towards the tunnel.
+    queue: &'a mpsc::Sender<(FlowId, Vec<u8>)>,
+    stats: &'a Arc<UdpStats>,
+    limit: Option<&'a Arc<Bandwidth>>,
+}
+
 /// Creates flow `flow`: a socket connected to `target` and its reader task.
-#[allow(clippy::too_many_arguments)]
 async fn open_flow(
     tasks: &TaskTracker,
     service: &str,
     flow: FlowId,
     target: SocketAddr,
     flows: &Flows,
-    queue: &mpsc::Sender<(FlowId, Vec<u8>)>,
-    stats: &Arc<UdpStats>,
+    reader: FlowReader<'_>,
     cancel: &CancellationToken,
 ) -> std::io::Result<Arc<UdpSocket>> {
+    let FlowReader {
+        queue,
+        stats,
+        limit,
+    } = reader;
     // Loopback targets get a loopback socket; anything else the wildcard of its family.
     let local: IpAddr = match target.ip() {
         ip if ip.is_loopback() => ip,
@@ -209,6 +230,7 @@ async fn open_flow(
     let flows = Arc::clone(flows);
     let queue = queue.clone();
     let stats = Arc::clone(stats);
+    let limit = limit.cloned();
     let service = service.to_owned();
     tasks.spawn(async move {
         loop {
@@ -223,6 +245,9 @@ async fn open_flow(
                         .unwrap_or_else(PoisonError::into_inner)
                         .touch(&flow, Instant::now());
                     let len = bytes.len();
+                    if !stats.within(limit.as_ref().map(|l| &l.to_tunnel), len) {
+                        continue;
+                    }
                     match queue.try_send((flow, bytes)) {
                         Ok(()) => stats.carried(Counter::ToTunnel, len, false),
                         Err(mpsc::error::TrySendError::Full(_)) => {

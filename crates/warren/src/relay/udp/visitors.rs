@@ -35,6 +35,7 @@ use tracing::{debug, info, warn};
 
 use super::{Counter, FlowTable, RECV_BUF_LEN, TUNNEL_QUEUE, UdpStats, sweep_interval};
 use crate::config::UdpSettings;
+use crate::relay::limit::Bandwidth;
 use crate::session::datagram::{DatagramChannel, FlowId, MAX_DATAGRAM_LEN};
 use crate::session::stream::Stream;
 
@@ -75,6 +76,8 @@ pub struct VisitorSide<S> {
     pub settings: UdpSettings,
     /// Counters, shared with whoever reports them.
     pub stats: Arc<UdpStats>,
+    /// The service's bandwidth limit: datagrams over it are dropped.
+    pub limit: Option<Arc<Bandwidth>>,
     /// Where channels come from.
     pub source: Arc<S>,
 }
@@ -156,6 +159,7 @@ struct Service<S: ChannelSource> {
     socket: Arc<UdpSocket>,
     flows: Mutex<Flows<S::Session>>,
     stats: Arc<UdpStats>,
+    limit: Option<Arc<Bandwidth>>,
     source: Arc<S>,
 }
 
@@ -171,6 +175,7 @@ pub async fn serve<S: ChannelSource>(
         socket,
         settings,
         stats,
+        limit,
         source,
     } = side;
     let service = Arc::new(Service {
@@ -182,6 +187,7 @@ pub async fn serve<S: ChannelSource>(
             next_id: 0,
         }),
         stats,
+        limit,
         source,
     });
     let name = &service.name;
@@ -293,6 +299,9 @@ pub async fn serve<S: ChannelSource>(
                 links.len() - 1
             }
         };
+        if !stats.within(service.limit.as_ref().map(|l| &l.to_tunnel), len) {
+            continue;
+        }
         let link = &links[index];
         match link.queue.try_send((flow, buf[..len].to_vec())) {
             Ok(()) => stats.carried(Counter::ToTunnel, len, true),
@@ -351,6 +360,10 @@ fn open_link<S: ChannelSource>(
                     service.stats.bump(Counter::DroppedUnknownFlow);
                     continue;
                 };
+                let to_local = service.limit.as_ref().map(|l| &l.to_local);
+                if !service.stats.within(to_local, bytes.len()) {
+                    continue;
+                }
                 match service.socket.send_to(bytes, visitor).await {
                     Ok(_) => service.stats.carried(Counter::FromTunnel, bytes.len(), false),
                     Err(error) => {
