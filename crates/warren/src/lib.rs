@@ -64,6 +64,7 @@ pub use config::{ClientConfig, Config, HostPort, ProxyProtocol, ServerConfig, Ud
 pub use relay::udp::UdpStatsSnapshot;
 pub use reload::{ConfigSource, ReloadError, ReloadSummary, Reloader};
 pub use server::{BoundServer, Server, ServerBuilder, ServerError, UdpStatsHandle};
+pub use transport::compress::Codec;
 pub use warren_proto::{CipherChoice, CipherSuite};
 
 /// Which end of a session a piece of code runs on.

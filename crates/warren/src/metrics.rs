@@ -58,6 +58,7 @@ use serde::Serialize;
 
 use crate::Side;
 use crate::relay::limit::Bandwidth;
+use crate::transport::compress::Codec;
 
 /// Most live connections listed by the admin API; past this, connections still work and
 /// count in the metrics but are not listed one by one.
@@ -779,13 +780,16 @@ pub struct Meter {
     to_tunnel: [Counter; 2],
     to_local: [Counter; 2],
     pace: Option<Arc<Bandwidth>>,
+    codec: Option<Codec>,
 }
 
 impl Meter {
-    /// A meter that counts nothing and only holds a relay to `limit`: for services without
-    /// metrics (forward and P2P services).
-    pub fn pacing(limit: Arc<Bandwidth>) -> Meter {
-        Meter::default().paced(Some(limit))
+    /// A meter that counts nothing and only holds a relay to `limit` and compresses with
+    /// `codec`, for services without metrics (forward and P2P services); `None` when there
+    /// is neither.
+    pub fn shaping(limit: Option<Arc<Bandwidth>>, codec: Option<Codec>) -> Option<Meter> {
+        (limit.is_some() || codec.is_some())
+            .then(|| Meter::default().paced(limit).compressing(codec))
     }
 
     /// This meter, also holding the relay to `limit` (`None`: no limit).
@@ -797,6 +801,18 @@ impl Meter {
     /// The bandwidth limit a relay counting on this meter keeps to.
     pub fn limit(&self) -> Option<&Bandwidth> {
         self.pace.as_deref()
+    }
+
+    /// This meter, also telling the relay to compress what it sends into the tunnel with
+    /// `codec` (`None`: as it is).
+    pub fn compressing(mut self, codec: Option<Codec>) -> Meter {
+        self.codec = codec;
+        self
+    }
+
+    /// How a relay counting on this meter compresses what it sends into the tunnel.
+    pub fn codec(&self) -> Option<Codec> {
+        self.codec
     }
 
     /// Adds `n` bytes moved from the local socket into the tunnel.
@@ -908,11 +924,13 @@ impl Telemetry {
                 to_tunnel: inbound,
                 to_local: outbound,
                 pace: None,
+                codec: None,
             },
             LocalEnd::Target => Meter {
                 to_tunnel: outbound,
                 to_local: inbound,
                 pace: None,
+                codec: None,
             },
         };
         let guard = ConnectionGuard {

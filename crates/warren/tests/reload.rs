@@ -771,7 +771,7 @@ async fn a_changed_bandwidth_limit_applies_to_the_connection_under_way() {
     let summary = reloader.apply(limited("")).await.expect("reload applies");
     let text = summary.to_string();
     assert!(
-        text.contains("service web: bandwidth limit now none"),
+        text.contains("service web: bandwidth limit now none, compression none"),
         "{text}"
     );
     assert!(!text.contains("restarted"), "{text}");

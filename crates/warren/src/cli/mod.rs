@@ -273,6 +273,7 @@ pub fn expose_config(
             health_check: None,
             http_claim: None,
             bandwidth_limit: None,
+            compression: None,
         },
     );
     config
@@ -303,6 +304,7 @@ pub fn forward_config(
             target,
             token,
             bandwidth_limit: None,
+            compression: None,
         },
     );
     config

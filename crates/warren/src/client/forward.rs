@@ -249,9 +249,14 @@ async fn serve_tcp(
                 };
                 let name = name.clone();
                 let stop = stop.clone();
-                let pacer = shared.limits.get(&name).map(Meter::pacing);
+                let codec = shared
+                    .config()
+                    .forwards
+                    .get(&name)
+                    .and_then(|forward| forward.compression);
+                let shaping = Meter::shaping(shared.limits.get(&name), codec);
                 shared.tasks.spawn(async move {
-                    let local = (local, peer, pacer);
+                    let local = (local, peer, shaping);
                     session
                         .counting(serve_local(&session, local, name, &stop))
                         .await;
@@ -267,7 +272,7 @@ async fn serve_tcp(
 
 async fn serve_local(
     session: &Arc<ClientSession>,
-    (local, peer, pacer): (TcpStream, SocketAddr, Option<Meter>),
+    (local, peer, shaping): (TcpStream, SocketAddr, Option<Meter>),
     service: String,
     stop: &CancellationToken,
 ) {
@@ -284,7 +289,7 @@ async fn serve_local(
         }
     };
     debug!(event = "forward_opened", %service, %peer, "local connection forwarded");
-    match relay::pump_metered(local, &mut channel, stop, pacer.as_ref()).await {
+    match relay::pump_metered(local, &mut channel, stop, shaping.as_ref()).await {
         Ok(moved) => {
             debug!(event = "stream_closed", %service, up = moved.to_tunnel, down = moved.to_local, "forward stream done")
         }

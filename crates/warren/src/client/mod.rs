@@ -56,6 +56,7 @@ use crate::session::link::ClientLink;
 use crate::session::stream::Stream;
 use crate::session::tcp::Dialer;
 use crate::session::{self as control, CONTROL_QUEUE, Liveness, SessionEnd, short_id, summarize};
+use crate::transport::compress::Codec;
 use establish::{Claim, EstablishError, EstablishedSession};
 
 /// Errors that end the client (everything else is retried).
@@ -159,6 +160,8 @@ pub struct ClientBuilder {
     health_checks: HashMap<String, HealthCheck>,
     /// Bandwidth limits (bytes per second each way), by service name.
     bandwidth_limits: HashMap<String, u64>,
+    /// How services compress what this side sends, by name.
+    compression: HashMap<String, Codec>,
 }
 
 impl ClientBuilder {
@@ -275,6 +278,13 @@ impl ClientBuilder {
         self
     }
 
+    /// Compresses what this side sends for tcp service `name` (reverse or forward) with
+    /// `codec`.
+    pub fn compression(mut self, name: impl Into<String>, codec: Codec) -> Self {
+        self.compression.insert(name.into(), codec);
+        self
+    }
+
     /// Checks the target of service `name`; while it fails, the service is withdrawn.
     pub fn health_check(mut self, name: impl Into<String>, check: HealthCheck) -> Self {
         self.health_checks.insert(name.into(), check);
@@ -345,6 +355,7 @@ impl ClientBuilder {
                     health_check: self.health_checks.get(&name).cloned(),
                     http_claim: None,
                     bandwidth_limit: self.bandwidth_limits.get(&name).copied(),
+                    compression: self.compression.get(&name).copied(),
                     name,
                     kind,
                     target,
@@ -358,6 +369,7 @@ impl ClientBuilder {
                 name.clone(),
                 ClientForward {
                     bandwidth_limit: self.bandwidth_limits.get(&name).copied(),
+                    compression: self.compression.get(&name).copied(),
                     name,
                     kind,
                     bind,
@@ -382,6 +394,7 @@ impl Client {
             weights: HashMap::new(),
             health_checks: HashMap::new(),
             bandwidth_limits: HashMap::new(),
+            compression: HashMap::new(),
         }
     }
 

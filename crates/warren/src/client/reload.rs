@@ -46,9 +46,11 @@ pub(super) async fn apply(shared: &Arc<Shared>, new: ClientConfig) -> ReloadResu
         new.forwards.values(),
         |forward| {
             let running = running.get(&forward.name)?;
-            // A new bandwidth limit applies in place (below): no reason to restart.
+            // A new bandwidth limit or compression applies in place (each connection
+            // reads them when it comes): no reason to restart.
             let mut settings = running.forward.clone();
             settings.bandwidth_limit = forward.bandwidth_limit;
+            settings.compression = forward.compression;
             Some((settings, running.socket.clone()))
         },
         |old, new| old.bind == new.bind && old.kind.same_protocol(new.kind),

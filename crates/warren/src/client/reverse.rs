@@ -126,8 +126,11 @@ async fn serve_stream(
     });
     let limit = shared.limits.get(&service);
     let (byte_meter, _listed) = match listed {
-        Some((byte_meter, guard)) => (Some(byte_meter.paced(limit)), Some(guard)),
-        None => (limit.map(Meter::pacing), None),
+        Some((byte_meter, guard)) => (
+            Some(byte_meter.paced(limit).compressing(config.compression)),
+            Some(guard),
+        ),
+        None => (Meter::shaping(limit, config.compression), None),
     };
     // The last end is staged: it leaves with what the link sends next (see
     // `relay::pump_for_reuse`).

@@ -31,6 +31,7 @@ use super::typed::{
     Transport, UdpSettings, has_aes_hardware, service_key,
 };
 use crate::crypto::secret::Secret;
+use crate::transport::compress::Codec;
 
 impl TryFrom<FileConfig> for Config {
     type Error = ConfigErrors;
@@ -217,6 +218,11 @@ pub(crate) fn convert_server(file: FileServer, report: &mut Report) -> ServerCon
     config.services = services;
     config.forwards = forwards;
     config.default_token = default_token;
+    if config.transport == Transport::Quic {
+        let compressed = config.services.values().map(|s| (&s.name, s.compression));
+        let forwards = config.forwards.values().map(|f| (&f.name, f.compression));
+        compression_needs_records(report, side, compressed.chain(forwards));
+    }
     report.extend_checked(config.check());
     config
 }
@@ -267,6 +273,7 @@ fn server_services(
         let bind_key = join_key(&key, "bind");
         let proxy_protocol = proxy_protocol(report, &key, service.proxy_protocol.as_deref());
         let bandwidth_limit = bandwidth_limit(report, &key, service.bandwidth_limit.as_deref());
+        let compression = compression(report, &key, kind, service.compression.as_deref());
         let load_balance = ha::load_balance(report, &key, service.load_balance.as_deref());
         if let (None, Some(text)) = (&service.bind, &service.target) {
             if service.load_balance.is_some() {
@@ -290,6 +297,7 @@ fn server_services(
                     token,
                     proxy_protocol,
                     bandwidth_limit,
+                    compression,
                 },
             );
             continue;
@@ -333,6 +341,7 @@ fn server_services(
                 load_balance,
                 http: None,
                 bandwidth_limit,
+                compression,
             },
         );
     }
@@ -423,6 +432,12 @@ fn http_service(
             );
         }
     }
+    if service.compression.is_some() {
+        report.fail(
+            ConfigError::new(join_key(key, "compression"), "`compression` on the server applies to tcp services; an http service's responses are sent as its backend makes them")
+                .with_hint("set compression on the client's service (it compresses what the target sends back), or remove it"),
+        );
+    }
     if service.bandwidth_limit.is_some() {
         report.fail(
             ConfigError::new(join_key(key, "bandwidth_limit"), "`bandwidth_limit` on the server applies to tcp and udp services; an http service's requests are limited by its middleware")
@@ -452,6 +467,7 @@ fn http_service(
         load_balance,
         http: Some(Box::new(route)),
         bandwidth_limit: None,
+        compression: None,
     })
 }
 
@@ -553,6 +569,11 @@ pub(crate) fn convert_client(file: FileClient, report: &mut Report) -> ClientCon
     config.forwards = forwards;
     config.p2p = p2p;
     config.default_token = default_token;
+    if config.transport == Transport::Quic {
+        let compressed = config.services.values().map(|s| (&s.name, s.compression));
+        let forwards = config.forwards.values().map(|f| (&f.name, f.compression));
+        compression_needs_records(report, side, compressed.chain(forwards));
+    }
     report.extend_checked(config.check());
     config
 }
@@ -582,7 +603,14 @@ fn client_services(
             service.udp_max_sessions,
         );
         let bandwidth_limit = bandwidth_limit(report, &key, service.bandwidth_limit.as_deref());
+        let compression = compression(report, &key, kind, service.compression.as_deref());
         if service.p2p == Some(true) {
+            if compression.is_some() {
+                report.fail(
+                    ConfigError::new(join_key(&key, "compression"), "P2P services go over QUIC, which sends stream bytes as they are; compression is not supported there yet")
+                        .with_hint("remove compression"),
+                );
+            }
             let token = token(
                 report,
                 "client",
@@ -676,6 +704,7 @@ fn client_services(
                     target,
                     token,
                     bandwidth_limit,
+                    compression,
                 },
             );
             continue;
@@ -730,6 +759,7 @@ fn client_services(
                 health_check,
                 http_claim,
                 bandwidth_limit,
+                compression,
             },
         );
     }
@@ -836,6 +866,57 @@ fn bandwidth_limit(report: &mut Report, key: &str, text: Option<&str>) -> Option
                 .with_hint("write a size per second, such as \"10MB/s\" or \"512KiB/s\" (KB = 1000 bytes, KiB = 1024; bits are not accepted)"),
             );
             None
+        }
+    }
+}
+
+/// Parses a service's `compression` (`"lz4"`, `"zstd"`); only tcp services (and http
+/// ones, whose streams are TCP) compress.
+fn compression(
+    report: &mut Report,
+    key: &str,
+    kind: ServiceKind,
+    text: Option<&str>,
+) -> Option<Codec> {
+    let text = text?;
+    if let ServiceKind::Udp(_) = kind {
+        report.fail(
+            ConfigError::new(
+                join_key(key, "compression"),
+                "`compression` applies to tcp services; datagrams are sent as they are",
+            )
+            .with_hint("remove it (most UDP payloads, such as media or DNS, do not compress)"),
+        );
+        return None;
+    }
+    let wanted = text.trim().to_ascii_lowercase();
+    match Codec::ALL.into_iter().find(|codec| codec.name() == wanted) {
+        Some(codec) => Some(codec),
+        None => {
+            report.fail(
+                ConfigError::new(
+                    join_key(key, "compression"),
+                    format!("unknown compression {text:?}"),
+                )
+                .with_hint("write \"lz4\" (fast) or \"zstd\" (smaller), or remove it"),
+            );
+            None
+        }
+    }
+}
+
+/// Refuses `compression` on a QUIC side: its streams carry bytes, not records.
+fn compression_needs_records<'a>(
+    report: &mut Report,
+    side: &str,
+    services: impl Iterator<Item = (&'a String, Option<Codec>)>,
+) {
+    for (name, codec) in services {
+        if codec.is_some() {
+            report.fail(
+                ConfigError::new(join_key(&service_key(side, name), "compression"), "compression works on the noise and tcp transports; QUIC streams are sent as they are")
+                    .with_hint("remove compression, or use transport = \"noise\""),
+            );
         }
     }
 }

@@ -106,6 +106,9 @@ pub struct FileServerService {
     /// The most bytes per second each way, shared by all of the service's connections
     /// (`"10MB/s"`; KB = 1000 bytes, KiB = 1024); UDP over it is dropped. Default: none.
     pub bandwidth_limit: Option<String>,
+    /// TCP services: compress what this side sends into the tunnel, `"lz4"` or `"zstd"`.
+    /// Default: none.
+    pub compression: Option<String>,
     /// Reverse services: how visitors are spread over the clients serving the service,
     /// `"least-connections"` (default), `"round-robin"` or `"random"`.
     pub load_balance: Option<String>,
@@ -227,6 +230,9 @@ pub struct FileClientService {
     /// The most bytes per second each way, shared by all of the service's connections
     /// (`"10MB/s"`; KB = 1000 bytes, KiB = 1024); UDP over it is dropped. Default: none.
     pub bandwidth_limit: Option<String>,
+    /// TCP services: compress what this side sends into the tunnel, `"lz4"` or `"zstd"`.
+    /// Default: none.
+    pub compression: Option<String>,
     /// Reverse services: this client's share of the service's visitors when several clients
     /// serve it (1 to 1000). Default 1.
     pub weight: Option<i64>,
@@ -364,6 +370,7 @@ mod tests {
                 "udp_idle_timeout",
                 "udp_max_sessions",
                 "bandwidth_limit",
+                "compression",
                 "load_balance",
                 "hosts",
                 "paths",
@@ -405,6 +412,7 @@ mod tests {
                 "udp_idle_timeout",
                 "udp_max_sessions",
                 "bandwidth_limit",
+                "compression",
                 "weight",
                 "health_check",
                 "subdomain",

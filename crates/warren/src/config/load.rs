@@ -434,6 +434,7 @@ mod tests {
         has_aes_hardware,
     };
     use crate::crypto::secret::Secret;
+    use crate::transport::compress::Codec;
 
     const PSK: &str = "test-psk-0123456789abcdef";
     const TOKEN: &str = "test-token-0123456789abcdef";
@@ -1115,6 +1116,42 @@ udp_max_sessions = 1
         assert_eq!(
             keys_and_lines(&refused)[0].0,
             "server.services.site.bandwidth_limit"
+        );
+    }
+
+    #[test]
+    fn compression_is_a_codec_for_tcp_services_on_a_record_transport() {
+        let head = "[client]\nserver = \"a:1\"\npsk = \"${WARREN_TEST_PSK}\"\ndefault_token = \"${WARREN_TEST_TOKEN}\"\n";
+        let config = client(&format!(
+            "{head}[client.services.logs]\ntarget = \"127.0.0.1:80\"\ncompression = \"zstd\"\n\
+             [client.services.db]\nbind = \"127.0.0.1:5432\"\ncompression = \"LZ4\"\n"
+        ));
+        assert_eq!(config.services["logs"].compression, Some(Codec::Zstd));
+        assert_eq!(config.forwards["db"].compression, Some(Codec::Lz4));
+        let refused = errors(&format!(
+            "{head}[client.services.a]\ntarget = \"127.0.0.1:80\"\ncompression = \"gzip\"\n\
+             [client.services.b]\ntype = \"udp\"\ntarget = \"127.0.0.1:53\"\ncompression = \"lz4\"\n\
+             [client.services.c]\ntarget = \"127.0.0.1:22\"\np2p = true\ncompression = \"lz4\"\n"
+        ));
+        let keys: Vec<String> = keys_and_lines(&refused)
+            .into_iter()
+            .map(|(k, _)| k)
+            .collect();
+        assert_eq!(
+            keys,
+            [
+                "client.services.a.compression",
+                "client.services.b.compression",
+                "client.services.c.compression",
+            ]
+        );
+        // QUIC streams carry bytes, not records.
+        let refused = errors(&format!(
+            "{head}transport = \"quic\"\n[client.services.a]\ntarget = \"127.0.0.1:80\"\ncompression = \"lz4\"\n"
+        ));
+        assert_eq!(
+            keys_and_lines(&refused)[0].0,
+            "client.services.a.compression"
         );
     }
 

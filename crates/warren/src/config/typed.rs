@@ -365,6 +365,8 @@ pub struct ServerForward {
     /// The most bytes per second each way, shared by all of its connections (UDP over it
     /// is dropped); `None`: no limit.
     pub bandwidth_limit: Option<u64>,
+    /// TCP: how this side compresses what it sends into the tunnel; `None`: as it is.
+    pub compression: Option<crate::transport::compress::Codec>,
 }
 
 /// The `[admin]` section: where the admin API and `/metrics` listen, and their token.
@@ -438,6 +440,8 @@ pub struct ServerService {
     /// The most bytes per second each way, shared by all of its connections (UDP over it
     /// is dropped); `None`: no limit.
     pub bandwidth_limit: Option<u64>,
+    /// TCP: how this side compresses what it sends into the tunnel; `None`: as it is.
+    pub compression: Option<crate::transport::compress::Codec>,
 }
 
 /// Everything the client runs with.
@@ -513,6 +517,8 @@ pub struct ClientService {
     /// The most bytes per second each way, shared by all of its connections (UDP over it
     /// is dropped); `None`: no limit.
     pub bandwidth_limit: Option<u64>,
+    /// TCP: how this side compresses what it sends into the tunnel; `None`: as it is.
+    pub compression: Option<crate::transport::compress::Codec>,
 }
 
 /// A forward service on the client: it listens on `bind` and carries each connection to the
@@ -533,6 +539,8 @@ pub struct ClientForward {
     /// The most bytes per second each way, shared by all of its connections (UDP over it
     /// is dropped); `None`: no limit.
     pub bandwidth_limit: Option<u64>,
+    /// TCP: how this side compresses what it sends into the tunnel; `None`: as it is.
+    pub compression: Option<crate::transport::compress::Codec>,
 }
 
 /// A peer-to-peer service (`p2p = true`): both ends are clients of the same server, which
@@ -1316,6 +1324,7 @@ mod tests {
                     token: strong(),
                     load_balance: Default::default(),
                     bandwidth_limit: None,
+                    compression: None,
                 },
             );
         }
@@ -1377,6 +1386,7 @@ mod tests {
                     token: strong(),
                     load_balance: Default::default(),
                     bandwidth_limit: None,
+                    compression: None,
                 },
             );
         }

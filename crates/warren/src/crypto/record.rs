@@ -115,6 +115,9 @@ pub enum RecordKind {
     Close = 3,
     /// One whole datagram of a UDP flow: `flow_id: u32 BE || datagram`.
     Datagram = 4,
+    /// Stream data, compressed: `codec: u8 || compressed bytes`, inflating to at most
+    /// [`MAX_PAYLOAD`] bytes (see [`crate::transport::compress`]).
+    Compressed = 5,
 }
 
 impl TryFrom<u8> for RecordKind {
@@ -122,7 +125,7 @@ impl TryFrom<u8> for RecordKind {
 
     /// # Errors
     ///
-    /// [`RecordError::UnknownKind`] for any byte other than 0 to 4.
+    /// [`RecordError::UnknownKind`] for any byte other than 0 to 5.
     fn try_from(byte: u8) -> Result<Self, Self::Error> {
         match byte {
             0 => Ok(RecordKind::Data),
@@ -130,6 +133,7 @@ impl TryFrom<u8> for RecordKind {
             2 => Ok(RecordKind::Control),
             3 => Ok(RecordKind::Close),
             4 => Ok(RecordKind::Datagram),
+            5 => Ok(RecordKind::Compressed),
             other => Err(RecordError::UnknownKind(other)),
         }
     }

@@ -207,7 +207,7 @@ impl TunnelStats {
 
     /// What a TCP stream's pump paces itself by (counting is done by [`Self::count`]).
     fn pacer(&self) -> Option<Meter> {
-        self.limit.clone().map(Meter::pacing)
+        Meter::shaping(self.limit.clone(), None)
     }
 
     /// Counts a stream that starts now; it is active until the guard drops.

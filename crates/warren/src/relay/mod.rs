@@ -22,11 +22,14 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tokio::net::tcp::{ReadHalf, WriteHalf};
 use tokio_util::sync::CancellationToken;
+use tracing::warn;
 use warren_proto::proxy_header;
 
 use crate::config::ProxyProtocol;
 use crate::metrics::Meter;
 use crate::session::stream::{Chunk, SendError, Stream, StreamError, StreamReader, StreamWriter};
+use crate::transport::compress::Compressor;
+use crate::transport::records::RecordIoError;
 use crate::transport::tcp;
 
 /// How a relayed connection ended.
@@ -230,6 +233,12 @@ async fn pump_inner(
             Ok(moved)
         }
         Err(error) => {
+            if let RelayError::Tunnel(StreamError::Transport(RecordIoError::Inflate(refused))) =
+                &error
+            {
+                // The peer's doing, and worth an operator's eye: a bomb or a broken peer.
+                warn!(event = "compressed_record_refused", error = %refused, "the peer sent a compressed record that does not inflate within bounds; the connection is reset");
+            }
             if matches!(error, RelayError::Local(_) | RelayError::Cancelled) {
                 // Best effort: the channel may be the thing that is broken.
                 let reason = error.to_string();
@@ -292,8 +301,12 @@ async fn local_to_tunnel(
     mut tally: Tally<'_>,
     (last_end, down_ended): (LastEnd, &AtomicBool),
 ) -> Result<(), RelayError> {
+    let mut compressor = tally.meter.and_then(Meter::codec).map(Compressor::new);
     loop {
-        match writer.send_from(&*local).await {
+        match writer
+            .send_from_compressing(&*local, compressor.as_mut())
+            .await
+        {
             Ok(0) => {
                 let finished = if last_end == LastEnd::Stage && down_ended.load(Ordering::Relaxed) {
                     writer.stage_finish()

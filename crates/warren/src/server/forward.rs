@@ -546,8 +546,8 @@ pub(super) async fn serve_forward(
         return;
     }
     debug!(event = "forward_opened", %service, %target, visitor = ?open.visitor, peer = %session.peer, "forward stream opened");
-    let pacer = shared.limits.get(&forward.name).map(Meter::pacing);
-    match relay::pump_metered(stream, &mut channel, &shared.cancel, pacer.as_ref()).await {
+    let shaping = Meter::shaping(shared.limits.get(&forward.name), forward.compression);
+    match relay::pump_metered(stream, &mut channel, &shared.cancel, shaping.as_ref()).await {
         Ok(moved) => {
             debug!(event = "stream_closed", %service, up = moved.to_tunnel, down = moved.to_local, "forward stream done")
         }

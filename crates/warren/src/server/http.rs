@@ -323,7 +323,7 @@ async fn serve_tls(shared: Arc<Shared>, stream: TcpStream, peer: SocketAddr) {
         debug!(event = "tls_passthrough", %peer, sni = %name, service = %slot.name, "passing TLS through");
         // Not limited: `bandwidth_limit` is for tcp and udp services on the server.
         let telemetry = Arc::clone(&shared.telemetry);
-        super::serve_visitor(slot, (stream, peer), cancel, telemetry, None).await;
+        super::serve_visitor(slot, (stream, peer), cancel, telemetry, Default::default()).await;
         return;
     }
     let config = front

@@ -61,6 +61,7 @@ use crate::reload::{ConfigSource, Reloader, Requests};
 use crate::session::link::{Carrier, OpenError};
 use crate::session::stream::Stream;
 use crate::session::{self as control, Liveness, SessionEnd, short_id, summarize};
+use crate::transport::compress::Codec;
 use crate::transport::preamble::{self, Incoming, PreambleError};
 use crate::transport::{Channel, tcp};
 use pending::{PendingGuard, PendingLimiter};
@@ -126,6 +127,8 @@ pub struct ServerBuilder {
     load_balance: HashMap<String, Strategy>,
     /// Bandwidth limits (bytes per second each way), by service name.
     bandwidth_limits: HashMap<String, u64>,
+    /// How services compress what this side sends, by name.
+    compression: HashMap<String, Codec>,
 }
 
 impl ServerBuilder {
@@ -195,6 +198,13 @@ impl ServerBuilder {
         self
     }
 
+    /// Compresses what this side sends for tcp service `name` (reverse or forward) with
+    /// `codec`.
+    pub fn compression(mut self, name: impl Into<String>, codec: Codec) -> Self {
+        self.compression.insert(name.into(), codec);
+        self
+    }
+
     /// Lets clients declare their own services on ports in `ports` (see
     /// [`ServerConfig::allow_ports`]).
     pub fn allow_ports(mut self, ports: PortRange) -> Self {
@@ -256,6 +266,7 @@ impl ServerBuilder {
                     http: None,
                     load_balance: self.load_balance.get(&name).copied().unwrap_or_default(),
                     bandwidth_limit: self.bandwidth_limits.get(&name).copied(),
+                    compression: self.compression.get(&name).copied(),
                     name,
                     kind,
                     bind,
@@ -270,6 +281,7 @@ impl ServerBuilder {
                 ServerForward {
                     proxy_protocol: self.forward_proxy.get(&name).copied(),
                     bandwidth_limit: self.bandwidth_limits.get(&name).copied(),
+                    compression: self.compression.get(&name).copied(),
                     name,
                     kind,
                     target,
@@ -291,6 +303,7 @@ impl Server {
             forward_proxy: HashMap::new(),
             load_balance: HashMap::new(),
             bandwidth_limits: HashMap::new(),
+            compression: HashMap::new(),
         }
     }
 
@@ -758,6 +771,13 @@ struct Shared {
     p2p_settings: Option<tokio::sync::watch::Sender<crate::p2p::net::relay::RelaySettings>>,
     /// Services' bandwidth limits (a reload changes them in place).
     limits: Limits,
+}
+
+/// What a service's relays do to its bytes besides carrying them.
+#[derive(Default)]
+struct Shaping {
+    limit: Option<Arc<Bandwidth>>,
+    codec: Option<Codec>,
 }
 
 /// Every reverse and forward service of the config with its bandwidth limit, if any.
@@ -1432,9 +1452,13 @@ async fn serve_visitors(
                 let slot = Arc::clone(&slot);
                 let cancel = slot.stop.clone();
                 let telemetry = Arc::clone(&shared.telemetry);
-                let limit = shared.limits.get(&slot.name);
+                let shaping = Shaping {
+                    limit: shared.limits.get(&slot.name),
+                    codec: (shared.live().config.services.get(&slot.name))
+                        .and_then(|service| service.compression),
+                };
                 shared.tasks.spawn(async move {
-                    serve_visitor(slot, (visitor, peer), cancel, telemetry, limit).await;
+                    serve_visitor(slot, (visitor, peer), cancel, telemetry, shaping).await;
                     drop(permit);
                 });
             }
@@ -1451,7 +1475,7 @@ async fn serve_visitor(
     (mut visitor, peer): (TcpStream, SocketAddr),
     cancel: CancellationToken,
     telemetry: Arc<Telemetry>,
-    limit: Option<Arc<Bandwidth>>,
+    shaping: Shaping,
 ) {
     let started = tokio::time::Instant::now();
     let local = visitor.local_addr().ok();
@@ -1483,7 +1507,7 @@ async fn serve_visitor(
     slot.meter.connected_in(started.elapsed());
     debug!(event = "stream_opened", service = %slot.name, %peer, session = %short_id(&lease.session.id()), "visitor connected");
     let (meter, _listed) = telemetry.open(&slot.meter, &slot.name, peer, LocalEnd::Visitor);
-    let meter = meter.paced(limit);
+    let meter = meter.paced(shaping.limit).compressing(shaping.codec);
     meter.to_tunnel(start.moved.to_tunnel);
     meter.to_local(start.moved.to_local);
     match relay::pump_from(visitor, &mut channel, &cancel, Some(&meter), start).await {

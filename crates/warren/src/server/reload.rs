@@ -126,9 +126,11 @@ pub(super) async fn apply(shared: &Arc<Shared>, mut new: ServerConfig) -> Reload
         ));
     }
     for name in &relimited {
+        let service = &new.services[name];
         summary.applied.push(format!(
-            "service {name}: bandwidth limit now {}",
-            describe_limit(new.services[name].bandwidth_limit)
+            "service {name}: bandwidth limit now {}, compression {}",
+            describe_limit(service.bandwidth_limit),
+            service.compression.map_or("none", |codec| codec.name()),
         ));
     }
     let mut old_services = old.services.clone();
@@ -137,6 +139,7 @@ pub(super) async fn apply(shared: &Arc<Shared>, mut new: ServerConfig) -> Reload
             service.load_balance = new.services[name].load_balance;
             service.http.clone_from(&new.services[name].http);
             service.bandwidth_limit = new.services[name].bandwidth_limit;
+            service.compression = new.services[name].compression;
         }
     }
 
@@ -163,10 +166,14 @@ pub(super) async fn apply(shared: &Arc<Shared>, mut new: ServerConfig) -> Reload
     // 2. Which sessions must authenticate again, judged against the old config.
     let reauthenticate_all = handshake_changed(old, &new);
     let changed_services = differing(&old_services, &new.services);
-    // A forward's new bandwidth limit applies in place (below): not a change to claim.
+    // A forward's new bandwidth limit or compression applies in place: not a change to
+    // claim.
     let unlimited = |forwards: &BTreeMap<String, ServerForward>| {
         let mut forwards = forwards.clone();
-        forwards.values_mut().for_each(|f| f.bandwidth_limit = None);
+        forwards.values_mut().for_each(|f| {
+            f.bandwidth_limit = None;
+            f.compression = None;
+        });
         forwards
     };
     let changed_forwards = differing(&unlimited(&old.forwards), &unlimited(&new.forwards));
@@ -285,7 +292,8 @@ struct InPlace {
     rebalanced: Vec<String>,
     /// New http routes, TLS or middleware (the HTTP front is rebuilt after the swap).
     rerouted: Vec<String>,
-    /// A new `bandwidth_limit` (the buckets change with the config swap).
+    /// A new `bandwidth_limit` or `compression` (the buckets change with the config swap;
+    /// each visitor's relay reads the codec from the config in force).
     relimited: Vec<String>,
 }
 
@@ -309,11 +317,15 @@ fn apply_in_place(shared: &Shared, new: &ServerConfig) -> InPlace {
         same.load_balance = wanted.load_balance;
         same.http.clone_from(&wanted.http);
         same.bandwidth_limit = wanted.bandwidth_limit;
+        same.compression = wanted.compression;
         if same != *wanted {
             continue;
         }
-        if binding.service.bandwidth_limit != wanted.bandwidth_limit {
+        if (binding.service.bandwidth_limit, binding.service.compression)
+            != (wanted.bandwidth_limit, wanted.compression)
+        {
             binding.service.bandwidth_limit = wanted.bandwidth_limit;
+            binding.service.compression = wanted.compression;
             in_place.relimited.push(name.clone());
         }
         if binding.service.load_balance != wanted.load_balance {

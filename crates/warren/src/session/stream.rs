@@ -30,6 +30,7 @@ use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use super::quic::{QuicReader, QuicWriter};
 use crate::crypto::record::RecordKind;
 use crate::transport::Channel;
+use crate::transport::compress::Compressor;
 use crate::transport::records::{
     ReadReady, Record, RecordIoError, RecordReader, RecordWriter, SendFromError,
 };
@@ -198,11 +199,27 @@ impl StreamWriter {
     /// # Errors
     /// Which side failed.
     pub async fn send_from<S: ReadReady>(&mut self, src: &S) -> Result<usize, SendError> {
+        self.send_from_compressing(src, None).await
+    }
+
+    /// [`StreamWriter::send_from`], compressing with `compressor` what it shrinks. Only
+    /// the record transports compress; a QUIC stream sends the bytes as they are.
+    ///
+    /// # Errors
+    /// Which side failed.
+    pub async fn send_from_compressing<S: ReadReady>(
+        &mut self,
+        src: &S,
+        compressor: Option<&mut Compressor>,
+    ) -> Result<usize, SendError> {
         match self {
-            StreamWriter::Tcp(writer) => writer.send_from(src).await.map_err(|e| match e {
-                SendFromError::Source(e) => SendError::Source(e),
-                SendFromError::Sink(e) => SendError::Sink(e.into()),
-            }),
+            StreamWriter::Tcp(writer) => writer
+                .send_from_compressing(src, compressor)
+                .await
+                .map_err(|e| match e {
+                    SendFromError::Source(e) => SendError::Source(e),
+                    SendFromError::Sink(e) => SendError::Sink(e.into()),
+                }),
             StreamWriter::Quic(writer) => Box::pin(writer.send_from(src)).await,
         }
     }

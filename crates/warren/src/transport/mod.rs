@@ -12,6 +12,7 @@
 //! * [`preamble`]: the first frames of a connection, both sides.
 
 pub mod buffers;
+pub mod compress;
 pub mod preamble;
 pub mod proxy;
 pub mod quic;

@@ -18,6 +18,7 @@ use tokio::net::TcpStream;
 use tokio::net::tcp::{OwnedReadHalf, ReadHalf};
 
 use super::buffers;
+use super::compress::{Compressor, InflateError, inflate};
 use crate::crypto::record::{
     HEADER_LEN, MAX_PAYLOAD, MAX_TAG_LEN, Opener, RecordError, RecordKind, Sealer,
 };
@@ -115,6 +116,9 @@ pub enum RecordIoError {
     /// A record was malformed or failed authentication.
     #[error(transparent)]
     Record(#[from] RecordError),
+    /// A compressed record was refused (corrupt, or a decompression bomb).
+    #[error(transparent)]
+    Inflate(#[from] InflateError),
     /// The connection ended in the middle of a record.
     #[error("connection closed in the middle of a record")]
     Truncated,
@@ -143,6 +147,8 @@ pub struct RecordReader<R> {
     buf: Vec<u8>,
     start: usize,
     end: usize,
+    /// The last `Compressed` record, inflated (empty until one comes).
+    inflated: Vec<u8>,
 }
 
 impl<R: ReadReady> RecordReader<R> {
@@ -154,6 +160,7 @@ impl<R: ReadReady> RecordReader<R> {
             buf: Vec::new(),
             start: 0,
             end: 0,
+            inflated: Vec::new(),
         }
     }
 
@@ -175,6 +182,10 @@ impl<R: ReadReady> RecordReader<R> {
                     RecordKind::Control => Record::Control(payload),
                     RecordKind::Close => Record::Close(payload),
                     RecordKind::Datagram => Record::Datagram(payload),
+                    RecordKind::Compressed => {
+                        inflate(payload, &mut self.inflated)?;
+                        Record::Data(&self.inflated)
+                    }
                 }));
             }
             if !self.fill().await? {
@@ -245,6 +256,7 @@ impl<R: ReadReady> RecordReader<R> {
         if self.start == self.end && !self.buf.is_empty() {
             self.release();
         }
+        self.inflated = Vec::new();
     }
 
     /// Whether a read buffer is held (an idle channel must hold none).
@@ -328,6 +340,19 @@ impl<W: AsyncWrite + Unpin> RecordWriter<W> {
     /// [`SendFromError::Source`] when reading `src` fails, [`SendFromError::Sink`] when
     /// sealing or writing the record does.
     pub async fn send_from<S: ReadReady>(&mut self, src: &S) -> Result<usize, SendFromError> {
+        self.send_from_compressing(src, None).await
+    }
+
+    /// [`RecordWriter::send_from`], sending what `compressor` shrinks as a `Compressed`
+    /// record (`None`: as it is).
+    ///
+    /// # Errors
+    /// As [`RecordWriter::send_from`].
+    pub async fn send_from_compressing<S: ReadReady>(
+        &mut self,
+        src: &S,
+        mut compressor: Option<&mut Compressor>,
+    ) -> Result<usize, SendFromError> {
         loop {
             if self.buf.capacity() == 0 {
                 src.readable().await.map_err(SendFromError::Source)?;
@@ -342,7 +367,20 @@ impl<W: AsyncWrite + Unpin> RecordWriter<W> {
                 }
                 Ok(n) => {
                     let mut buf = std::mem::take(&mut self.buf);
-                    let result = self.seal_and_write(RecordKind::Data, &mut buf).await;
+                    let mut kind = RecordKind::Data;
+                    if let Some(compressor) = compressor.as_deref_mut() {
+                        let mut packed = buffers::take_write();
+                        packed.clear();
+                        packed.resize(HEADER_LEN, 0);
+                        if compressor.deflate(&buf[HEADER_LEN..], &mut packed) {
+                            // The compressed record goes instead; the plaintext's buffer
+                            // goes back to the pool.
+                            std::mem::swap(&mut buf, &mut packed);
+                            kind = RecordKind::Compressed;
+                        }
+                        buffers::give_write(packed);
+                    }
+                    let result = self.seal_and_write(kind, &mut buf).await;
                     self.buf = buf;
                     result.map_err(SendFromError::Sink)?;
                     return Ok(n);
@@ -508,6 +546,51 @@ mod tests {
             reader.read().await.unwrap(),
             None,
             "clean EOF between records"
+        );
+    }
+
+    #[tokio::test]
+    async fn compressed_records_arrive_as_data_and_a_bomb_is_refused() {
+        use crate::transport::compress::{Codec, Compressor};
+        let (tx, rx) = pair().await;
+        let (_, tx) = tx.into_split();
+        let mut writer = RecordWriter::new(tx, Sealer::new(SUITE, keys()));
+        let mut reader = RecordReader::new(rx, Opener::new(SUITE, keys()));
+        // Compressible bytes through send_from_compressing come out whole.
+        let (source, mut feed) = pair().await;
+        let text: Vec<u8> = b"GET /index.html HTTP/1.1\r\nHost: example.com\r\n\r\n"
+            .iter()
+            .copied()
+            .cycle()
+            .take(40_000)
+            .collect();
+        feed.write_all(&text).await.unwrap();
+        let mut compressor = Compressor::new(Codec::Lz4);
+        let mut got = Vec::new();
+        while got.len() < text.len() {
+            let sent = writer
+                .send_from_compressing(&source, Some(&mut compressor))
+                .await
+                .unwrap();
+            assert!(sent > 0);
+            match reader.read().await.unwrap() {
+                Some(Record::Data(bytes)) => got.extend_from_slice(bytes),
+                other => panic!("expected data, got {other:?}"),
+            }
+        }
+        assert_eq!(got, text);
+        // A record that inflates past 64 KiB is refused, not inflated.
+        let zeros = vec![0u8; 4 * MAX_PAYLOAD];
+        let mut packed = vec![0u8; lz4_flex::block::get_maximum_output_size(zeros.len())];
+        let n = lz4_flex::block::compress_into(&zeros, &mut packed).unwrap();
+        let mut bomb = vec![1u8];
+        bomb.extend_from_slice(&packed[..n]);
+        writer.send(RecordKind::Compressed, &bomb).await.unwrap();
+        let refused = reader.read().await.unwrap_err();
+        assert!(matches!(refused, RecordIoError::Inflate(_)), "{refused}");
+        assert!(
+            refused.to_string().contains("decompression bomb"),
+            "{refused}"
         );
     }
 
