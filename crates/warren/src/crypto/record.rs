@@ -931,7 +931,11 @@ mod tests {
             );
             assert_eq!(
                 opener.parse_header(with_len(5, tag)),
-                Err(RecordError::UnknownKind(5))
+                Ok((RecordKind::Compressed, tag))
+            );
+            assert_eq!(
+                opener.parse_header(with_len(6, tag)),
+                Err(RecordError::UnknownKind(6))
             );
             assert_eq!(
                 opener.parse_header(with_len(255, tag)),
