@@ -12,7 +12,6 @@ use std::time::Duration;
 use support::*;
 use tokio::net::UdpSocket;
 use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
 use warren::{Client, HostPort, Server, UdpSettings};
 
 const RATE: u64 = 2_000_000;
@@ -52,13 +51,7 @@ async fn limited_tunnel(
         .bandwidth_limit("down", RATE)
         .build()
         .expect("valid client");
-    let mut status = client.status();
-    let stop = CancellationToken::new();
-    tokio::spawn(client.run(stop.clone()));
-    tokio::time::timeout(Duration::from_secs(10), status.wait_for(|s| s.connected))
-        .await
-        .expect("connects")
-        .expect("client alive");
+    let stop = run_connected(client).await;
     (services, [stop.drop_guard(), server_stop.drop_guard()])
 }
 
@@ -147,14 +140,7 @@ async fn udp_over_the_limit_is_dropped_and_counted() {
         .udp_service_with("dns", HostPort::from(target), settings)
         .build()
         .expect("valid client");
-    let mut status = client.status();
-    let stop = CancellationToken::new();
-    tokio::spawn(client.run(stop.clone()));
-    let _stop = stop.drop_guard();
-    tokio::time::timeout(Duration::from_secs(10), status.wait_for(|s| s.connected))
-        .await
-        .expect("connects")
-        .expect("client alive");
+    let _stop = run_connected(client).await.drop_guard();
 
     let visitor = UdpSocket::bind("127.0.0.1:0").await.unwrap();
     visitor.connect(service).await.unwrap();

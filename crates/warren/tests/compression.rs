@@ -14,7 +14,6 @@ use std::time::Duration;
 use support::*;
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
-use tokio_util::sync::CancellationToken;
 use warren::Codec;
 use warren::{Client, HostPort, Server};
 
@@ -123,13 +122,7 @@ async fn echo_through_compressing_tunnel(payload: &[u8]) -> (u64, u64) {
         .compression("web", Codec::Lz4)
         .build()
         .expect("valid client");
-    let mut status = client.status();
-    let stop = CancellationToken::new();
-    tokio::spawn(client.run(stop.clone()));
-    tokio::time::timeout(Duration::from_secs(10), status.wait_for(|s| s.connected))
-        .await
-        .expect("connects")
-        .expect("client alive");
+    let stop = run_connected(client).await;
     let reply = round_trip(service, payload).await.expect("round trip");
     assert_eq!(hash(&reply), hash(payload), "the echo differs");
     // Closing both ends closes every channel through the relay, which then counts them.

@@ -271,20 +271,6 @@ impl ClientBuilder {
         self
     }
 
-    /// Holds service `name` (reverse or forward) to `bytes_per_second` each way, shared by
-    /// all of its connections.
-    pub fn bandwidth_limit(mut self, name: impl Into<String>, bytes_per_second: u64) -> Self {
-        self.bandwidth_limits.insert(name.into(), bytes_per_second);
-        self
-    }
-
-    /// Compresses what this side sends for tcp service `name` (reverse or forward) with
-    /// `codec`.
-    pub fn compression(mut self, name: impl Into<String>, codec: Codec) -> Self {
-        self.compression.insert(name.into(), codec);
-        self
-    }
-
     /// Checks the target of service `name`; while it fails, the service is withdrawn.
     pub fn health_check(mut self, name: impl Into<String>, check: HealthCheck) -> Self {
         self.health_checks.insert(name.into(), check);

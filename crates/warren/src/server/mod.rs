@@ -191,20 +191,6 @@ impl ServerBuilder {
         self
     }
 
-    /// Holds service `name` (reverse or forward) to `bytes_per_second` each way, shared by
-    /// all of its connections.
-    pub fn bandwidth_limit(mut self, name: impl Into<String>, bytes_per_second: u64) -> Self {
-        self.bandwidth_limits.insert(name.into(), bytes_per_second);
-        self
-    }
-
-    /// Compresses what this side sends for tcp service `name` (reverse or forward) with
-    /// `codec`.
-    pub fn compression(mut self, name: impl Into<String>, codec: Codec) -> Self {
-        self.compression.insert(name.into(), codec);
-        self
-    }
-
     /// Lets clients declare their own services on ports in `ports` (see
     /// [`ServerConfig::allow_ports`]).
     pub fn allow_ports(mut self, ports: PortRange) -> Self {

@@ -181,6 +181,18 @@ pub fn start_client(setup: &Setup, server: SocketAddr, target: SocketAddr) -> Te
     TestClient { status, stop, task }
 }
 
+/// Runs `client` until the returned token is cancelled, once it is connected (10 s at most).
+pub async fn run_connected(client: Client) -> CancellationToken {
+    let mut status = client.status();
+    let stop = CancellationToken::new();
+    tokio::spawn(client.run(stop.clone()));
+    tokio::time::timeout(Duration::from_secs(10), status.wait_for(|s| s.connected))
+        .await
+        .expect("client connects within 10s")
+        .expect("client alive");
+    stop
+}
+
 impl TestClient {
     /// Waits until the client has established its `n`-th session.
     pub async fn wait_sessions(&mut self, n: u64) {
