@@ -458,6 +458,11 @@ mod tests {
         }
     }
 
+    /// The key of every error, in order.
+    fn error_keys(errors: &ConfigErrors) -> Vec<String> {
+        keys_and_lines(errors).into_iter().map(|(k, _)| k).collect()
+    }
+
     /// `(key, line)` of every error.
     fn keys_and_lines(errors: &ConfigErrors) -> Vec<(String, Option<usize>)> {
         errors
@@ -1090,10 +1095,7 @@ udp_max_sessions = 1
              [client.services.b]\ntarget = \"127.0.0.1:80\"\nbandwidth_limit = \"80Mbps\"\n\
              [client.services.c]\ntarget = \"127.0.0.1:80\"\nbandwidth_limit = \"fast\"\n"
         ));
-        let keys: Vec<String> = keys_and_lines(&refused)
-            .into_iter()
-            .map(|(k, _)| k)
-            .collect();
+        let keys = error_keys(&refused);
         assert_eq!(
             keys,
             [
@@ -1133,10 +1135,7 @@ udp_max_sessions = 1
              [client.services.b]\ntype = \"udp\"\ntarget = \"127.0.0.1:53\"\ncompression = \"lz4\"\n\
              [client.services.c]\ntarget = \"127.0.0.1:22\"\np2p = true\ncompression = \"lz4\"\n"
         ));
-        let keys: Vec<String> = keys_and_lines(&refused)
-            .into_iter()
-            .map(|(k, _)| k)
-            .collect();
+        let keys = error_keys(&refused);
         assert_eq!(
             keys,
             [
@@ -1180,10 +1179,7 @@ udp_max_sessions = 1
              [client.services.e]\nbind = \"127.0.0.1:6000\"\n\
              [client.services.f]\nbind = \"127.0.0.1:6000\"\np2p = true\n"
         ));
-        let keys: Vec<String> = keys_and_lines(&errors)
-            .into_iter()
-            .map(|(k, _)| k)
-            .collect();
+        let keys = error_keys(&errors);
         assert_eq!(
             keys,
             [

@@ -281,15 +281,17 @@ impl<'a> Tally<'a> {
         let Some(meter) = self.meter else {
             return;
         };
-        match self.towards {
-            Towards::Tunnel => meter.to_tunnel(bytes as u64),
-            Towards::Local => meter.to_local(bytes as u64),
-        }
-        if let Some(limit) = meter.limit() {
-            let pace = match self.towards {
-                Towards::Tunnel => &limit.to_tunnel,
-                Towards::Local => &limit.to_local,
-            };
+        let pace = match self.towards {
+            Towards::Tunnel => {
+                meter.to_tunnel(bytes as u64);
+                meter.limit().map(|limit| &limit.to_tunnel)
+            }
+            Towards::Local => {
+                meter.to_local(bytes as u64);
+                meter.limit().map(|limit| &limit.to_local)
+            }
+        };
+        if let Some(pace) = pace {
             pace.spend(bytes).await;
         }
     }

@@ -112,7 +112,7 @@ pub(super) async fn apply(shared: &Arc<Shared>, mut new: ServerConfig) -> Reload
     let InPlace {
         rebalanced,
         rerouted,
-        relimited,
+        reshaped,
     } = apply_in_place(shared, &new);
     for name in &rebalanced {
         summary.applied.push(format!(
@@ -125,7 +125,7 @@ pub(super) async fn apply(shared: &Arc<Shared>, mut new: ServerConfig) -> Reload
             "http service {name}: routes and middleware updated"
         ));
     }
-    for name in &relimited {
+    for name in &reshaped {
         let service = &new.services[name];
         summary.applied.push(format!(
             "service {name}: bandwidth limit now {}, compression {}",
@@ -134,7 +134,7 @@ pub(super) async fn apply(shared: &Arc<Shared>, mut new: ServerConfig) -> Reload
         ));
     }
     let mut old_services = old.services.clone();
-    for name in rebalanced.iter().chain(&rerouted).chain(&relimited) {
+    for name in rebalanced.iter().chain(&rerouted).chain(&reshaped) {
         if let Some(service) = old_services.get_mut(name) {
             service.load_balance = new.services[name].load_balance;
             service.http.clone_from(&new.services[name].http);
@@ -294,11 +294,11 @@ struct InPlace {
     rerouted: Vec<String>,
     /// A new `bandwidth_limit` or `compression` (the buckets change with the config swap;
     /// each visitor's relay reads the codec from the config in force).
-    relimited: Vec<String>,
+    reshaped: Vec<String>,
 }
 
-/// Applies a changed `load_balance`, http route or bandwidth limit to the running slot of
-/// every service where that is all that changed.
+/// Applies a changed `load_balance`, http route, bandwidth limit or compression to the
+/// running slot of every service where that is all that changed.
 fn apply_in_place(shared: &Shared, new: &ServerConfig) -> InPlace {
     let mut services = shared
         .services
@@ -307,7 +307,7 @@ fn apply_in_place(shared: &Shared, new: &ServerConfig) -> InPlace {
     let mut in_place = InPlace {
         rebalanced: Vec::new(),
         rerouted: Vec::new(),
-        relimited: Vec::new(),
+        reshaped: Vec::new(),
     };
     for (name, wanted) in &new.services {
         let Some(binding) = services.get_mut(name) else {
@@ -326,7 +326,7 @@ fn apply_in_place(shared: &Shared, new: &ServerConfig) -> InPlace {
         {
             binding.service.bandwidth_limit = wanted.bandwidth_limit;
             binding.service.compression = wanted.compression;
-            in_place.relimited.push(name.clone());
+            in_place.reshaped.push(name.clone());
         }
         if binding.service.load_balance != wanted.load_balance {
             binding.slot.set_strategy(wanted.load_balance);
@@ -342,7 +342,7 @@ fn apply_in_place(shared: &Shared, new: &ServerConfig) -> InPlace {
 }
 
 /// A bandwidth limit as a reload summary says it.
-pub(crate) fn describe_limit(limit: Option<u64>) -> String {
+fn describe_limit(limit: Option<u64>) -> String {
     match limit {
         Some(rate) => format!("{rate} bytes/s each way"),
         None => "none".to_owned(),

@@ -368,7 +368,9 @@ impl<W: AsyncWrite + Unpin> RecordWriter<W> {
                 Ok(n) => {
                     let mut buf = std::mem::take(&mut self.buf);
                     let mut kind = RecordKind::Data;
-                    if let Some(compressor) = compressor.as_deref_mut() {
+                    if let Some(compressor) = compressor.as_deref_mut()
+                        && !compressor.skips()
+                    {
                         let mut packed = buffers::take_write();
                         packed.clear();
                         packed.resize(HEADER_LEN, 0);
