@@ -18,6 +18,9 @@ pub mod proxy;
 pub mod quic;
 pub mod records;
 pub mod tcp;
+pub mod tls;
+pub mod wire;
+pub mod ws;
 
 use tokio::net::TcpStream;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
