@@ -53,6 +53,9 @@ ALL_CONFIGS = [
     "frp-plain",
     "warren-chacha20",
     "frp-tls",
+    "warren-tls",
+    "frp-wss",
+    "warren-wss",
     "warren-quic-loopback",
     "warren-aegis128l",
     "warren-tcp",
@@ -77,6 +80,8 @@ DISPLAY_ORDER = [
     "warren-aegis128l",
     "warren-aegis256",
     "warren-tcp",
+    "warren-tls",
+    "warren-wss",
     "warren-quic",
     "warren-quic-loopback",
     "warren-p2p",
@@ -85,6 +90,7 @@ DISPLAY_ORDER = [
     "rathole-noise",
     "frp-plain",
     "frp-tls",
+    "frp-wss",
     "frp-quic",
 ]
 LABELS = {
@@ -98,6 +104,8 @@ LABELS = {
     "warren-aegis128l": "Warren noise aegis-128l",
     "warren-aegis256": "Warren noise aegis-256",
     "warren-tcp": "Warren tcp (plaintext)",
+    "warren-tls": "Warren tls (TLS 1.3 on TCP, PSK bound inside)",
+    "warren-wss": "Warren wss (WebSocket on TLS, Noise records inside)",
     "warren-quic": "Warren quic, 1452-byte packets",
     "warren-quic-loopback": "Warren quic, loopback packets",
     "warren-p2p": "Warren p2p tunnel, direct (no server hop)",
@@ -106,6 +114,7 @@ LABELS = {
     "rathole-noise": "rathole 0.5.0 noise (NK, ChaChaPoly)",
     "frp-plain": "frp 0.71.0 plain",
     "frp-tls": "frp 0.71.0 TLS (default)",
+    "frp-wss": "frp 0.71.0 wss (WebSocket on TLS)",
     "frp-quic": "frp 0.71.0 QUIC",
 }
 NETNS_LABELS = {"raw": "raw, across the veth (the limit)"}
@@ -125,6 +134,9 @@ WARREN_CIPHERS = {
 # `compression` on both sides' tcp services: iperf3 sends random bytes, so this row is
 # what compression costs on data that does not compress (issue 19: at most 5 %).
 WARREN_COMPRESSION = {"warren-lz4": "lz4"}
+# The web-looking transports (issue 19): the server's self-signed certificate is made in the
+# run's directory; `wss` keeps the default cipher choice inside.
+WARREN_TRANSPORT = {"warren-tls": "tls", "warren-wss": "wss"}
 # The largest UDP payload warren-quic-loopback lets QUIC send (`[server.quic] max_packet`
 # and `[client.quic] max_packet`); warren-quic keeps Warren's default (1452, as on the
 # internet). Loopback's MTU is 65536, but see shared/FACTS.md: above ~6.5 KB with GSO,
@@ -597,7 +609,10 @@ class Warren(Tunnel):
         visitors = {svc: free_port() for svc in targets}
         psk, token = secrets.token_hex(16), secrets.token_hex(16)
         common = f'psk = "{psk}"\ndefault_token = "{token}"\n'
-        if quic:
+        web = WARREN_TRANSPORT.get(self.name)
+        if web:
+            common += f'transport = "{web}"\n'
+        elif quic:
             common += 'transport = "quic"\n'
         elif cipher == DEFAULT_CIPHERS:
             common += 'transport = "noise"\n'
@@ -611,6 +626,8 @@ class Warren(Tunnel):
             s += f'\n[server.quic]\ncert = "{self.dir / "quic-cert.pem"}"\n'
             if packet:
                 s += f"max_packet = {packet}\n"
+        if web:
+            s += f'\n[server.tls]\ncert = "{self.dir / "tls-cert.pem"}"\n'
         compression = WARREN_COMPRESSION.get(self.name)
         compress = f'compression = "{compression}"\n' if compression else ""
         for svc, port in visitors.items():
@@ -788,6 +805,7 @@ class Frp(Tunnel):
         frps, frpc = tool("frps", self.bench_home), tool("frpc", self.bench_home)
         tls = self.name == "frp-tls"
         quic = self.name == "frp-quic"
+        wss = self.name == "frp-wss"
         host, target_host = NET.tunnel_host, NET.target_host
         server_port = free_port()
         quic_port = free_port(udp=True) if quic else None
@@ -801,6 +819,8 @@ class Frp(Tunnel):
         if quic:
             # QUIC brings its own TLS 1.3; frp's transport.tls.* keys stay at their defaults.
             c += 'transport.protocol = "quic"\n'
+        elif wss:
+            c += 'transport.protocol = "wss"\n'
         else:
             c += f'transport.tls.enable = {"true" if tls else "false"}\n'
         for svc in targets:
@@ -1193,6 +1213,10 @@ def targets(doc: dict) -> list[tuple[str, str, str, bool | None]]:
     for key, fig in (("p1_gbps", "P1"), ("r_gbps", "-R")):
         ratio_target("warren-lz4", key, "warren-default", 0.95,
                      f"lz4 on random data: {fig} ≥ 0.95× without compression")
+    # Issue 19: the web-looking transports, P1 ≥ 2× frp's wss and ≥ 0.7× Warren noise.
+    for cfg in ("warren-tls", "warren-wss"):
+        ratio_target(cfg, "p1_gbps", "frp-wss", 2.0, "P1 ≥ 2× frp-wss")
+        ratio_target(cfg, "p1_gbps", "warren-default", 0.7, "P1 ≥ 0.7× Warren noise")
     # Issue 20: encryption with the default config within 15 % of plaintext.
     for key, fig in (("p1_gbps", "P1"), ("p4_gbps", "P4"), ("r_gbps", "-R")):
         ratio_target("warren-default", key, "warren-tcp", 0.85, f"{fig} ≥ 0.85× Warren plaintext")

@@ -21,7 +21,8 @@ macro_rules! common_setters {
             self
         }
 
-        /// `noise` (default) or plaintext `tcp` (needs `insecure`).
+        /// `noise` (default), `quic`, `tls`, `wss`, `ws` or plaintext `tcp` (needs
+        /// `insecure`).
         pub fn transport(mut self, transport: $crate::config::Transport) -> Self {
             self.config.transport = transport;
             self
@@ -49,6 +50,12 @@ macro_rules! common_setters {
         /// The QUIC transport's settings (with `transport(Transport::Quic)`).
         pub fn quic(mut self, quic: $crate::config::quic::QuicConfig) -> Self {
             self.config.quic = quic;
+            self
+        }
+
+        /// WebSocket path (and, on a client, Host) of `ws` / `wss`.
+        pub fn ws(mut self, ws: $crate::config::web::WsConfig) -> Self {
+            self.config.ws = ws;
             self
         }
 

@@ -778,20 +778,17 @@ async fn handshake(
     target: &HostPort,
     proxy: Option<&ProxyUrl>,
 ) {
-    let ciphers = match config.transport {
-        Transport::Tcp => vec![CipherSuite::None],
-        _ => config.ciphers.clone(),
-    };
+    let ciphers = crate::client::offered_ciphers(config);
     let ciphers = speed::policy_measured(&ciphers, config.cipher_choice).await;
     let claims = crate::client::claims_of(config);
     let deadline = config.handshake_timeout.min(NETWORK_DEADLINE);
     let dial = async {
-        match proxy {
-            Some(url) => {
-                Ok(transport::proxy::connect(url, target, deadline, family(config)).await?)
-            }
-            None => tcp::connect_preferring(target, deadline, family(config)).await,
-        }
+        let layers = crate::client::client_layers(config, target).map_err(std::io::Error::other)?;
+        let stream = match proxy {
+            Some(url) => transport::proxy::connect(url, target, deadline, family(config)).await?,
+            None => tcp::connect_preferring(target, deadline, family(config)).await?,
+        };
+        layers.wrap(stream).await
     };
     let server = match proxy {
         Some(url) => format!("{target} via {url}"),

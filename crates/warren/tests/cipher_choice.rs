@@ -57,7 +57,8 @@ async fn an_old_client_without_figures_gets_the_ordered_choice() {
     let psk = keys::noise_psk(&Secret::new(PSK));
     let offer = [CipherSuite::ChaCha20Poly1305, CipherSuite::Aegis128L];
     let (handshake, first) = ClientHandshake::start(&psk, &offer).unwrap();
-    let mut stream = TcpStream::connect(server.addr).await.unwrap();
+    let mut stream =
+        warren::transport::wire::Wire::tcp(TcpStream::connect(server.addr).await.unwrap());
     stream.write_all(&first).await.unwrap();
     let reply = tokio::time::timeout(DEADLINE, preamble::read_frame(&mut stream))
         .await
@@ -93,7 +94,12 @@ async fn an_old_client_without_figures_gets_the_ordered_choice() {
 async fn probe(server: std::net::SocketAddr, policy: &CipherPolicy) -> SessionKeys {
     let target = HostPort::from(server);
     let session = establish::establish(
-        warren::transport::tcp::connect(&target, DEADLINE),
+        async {
+            let stream = warren::transport::tcp::connect(&target, DEADLINE).await?;
+            warren::transport::layers::ClientLayers::plain()
+                .wrap(stream)
+                .await
+        },
         &target.to_string(),
         &Secret::new(PSK),
         policy,

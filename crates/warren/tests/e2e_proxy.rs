@@ -681,3 +681,122 @@ target = "{echo}"
     forward.terminate();
     server.terminate();
 }
+
+/// Issue 19: `transport = "tls"` through tinyproxy (HTTP CONNECT), bytes hash checked. The
+/// server port takes `noise` and `tls` side by side; the proxy sees only TLS.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_transport_through_an_http_connect_proxy() {
+    if !have_tool(
+        "tinyproxy",
+        "tinyproxy",
+        "tls_transport_through_an_http_connect_proxy",
+    ) {
+        return;
+    }
+    let dir = TestDir::new("tls-connect");
+    let cert = dir.path().join("tls.pem");
+    let (mut server, server_port, web) = server_with_web(
+        &dir,
+        &format!(
+            "transport = \"tls\"\n[server.tls]\ncert = \"{}\"\n",
+            cert.display()
+        ),
+    )
+    .await;
+    let (mut proxy, port) = tinyproxy(&dir, false, server_port);
+    wait_listening(port, "tinyproxy").await;
+    let (target, mut served) = hashing_target(1024 * 1024 + 3).await;
+    let config = client_config(
+        &dir,
+        server_port,
+        target,
+        &format!("transport = \"tls\"\nproxy = \"http://127.0.0.1:{port}\"\n"),
+    );
+    let mut client = start_client(&dir, &config, PSK);
+    for _ in 0..3 {
+        check_hashes(loopback(web), &mut served, &mut client).await;
+    }
+    client.terminate();
+    proxy.kill();
+    server.terminate();
+}
+
+fn nginx_binary() -> &'static str {
+    if std::path::Path::new("/usr/sbin/nginx").is_file() {
+        "/usr/sbin/nginx"
+    } else {
+        "nginx"
+    }
+}
+
+/// nginx as a WebSocket reverse proxy in front of a `ws` Warren server: plain HTTP on
+/// `plain`, and TLS on `tls` with `cert` (PEM holding the key too), both passing `/warren`
+/// with the upgrade headers, as the README shows.
+fn nginx_websocket_proxy(
+    dir: &TestDir,
+    plain: u16,
+    tls: u16,
+    cert: &std::path::Path,
+    warren: u16,
+) -> Proc {
+    let root = dir.path();
+    let location = format!(
+        "location /warren {{ proxy_pass http://127.0.0.1:{warren}; proxy_http_version 1.1; proxy_set_header Upgrade $http_upgrade; proxy_set_header Connection \"upgrade\"; proxy_read_timeout 1h; proxy_buffering off; }}"
+    );
+    let conf = format!(
+        "daemon off;\nmaster_process off;\nworker_processes 1;\npid {root}/nginx.pid;\nerror_log {root}/nginx.error.log warn;\nevents {{ worker_connections 256; }}\nhttp {{\n  access_log off;\n  client_body_temp_path {root}/body;\n  proxy_temp_path {root}/proxy;\n  fastcgi_temp_path {root}/fastcgi;\n  uwsgi_temp_path {root}/uwsgi;\n  scgi_temp_path {root}/scgi;\n  server {{ listen 127.0.0.1:{plain}; {location} }}\n  server {{ listen 127.0.0.1:{tls} ssl; ssl_protocols TLSv1.2 TLSv1.3; ssl_certificate {cert}; ssl_certificate_key {cert}; {location} }}\n}}\n",
+        root = root.display(),
+        cert = cert.display(),
+    );
+    let conf_path = dir.write("nginx.conf", &conf);
+    Proc::spawn(
+        dir,
+        "nginx",
+        nginx_binary(),
+        &["-c", conf_path.to_str().unwrap(), "-e", "stderr"],
+        &[],
+    )
+}
+
+/// Issue 19: a `ws` client and a `wss` client reach a `ws` Warren server through nginx
+/// (`proxy_pass` with `Upgrade`; for `wss` nginx terminates the TLS, as a CDN would, and
+/// sees only Noise records). Bytes hash checked on several streams each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ws_and_wss_through_nginx_as_a_websocket_reverse_proxy() {
+    if !have_tool("nginx", "nginx", "ws_and_wss_through_nginx") {
+        return;
+    }
+    let dir = TestDir::new("ws-nginx");
+    // The server makes a self-signed certificate (key in the same PEM) that nginx presents.
+    let cert = dir.path().join("tls.pem");
+    let (mut server, server_port, web) = server_with_web(
+        &dir,
+        &format!(
+            "transport = \"ws\"\n[server.tls]\ncert = \"{}\"\n",
+            cert.display()
+        ),
+    )
+    .await;
+    assert!(cert.is_file(), "the server made its certificate");
+    let (plain, tls) = (free_port(), free_port());
+    let mut nginx = nginx_websocket_proxy(&dir, plain, tls, &cert, server_port);
+    wait_listening(plain, "nginx").await;
+    wait_listening(tls, "nginx").await;
+    for (transport, port) in [("ws", plain), ("wss", tls)] {
+        let client_dir = TestDir::new(&format!("ws-nginx-{transport}"));
+        let (target, mut served) = hashing_target(512 * 1024 + 5).await;
+        let config = client_config(
+            &client_dir,
+            port,
+            target,
+            &format!("transport = \"{transport}\"\n[client.ws]\nhost = \"tunnel.example.com\"\n"),
+        );
+        let mut client = start_client(&client_dir, &config, PSK);
+        for _ in 0..3 {
+            check_hashes(loopback(web), &mut served, &mut client).await;
+        }
+        client.terminate();
+    }
+    nginx.kill();
+    server.terminate();
+}

@@ -6,8 +6,6 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use tokio::net::TcpStream;
-
 use tokio::time::Instant;
 use warren_proto::CipherPolicy;
 use warren_proto::handshake::{HandshakeError, Refusal};
@@ -23,6 +21,7 @@ use crate::session as control;
 use crate::session::link::Carrier;
 use crate::session::stream::Stream;
 use crate::transport::Channel;
+use crate::transport::layers::{ClientLayers, Connected};
 use crate::transport::preamble::{self, PreambleError};
 use crate::transport::quic::QuicError;
 
@@ -139,7 +138,7 @@ pub struct Claim<'a> {
 /// # Errors
 /// [`EstablishError`], naming the step that failed.
 pub async fn establish(
-    dial: impl Future<Output = std::io::Result<TcpStream>>,
+    dial: impl Future<Output = std::io::Result<Connected>>,
     server: &str,
     psk: &Secret,
     ciphers: &CipherPolicy,
@@ -147,19 +146,16 @@ pub async fn establish(
     mode: HelloMode,
     deadline: Duration,
 ) -> Result<EstablishedSession, EstablishError> {
-    let noise_psk = keys::noise_psk(psk);
     let started = Instant::now();
-    let mut stream = dial.await.map_err(|source| EstablishError::Connect {
+    let connected = dial.await.map_err(|source| EstablishError::Connect {
         server: server.to_owned(),
         source,
     })?;
     let connect_time = started.elapsed();
-    let server_addr = stream
-        .peer_addr()
-        .map_err(|source| EstablishError::Connect {
-            server: server.to_owned(),
-            source,
-        })?;
+    let server_addr = connected.peer;
+    let bound = connected.binding.is_some();
+    let noise_psk = keys::bound_noise_psk(&keys::noise_psk(psk), connected.binding.as_ref());
+    let mut stream = connected.wire;
     let started = Instant::now();
     let established = match tokio::time::timeout(
         deadline,
@@ -190,7 +186,7 @@ pub async fn establish(
         Ok(Err(e)) => return Err(EstablishError::Handshake(e)),
     };
     let handshake_time = started.elapsed();
-    let keys = SessionKeys::new(&established);
+    let keys = SessionKeys::new(&established).on_tls(bound);
     let (sealer, opener) = keys.control_channel(Side::Client);
     let channel = Stream::tcp(Channel::new(stream, sealer, opener));
     let up = Authenticated {
@@ -438,8 +434,13 @@ pub async fn probe_session(
         .0),
         None => {
             let policy = crate::crypto::speed::policy_measured(ciphers, choice).await;
+            // Ping and the P2P mailbox speak `noise`; the web transports are the client's.
+            let dial = async {
+                let stream = crate::transport::tcp::connect(server, deadline).await?;
+                ClientLayers::plain().wrap(stream).await
+            };
             establish(
-                crate::transport::tcp::connect(server, deadline),
+                dial,
                 &server.to_string(),
                 psk,
                 &policy,

@@ -13,7 +13,8 @@
 //! datagrams are dropped and counted.
 //!
 //! [`dial_server`] is the one place that opens a TCP connection to the server: directly
-//! (IPv6 first with `prefer_ipv6`) or through the configured proxy.
+//! (IPv6 first with `prefer_ipv6`) or through the configured proxy, then wrapped in the
+//! transport's TLS or WebSocket layers.
 
 use std::io;
 use std::net::SocketAddr;
@@ -32,7 +33,9 @@ use crate::metrics::Meter;
 use crate::relay;
 use crate::relay::udp::visitors::{self, ChannelSource, VisitorSide};
 use crate::session::stream::Stream;
+use crate::transport::layers::{ClientLayers, Connected};
 use crate::transport::tcp::{self, Family};
+use crate::transport::tls::TlsClient;
 
 /// Pause after a failed `accept()` before trying again.
 const ACCEPT_ERROR_BACKOFF: Duration = Duration::from_millis(100);
@@ -46,18 +49,80 @@ pub(super) fn family(config: &ClientConfig) -> Family {
     }
 }
 
-/// Opens a TCP connection to `server` the way `config` says (see
-/// [`tcp::dial_server`]).
+/// Opens a connection to `server` the way `config` says (see [`tcp::dial_server`]) and
+/// wraps it in the transport's `layers` (TLS, WebSocket), all within `deadline`.
 ///
 /// # Errors
-/// Connection and proxy failures, with a message naming what failed.
+/// Connection, proxy and TLS or WebSocket failures, with a message naming what failed.
 pub(super) async fn dial_server(
     config: &ClientConfig,
     server: &HostPort,
     proxy: Option<&ProxyUrl>,
+    layers: &ClientLayers,
     deadline: Duration,
-) -> io::Result<TcpStream> {
-    tcp::dial_server(server, proxy, None, deadline, family(config)).await
+) -> io::Result<Connected> {
+    let attempt = async {
+        let stream = tcp::dial_server(server, proxy, None, deadline, family(config)).await?;
+        layers.wrap(stream).await
+    };
+    tokio::time::timeout(deadline, attempt)
+        .await
+        .unwrap_or_else(|_| {
+            Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!(
+                    "the {} handshake with {server} timed out after {deadline:?}",
+                    config.transport
+                ),
+            ))
+        })
+}
+
+/// The layers every connection of a session to `server` gets on `config`'s transport.
+///
+/// # Errors
+/// An unreadable CA file, naming it.
+pub(crate) fn client_layers(
+    config: &ClientConfig,
+    server: &HostPort,
+) -> Result<ClientLayers, String> {
+    use crate::config::Transport;
+    if !matches!(
+        config.transport,
+        Transport::Tls | Transport::Ws | Transport::Wss
+    ) {
+        return Ok(ClientLayers::plain());
+    }
+    let ca = match &config.tls.ca {
+        Some(path) => Some(
+            crate::transport::quic::certs::load_certs(path)
+                .map_err(|e| format!("client.tls.ca: {e}"))?,
+        ),
+        None => None,
+    };
+    let tls = TlsClient::new(config.tls.pin, ca).map_err(|e| format!("client.tls: {e}"))?;
+    let server_name = config
+        .tls
+        .server_name
+        .clone()
+        .unwrap_or_else(|| server.host.clone());
+    let host = config.ws.host.clone().unwrap_or_else(|| server.to_string());
+    Ok(ClientLayers::new(
+        config.transport,
+        tls,
+        server_name,
+        (host, config.ws.path.clone()),
+    ))
+}
+
+/// The ciphers a client offers on `config`'s transport: none where the transport already
+/// encrypts end to end (`tls`) or is plaintext by choice (`tcp`).
+pub(crate) fn offered_ciphers(config: &ClientConfig) -> Vec<warren_proto::CipherSuite> {
+    use crate::config::Transport;
+    match config.transport {
+        Transport::Tcp | Transport::Tls => vec![warren_proto::CipherSuite::None],
+        _ => config.ciphers.clone(),
+    }
 }
 
 /// A forward service's local port, shared so that a reload can hand it to the service's

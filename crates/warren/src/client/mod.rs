@@ -16,6 +16,7 @@
 mod admin;
 pub mod establish;
 mod forward;
+pub(crate) use forward::{client_layers, offered_ciphers};
 mod health;
 #[cfg(unix)]
 pub(crate) mod p2p;
@@ -166,6 +167,12 @@ pub struct ClientBuilder {
 
 impl ClientBuilder {
     crate::builder::common_setters!();
+
+    /// How `tls` / `wss` check the server's certificate (default: any; the PSK decides).
+    pub fn tls(mut self, tls: crate::config::web::ClientTlsConfig) -> Self {
+        self.config.tls = tls;
+        self
+    }
 
     /// Silence from the server after which the session is declared dead.
     pub fn heartbeat_timeout(mut self, timeout: Duration) -> Self {
@@ -871,10 +878,8 @@ async fn establish_session(
     // This session takes the newest config: a restart asked for before now is served.
     restart.borrow_and_update();
     let config = shared.config();
-    let ciphers = match config.transport {
-        Transport::Tcp => vec![CipherSuite::None],
-        _ => config.ciphers.clone(),
-    };
+    let ciphers = forward::offered_ciphers(&config);
+    let layers = forward::client_layers(&config, server).map_err(Failure::Retry)?;
     // Measured before the first handshake, then cached for the process.
     let ciphers = crate::crypto::speed::policy_measured(&ciphers, config.cipher_choice).await;
     let deadline = config.handshake_timeout;
@@ -911,8 +916,8 @@ async fn establish_session(
                     .await
                 })
             }
-            Transport::Noise | Transport::Tcp => Box::pin(establish::establish(
-                forward::dial_server(&config, server, proxy.as_ref(), deadline),
+            _ => Box::pin(establish::establish(
+                forward::dial_server(&config, server, proxy.as_ref(), &layers, deadline),
                 &server_name,
                 &config.psk,
                 &ciphers,
@@ -1036,6 +1041,7 @@ async fn establish_session(
         family: forward::family(&config),
         timeout: deadline,
         keys: Arc::clone(&keys),
+        layers,
     };
     let session = Arc::new(ClientSession {
         config: Arc::clone(&config),

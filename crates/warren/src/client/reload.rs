@@ -63,7 +63,9 @@ pub(super) async fn apply(shared: &Arc<Shared>, new: ClientConfig) -> ReloadResu
         || !old.common().same_handshake(&new.common())
         || new.servers() != old.servers()
         || new.proxy != old.proxy
-        || new.prefer_ipv6 != old.prefer_ipv6;
+        || new.prefer_ipv6 != old.prefer_ipv6
+        || new.tls != old.tls
+        || new.ws != old.ws;
     {
         let mut meters = shared
             .meters

@@ -30,6 +30,7 @@ use super::typed::{
     HostPortError, P2pEnd, ProxyProtocol, ServerConfig, ServerForward, ServerService, ServiceKind,
     Transport, UdpSettings, has_aes_hardware, service_key,
 };
+use super::web;
 use crate::crypto::secret::Secret;
 use crate::transport::compress::Codec;
 
@@ -162,6 +163,8 @@ pub(crate) fn convert_server(file: FileServer, report: &mut Report) -> ServerCon
     let mut config = ServerConfig::new(bind, psk);
     config.transport = transport(report, side, file.transport.as_deref());
     config.quic = quic_table(report, side, config.transport, file.quic, QuicSide::Server);
+    config.tls = web::server_tls(report, file.tls);
+    config.ws = web::ws(report, side, file.ws);
     config.ciphers = ciphers(report, side, file.ciphers.as_deref());
     config.cipher_choice = cipher_choice(report, side, file.cipher_choice.as_deref());
     config.heartbeat_interval = duration(
@@ -512,6 +515,20 @@ pub(crate) fn convert_client(file: FileClient, report: &mut Report) -> ClientCon
     config.more_servers = more_servers;
     config.transport = transport(report, side, file.transport.as_deref());
     config.quic = quic_table(report, side, config.transport, file.quic, QuicSide::Client);
+    config.tls = web::client_tls(report, config.transport, file.tls);
+    if file.ws.is_some() && !matches!(config.transport, Transport::Ws | Transport::Wss) {
+        report.fail(
+            ConfigError::new(
+                "client.ws",
+                format!(
+                    "[client.ws] is set but the transport is \"{}\"",
+                    config.transport
+                ),
+            )
+            .with_hint("set transport = \"ws\" or \"wss\", or remove the table"),
+        );
+    }
+    config.ws = web::ws(report, side, file.ws);
     config.ciphers = ciphers(report, side, file.ciphers.as_deref());
     config.cipher_choice = cipher_choice(report, side, file.cipher_choice.as_deref());
     config.heartbeat_timeout = duration(
@@ -914,7 +931,7 @@ fn compression_needs_records<'a>(
     for (name, codec) in services {
         if codec.is_some() {
             report.fail(
-                ConfigError::new(join_key(&service_key(side, name), "compression"), "compression works on the noise and tcp transports; QUIC streams are sent as they are")
+                ConfigError::new(join_key(&service_key(side, name), "compression"), "compression works on the TCP transports (noise, tls, wss, ws, tcp); QUIC streams are sent as they are")
                     .with_hint("remove compression, or use transport = \"noise\""),
             );
         }
@@ -1118,7 +1135,7 @@ fn transport(report: &mut Report, side: &str, name: Option<&str>) -> Transport {
             let names: Vec<&str> = Transport::ALL.iter().map(|t| t.name()).collect();
             let hint = match did_you_mean(name, &names) {
                 Some(close) => format!("did you mean \"{close}\"?"),
-                None => "write \"noise\" (encrypted TCP, the default), \"quic\" (UDP, TLS 1.3) or \"tcp\" (plaintext, needs insecure = true)".to_owned(),
+                None => "write \"noise\" (encrypted TCP, the default), \"quic\" (UDP, TLS 1.3), \"tls\" (TLS 1.3 on TCP), \"wss\" or \"ws\" (WebSocket, through CDNs and proxies) or \"tcp\" (plaintext, needs insecure = true)".to_owned(),
             };
             report.fail(
                 ConfigError::new(join_key(side, "transport"), error.to_string()).with_hint(hint),

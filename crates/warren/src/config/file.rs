@@ -47,7 +47,7 @@ pub struct FileServer {
     pub psk: Option<String>,
     /// Token for services that set none. Optional.
     pub default_token: Option<String>,
-    /// `"noise"` (default), `"quic"` or `"tcp"` (plaintext, needs `insecure = true`).
+    /// `"noise"` (default), `"quic"`, `"tls"`, `"wss"`, `"ws"` or `"tcp"` (plaintext, needs `insecure = true`).
     pub transport: Option<String>,
     /// Allowed ciphers. Default: every encrypting cipher, AES-GCM first on CPUs with AES
     /// instructions, ChaCha20-Poly1305 first elsewhere (the order breaks ties under
@@ -70,6 +70,10 @@ pub struct FileServer {
     pub allow_bind_addrs: Option<Vec<String>>,
     /// `[server.quic]`: the QUIC transport's settings.
     pub quic: Option<super::quic::FileQuic>,
+    /// `[server.tls]`: the certificate of `tls` and `wss`.
+    pub tls: Option<super::web::FileTls>,
+    /// `[server.ws]`: WebSocket path and decoy page.
+    pub ws: Option<super::web::FileWs>,
     /// `[server.http]`: the shared HTTP ports of `type = "http"` services.
     pub http: Option<super::http::FileHttp>,
     /// `[server.p2p]`: the mailbox of peer-to-peer transfers. Default: off.
@@ -169,7 +173,7 @@ pub struct FileClient {
     pub psk: Option<String>,
     /// Token for services that set none. Optional.
     pub default_token: Option<String>,
-    /// `"noise"` (default), `"quic"` or `"tcp"` (plaintext, needs `insecure = true`).
+    /// `"noise"` (default), `"quic"`, `"tls"`, `"wss"`, `"ws"` or `"tcp"` (plaintext, needs `insecure = true`).
     pub transport: Option<String>,
     /// Offered ciphers, in preference order. Default as for the server.
     pub ciphers: Option<Vec<String>>,
@@ -196,6 +200,10 @@ pub struct FileClient {
     pub p2p_identity: Option<String>,
     /// `[client.quic]`: the QUIC transport's settings.
     pub quic: Option<super::quic::FileQuic>,
+    /// `[client.tls]`: how `tls` and `wss` check the server.
+    pub tls: Option<super::web::FileTls>,
+    /// `[client.ws]`: WebSocket path and Host.
+    pub ws: Option<super::web::FileWs>,
     /// `[client.services.NAME]` tables. Default: none.
     #[serde(default)]
     pub services: BTreeMap<String, FileClientService>,

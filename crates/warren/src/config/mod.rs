@@ -34,6 +34,7 @@ pub mod proxy;
 pub mod quic;
 mod suggest;
 pub(crate) mod typed;
+pub mod web;
 
 pub use error::{ConfigError, ConfigErrors};
 pub use typed::{

@@ -47,11 +47,25 @@ pub enum Transport {
     Tcp,
     /// QUIC over UDP (TLS 1.3): `[server.quic]` / `[client.quic]` say how it authenticates.
     Quic,
+    /// TLS 1.3 on TCP, looking like HTTPS; the PSK is proven inside, bound to the TLS
+    /// session, and the records inside are not encrypted twice.
+    Tls,
+    /// WebSocket binary frames on TCP, with Noise records inside.
+    Ws,
+    /// WebSocket on TLS (through CDNs and reverse proxies), with Noise records inside.
+    Wss,
 }
 
 impl Transport {
     /// Every transport, in the order the docs list them.
-    pub const ALL: [Transport; 3] = [Transport::Noise, Transport::Quic, Transport::Tcp];
+    pub const ALL: [Transport; 6] = [
+        Transport::Noise,
+        Transport::Quic,
+        Transport::Tls,
+        Transport::Wss,
+        Transport::Ws,
+        Transport::Tcp,
+    ];
 
     /// The name used in config files (`"noise"`).
     pub fn name(self) -> &'static str {
@@ -59,6 +73,9 @@ impl Transport {
             Transport::Noise => "noise",
             Transport::Tcp => "tcp",
             Transport::Quic => "quic",
+            Transport::Tls => "tls",
+            Transport::Ws => "ws",
+            Transport::Wss => "wss",
         }
     }
 }
@@ -339,6 +356,10 @@ pub struct ServerConfig {
     pub allow_bind_addrs: Vec<IpAddr>,
     /// The QUIC transport's settings (used with `transport = "quic"`).
     pub quic: super::quic::QuicConfig,
+    /// The certificate of `tls` and `wss`.
+    pub tls: super::web::ServerTlsConfig,
+    /// WebSocket settings of `ws` and `wss`.
+    pub ws: super::web::WsConfig,
     /// The shared HTTP ports of `type = "http"` services; `None`: no http services.
     pub http: Option<super::http::HttpListen>,
     /// The peer-to-peer mailbox; `None` (the default) refuses mailbox requests.
@@ -488,6 +509,10 @@ pub struct ClientConfig {
     pub prefer_ipv6: bool,
     /// The QUIC transport's settings (used with `transport = "quic"`).
     pub quic: super::quic::QuicConfig,
+    /// How `tls` and `wss` check the server.
+    pub tls: super::web::ClientTlsConfig,
+    /// WebSocket settings of `ws` and `wss`.
+    pub ws: super::web::WsConfig,
     /// The admin API and `/metrics`; `None` (the default) serves neither.
     pub admin: Option<AdminConfig>,
 }
@@ -616,6 +641,8 @@ impl ServerConfig {
             allow_ports: None,
             allow_bind_addrs: Vec::new(),
             quic: super::quic::QuicConfig::default(),
+            tls: super::web::ServerTlsConfig::default(),
+            ws: super::web::WsConfig::default(),
             http: None,
             p2p: None,
             admin: None,
@@ -786,6 +813,8 @@ impl ClientConfig {
             proxy: None,
             prefer_ipv6: false,
             quic: super::quic::QuicConfig::default(),
+            tls: super::web::ClientTlsConfig::default(),
+            ws: super::web::WsConfig::default(),
         }
     }
 

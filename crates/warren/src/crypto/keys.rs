@@ -40,6 +40,7 @@ const DATA_ACCEPT: &[u8] = b"warren data accept";
 const TOKEN_PROOF: &[u8] = b"warren token proof";
 const NOISE_PSK: &[u8] = b"warren noise psk v1";
 const RELAY_AUTH: &[u8] = b"warren relay auth v1";
+const TLS_BINDING: &[u8] = b"warren tls binding v1";
 
 /// HKDF-SHA256 into 32 bytes.
 fn derive32(ikm: &[u8], salt: &[u8], info: &[u8]) -> [u8; 32] {
@@ -53,6 +54,17 @@ fn derive32(ikm: &[u8], salt: &[u8], info: &[u8]) -> [u8; 32] {
 /// Turns the configured PSK (any length) into the 32 bytes Noise wants.
 pub fn noise_psk(psk: &Secret) -> [u8; 32] {
     derive32(psk.as_bytes(), b"", NOISE_PSK)
+}
+
+/// The Noise PSK of a connection whose TLS session is end to end (the `tls` transport):
+/// mixed with the TLS exporter, so the Noise handshake only completes between the two
+/// ends of *that* TLS session, and a relay that terminates TLS cannot pass it on.
+/// `None` (every other transport) keeps `noise_psk`.
+pub fn bound_noise_psk(noise_psk: &[u8; 32], binding: Option<&[u8; 32]>) -> [u8; 32] {
+    match binding {
+        Some(binding) => derive32(noise_psk, binding, TLS_BINDING),
+        None => *noise_psk,
+    }
 }
 
 /// The key of the P2P relay's bind tags (`p2p::net::relay::RelayAuth`): proves a leg
@@ -84,11 +96,14 @@ pub fn verify_token_proof(
 }
 
 /// Secrets of one session, held by both sides for as long as the session lives.
+#[derive(Clone)]
 pub struct SessionKeys {
     /// The record cipher of a TCP transport's channels; unused on QUIC.
     cipher: CipherSuite,
     /// A QUIC session: TLS 1.3 encrypts, there are no data channels.
     quic: bool,
+    /// A `tls` session: TLS 1.3 encrypts, the records inside use `none`.
+    tls: bool,
     /// How the cipher was chosen and both sides' figures: shown, never used for keys.
     negotiation: Negotiation,
     session_id: SessionId,
@@ -116,6 +131,7 @@ impl SessionKeys {
         SessionKeys {
             cipher: established.cipher,
             quic: false,
+            tls: false,
             negotiation: established.negotiation.clone(),
             session_id: established.session_id,
             handshake_hash: established.handshake_hash,
@@ -134,6 +150,7 @@ impl SessionKeys {
         SessionKeys {
             cipher: CipherSuite::None,
             quic: true,
+            tls: false,
             negotiation: Negotiation {
                 decided_by: warren_proto::CipherChoice::Ordered,
                 client_speeds: Vec::new(),
@@ -162,6 +179,8 @@ impl SessionKeys {
     pub fn cipher_label(&self) -> String {
         if self.quic {
             "tls1.3-quic".to_owned()
+        } else if self.tls && self.cipher == CipherSuite::None {
+            "tls1.3".to_owned()
         } else {
             self.cipher.to_string()
         }
@@ -200,6 +219,27 @@ impl SessionKeys {
     /// Record keys of the control channel, as (sealer for what `side` sends, opener for what it receives).
     pub fn control_channel(&self, side: Side) -> (Sealer, Opener) {
         self.record_pair(side, b"", CONTROL_C2S, CONTROL_S2C)
+    }
+
+    /// Marks the session as one of the `tls` transport (bound to its TLS session), for
+    /// [`SessionKeys::cipher_label`].
+    pub fn on_tls(mut self, bound: bool) -> Self {
+        self.tls = bound;
+        self
+    }
+
+    /// The keys a data channel on a `tls` connection proves itself with: its MACs are
+    /// bound to that TLS session as the control channel's handshake is
+    /// ([`bound_noise_psk`]). `None` keeps these keys.
+    pub fn bound_to(&self, binding: Option<&[u8; 32]>) -> std::borrow::Cow<'_, SessionKeys> {
+        match binding {
+            Some(binding) => {
+                let mut keys = self.clone();
+                keys.channel_auth = derive32(&self.channel_auth, binding, TLS_BINDING);
+                std::borrow::Cow::Owned(keys)
+            }
+            None => std::borrow::Cow::Borrowed(self),
+        }
     }
 
     /// MAC a client puts in its data channel hello.

@@ -409,12 +409,12 @@ mod tests {
     async fn channels() -> (Stream, Channel) {
         let (ours, theirs) = pair().await;
         let ours = Channel::new(
-            ours,
+            crate::transport::wire::Wire::tcp(ours),
             Sealer::new(SUITE, keys(b"up")),
             Opener::new(SUITE, keys(b"down")),
         );
         let theirs = Channel::new(
-            theirs,
+            crate::transport::wire::Wire::tcp(theirs),
             Sealer::new(SUITE, keys(b"down")),
             Opener::new(SUITE, keys(b"up")),
         );

@@ -26,7 +26,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rand::RngCore;
-use tokio::net::{TcpListener, TcpStream, UdpSocket};
+use tokio::net::{TcpListener, UdpSocket};
 use tracing::{debug, warn};
 use warren_proto::balance::Strategy;
 use warren_proto::handshake::DataHello;
@@ -44,6 +44,7 @@ use crate::metrics::Meter;
 use crate::relay;
 use crate::session::link::{Replenish, StreamHandler};
 use crate::session::stream::Stream;
+use crate::transport::wire::Wire;
 use crate::transport::{preamble, tcp};
 
 /// How long dialing a forward service's target may take.
@@ -416,8 +417,9 @@ pub(super) fn serve_declared(
 /// connection's handshake deadline).
 pub(super) async fn accept_open_channel(
     shared: &Arc<Shared>,
-    stream: TcpStream,
+    stream: Wire,
     hello: &DataHello,
+    binding: Option<[u8; 32]>,
 ) -> Result<Authenticated, Rejected> {
     let Some(session) = shared.session(&hello.session_id) else {
         return Err(Rejected::Silent("data channel for an unknown session"));
@@ -427,13 +429,11 @@ pub(super) async fn accept_open_channel(
             "data channel for a session on another transport",
         ));
     }
-    if !session
-        .keys
-        .verify_data_hello(&hello.client_nonce, &hello.mac)
-    {
+    let keys = session.keys.bound_to(binding.as_ref());
+    if !keys.verify_data_hello(&hello.client_nonce, &hello.mac) {
         return Err(Rejected::Silent("data channel MAC did not verify"));
     }
-    let channel = preamble::server_accept_data_channel(stream, &session.keys, hello).await?;
+    let channel = preamble::server_accept_data_channel(stream, &keys, hello).await?;
     let mut channel = Stream::tcp(channel);
     let (open, forward) = accept_forward(&session, &mut channel).await?;
     Ok(Authenticated::Forward {

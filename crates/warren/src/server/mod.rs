@@ -28,6 +28,7 @@ mod reload;
 mod serving;
 mod session;
 mod udp;
+mod web;
 
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
@@ -62,7 +63,9 @@ use crate::session::link::{Carrier, OpenError};
 use crate::session::stream::Stream;
 use crate::session::{self as control, Liveness, SessionEnd, short_id, summarize};
 use crate::transport::compress::Codec;
+use crate::transport::layers::{Accepted, ServerLayers};
 use crate::transport::preamble::{self, Incoming, PreambleError};
+use crate::transport::wire::Wire;
 use crate::transport::{Channel, tcp};
 use pending::{PendingGuard, PendingLimiter};
 use serving::ServiceSlot;
@@ -94,6 +97,9 @@ pub enum ServerError {
         /// The OS error.
         source: std::io::Error,
     },
+    /// The TLS certificate of `tls` / `wss` could not be loaded or made.
+    #[error("cannot set up TLS for the server port: {0}")]
+    Certificate(String),
 }
 
 /// A validated server, ready to bind.
@@ -133,6 +139,12 @@ pub struct ServerBuilder {
 
 impl ServerBuilder {
     crate::builder::common_setters!();
+
+    /// The certificate of `tls` / `wss` (default: self-signed, in the state directory).
+    pub fn tls(mut self, tls: crate::config::web::ServerTlsConfig) -> Self {
+        self.config.tls = tls;
+        self
+    }
 
     /// The server port (control and data channels). Default `0.0.0.0:7000`.
     pub fn bind(mut self, addr: SocketAddr) -> Self {
@@ -310,11 +322,11 @@ impl Server {
         // This machine's cipher figures (tens of ms, once), before the port listens: a
         // server that accepts connections has finished starting.
         crate::crypto::speed::prepare(&self.config.ciphers, self.config.cipher_choice).await;
+        // The certificate too (made on a first start).
+        let layers = web::layers(&self.config)?;
         let listener = match self.config.transport {
             Transport::Quic => Listener::Quic(Arc::new(quic::QuicListener::bind(&self.config)?)),
-            Transport::Noise | Transport::Tcp => {
-                Listener::Tcp(bind_listener("the server port", self.config.bind).await?)
-            }
+            _ => Listener::Tcp(bind_listener("the server port", self.config.bind).await?),
         };
         let admin_listener = match &self.config.admin {
             Some(admin) => Some(bind_listener("the admin API", admin.bind).await?),
@@ -378,6 +390,7 @@ impl Server {
         let limits = Limits::new(bandwidth_limits(&self.config));
         let shared = Arc::new(Shared {
             limits,
+            layers,
             live: RwLock::new(Arc::new(Live::new(self.config))),
             sessions: Mutex::new(HashMap::new()),
             services: RwLock::new(services),
@@ -757,6 +770,8 @@ struct Shared {
     p2p_settings: Option<tokio::sync::watch::Sender<crate::p2p::net::relay::RelaySettings>>,
     /// Services' bandwidth limits (a reload changes them in place).
     limits: Limits,
+    /// TLS and WebSocket on the server port (set at start; a reload does not change them).
+    layers: ServerLayers,
 }
 
 /// What a service's relays do to its bytes besides carrying them.
@@ -826,6 +841,8 @@ struct Live {
     /// Ciphers this server allows, already adjusted for the transport, with
     /// `cipher_choice` and this machine's figures.
     ciphers: CipherPolicy,
+    /// What it allows on `tls`, where TLS encrypts: `none`.
+    tls_ciphers: CipherPolicy,
 }
 
 impl Live {
@@ -839,6 +856,7 @@ impl Live {
         Live {
             noise_psk: keys::noise_psk(&config.psk),
             ciphers: crate::crypto::speed::policy(&ciphers, config.cipher_choice),
+            tls_ciphers: crate::crypto::speed::policy(&[CipherSuite::None], config.cipher_choice),
             config,
         }
     }
@@ -1111,22 +1129,32 @@ impl From<PreambleError> for Rejected {
 
 async fn authenticate(
     shared: &Arc<Shared>,
-    mut stream: TcpStream,
+    stream: TcpStream,
     peer: SocketAddr,
 ) -> Result<Authenticated, Rejected> {
+    let connected = match shared.layers.accept(stream, peer).await {
+        Ok(Accepted::Warren(connected, _)) => connected,
+        Ok(Accepted::Answered) => return Ok(Authenticated::Data),
+        Err(error) => return Err(Rejected::Io(PreambleError::Io(error))),
+    };
+    let binding = connected.binding;
+    let mut stream = connected.wire;
     match preamble::server_read_preamble(&mut stream).await? {
-        Incoming::Data(hello) => accept_data_channel(shared, stream, &hello).await,
-        Incoming::DataOpen(hello) => forward::accept_open_channel(shared, stream, &hello).await,
+        Incoming::Data(hello) => accept_data_channel(shared, stream, &hello, binding).await,
+        Incoming::DataOpen(hello) => {
+            forward::accept_open_channel(shared, stream, &hello, binding).await
+        }
         Incoming::Control(message1) => {
-            accept_control_channel(shared, stream, peer, &message1).await
+            accept_control_channel(shared, stream, peer, &message1, binding).await
         }
     }
 }
 
 async fn accept_data_channel(
     shared: &Arc<Shared>,
-    stream: TcpStream,
+    stream: Wire,
     hello: &DataHello,
+    binding: Option<[u8; 32]>,
 ) -> Result<Authenticated, Rejected> {
     let Some(session) = shared.session(&hello.session_id) else {
         return Err(Rejected::Silent("data channel for an unknown session"));
@@ -1137,37 +1165,44 @@ async fn accept_data_channel(
             "data channel for a session on another transport",
         ));
     };
-    if !session
-        .keys
-        .verify_data_hello(&hello.client_nonce, &hello.mac)
-    {
+    let keys = session.keys.bound_to(binding.as_ref());
+    if !keys.verify_data_hello(&hello.client_nonce, &hello.mac) {
         return Err(Rejected::Silent("data channel MAC did not verify"));
     }
-    let channel = preamble::server_accept_data_channel(stream, &session.keys, hello).await?;
+    let channel = preamble::server_accept_data_channel(stream, &keys, hello).await?;
     pool.add_idle(channel);
     Ok(Authenticated::Data)
 }
 
 async fn accept_control_channel(
     shared: &Arc<Shared>,
-    mut stream: TcpStream,
+    mut stream: Wire,
     peer: SocketAddr,
     message1: &[u8],
+    binding: Option<[u8; 32]>,
 ) -> Result<Authenticated, Rejected> {
     let mut session_id = [0u8; proto_handshake::SESSION_ID_LEN];
     rand::rng().fill_bytes(&mut session_id);
     let live = shared.live();
-    let outcome =
-        proto_handshake::server_handshake(&live.noise_psk, message1, &live.ciphers, session_id)
-            .map_err(|e| Rejected::from(PreambleError::Handshake(e)))?;
+    // On `tls` the handshake is bound to the TLS session, which already encrypts: the
+    // records inside need no cipher of their own.
+    let psk = keys::bound_noise_psk(&live.noise_psk, binding.as_ref());
+    let ciphers = match binding {
+        Some(_) => &live.tls_ciphers,
+        None => &live.ciphers,
+    };
+    let outcome = proto_handshake::server_handshake(&psk, message1, ciphers, session_id)
+        .map_err(|e| Rejected::from(PreambleError::Handshake(e)))?;
     use tokio::io::AsyncWriteExt;
-    stream
-        .write_all(&outcome.reply)
-        .await
-        .map_err(|e| Rejected::Io(e.into()))?;
+    async {
+        stream.write_all(&outcome.reply).await?;
+        stream.flush().await
+    }
+    .await
+    .map_err(|e| Rejected::Io(e.into()))?;
     let established = outcome.result.map_err(Rejected::Refused)?;
     let version = established.version;
-    let keys = SessionKeys::new(&established);
+    let keys = SessionKeys::new(&established).on_tls(binding.is_some());
     let (sealer, opener) = keys.control_channel(Side::Server);
     let mut channel = Stream::tcp(Channel::new(stream, sealer, opener));
     // From here on the peer has proven the PSK: a refusal says why before it closes.

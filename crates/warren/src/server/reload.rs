@@ -89,6 +89,22 @@ pub(super) async fn apply(shared: &Arc<Shared>, mut new: ServerConfig) -> Reload
         }
     }
 
+    // TLS and WebSocket on the server port are set up at start (see `web::layers`).
+    let web = |config: &ServerConfig| {
+        (
+            matches!(config.transport, Transport::Tls | Transport::Wss),
+            matches!(config.transport, Transport::Ws | Transport::Wss),
+            config.tls.clone(),
+            config.ws.clone(),
+        )
+    };
+    if web(&new) != web(old) {
+        summary.needs_restart.push(
+            "transport tls/ws/wss, [server.tls] or [server.ws] (the server port keeps its TLS certificate and WebSocket settings)"
+                .to_owned(),
+        );
+    }
+
     // The P2P UDP port stays as bound at start (see `Server::bind`); its relay's limits
     // and key (the PSK) follow the new config once it is in force (step 3).
     let udp_bind = |config: &ServerConfig| config.p2p.as_ref().map(|p2p| p2p.udp_bind);

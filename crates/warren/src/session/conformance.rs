@@ -161,9 +161,10 @@ async fn tcp_harness(suite: CipherSuite) -> Harness {
                     () = cancel.cancelled() => return,
                     accepted = listener.accept() => accepted,
                 };
-                let Ok((mut socket, _)) = accepted else {
+                let Ok((socket, _)) = accepted else {
                     return;
                 };
+                let mut socket = crate::transport::wire::Wire::tcp(socket);
                 let (server, keys, to_server) =
                     (Arc::clone(&server), Arc::clone(&keys), to_server.clone());
                 inner.spawn(async move {
@@ -193,6 +194,7 @@ async fn tcp_harness(suite: CipherSuite) -> Harness {
         });
     }
     let dialer = Dialer {
+        layers: crate::transport::layers::ClientLayers::plain(),
         server: HostPort {
             host: "127.0.0.1".into(),
             port: addr.port(),

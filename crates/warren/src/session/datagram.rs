@@ -23,8 +23,8 @@
 
 use std::sync::Arc;
 
+use crate::transport::wire::{WireReader, WireWriter};
 use bytes::Bytes;
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::sync::mpsc;
 
 use super::quic::{QuicReader, QuicWriter};
@@ -124,7 +124,7 @@ impl DatagramChannel {
 pub struct DatagramSender(Sender);
 
 enum Sender {
-    Tcp(RecordWriter<OwnedWriteHalf>),
+    Tcp(RecordWriter<WireWriter>),
     Quic {
         datagrams: Arc<Datagrams>,
         channel: u32,
@@ -198,7 +198,7 @@ fn quic_error(error: StreamError) -> DatagramError {
 pub struct DatagramReceiver(Receiver);
 
 enum Receiver {
-    Tcp(RecordReader<OwnedReadHalf>),
+    Tcp(RecordReader<WireReader>),
     Quic(QuicReceiver),
     Gone,
 }

@@ -25,7 +25,7 @@
 
 use std::borrow::Cow;
 
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use crate::transport::wire::{WireReader, WireWriter};
 
 use super::quic::{QuicReader, QuicWriter};
 use crate::crypto::record::RecordKind;
@@ -109,7 +109,7 @@ impl Stream {
 /// The receiving direction of a stream.
 pub enum StreamReader {
     /// Records on a TCP data channel.
-    Tcp(RecordReader<OwnedReadHalf>),
+    Tcp(RecordReader<WireReader>),
     /// A QUIC stream.
     Quic(QuicReader),
 }
@@ -170,7 +170,7 @@ impl StreamReader {
 /// The sending direction of a stream.
 pub enum StreamWriter {
     /// Records on a TCP data channel.
-    Tcp(RecordWriter<OwnedWriteHalf>),
+    Tcp(RecordWriter<WireWriter>),
     /// A QUIC stream.
     Quic(QuicWriter),
 }

@@ -33,6 +33,7 @@ use crate::config::HostPort;
 use crate::config::proxy::ProxyUrl;
 use crate::crypto::keys::SessionKeys;
 use crate::crypto::record::RecordKind;
+use crate::transport::layers::ClientLayers;
 use crate::transport::records::Record;
 use crate::transport::tcp::{self, Family};
 use crate::transport::{Channel, preamble};
@@ -151,6 +152,8 @@ pub struct Dialer {
     pub timeout: Duration,
     /// The session's keys (data channels prove they belong to it).
     pub keys: Arc<SessionKeys>,
+    /// The transport's TLS and WebSocket layers.
+    pub layers: ClientLayers,
 }
 
 impl Dialer {
@@ -166,7 +169,9 @@ impl Dialer {
             )
             .await
             .map_err(|e| e.to_string())?;
-            preamble::client_data_channel_of_kind(stream, &self.keys, kind)
+            let connected = self.layers.wrap(stream).await.map_err(|e| e.to_string())?;
+            let keys = self.keys.bound_to(connected.binding.as_ref());
+            preamble::client_data_channel_of_kind(connected.wire, &keys, kind)
                 .await
                 .map_err(|e| e.to_string())
         };

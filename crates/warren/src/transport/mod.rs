@@ -13,6 +13,7 @@
 
 pub mod buffers;
 pub mod compress;
+pub mod layers;
 pub mod preamble;
 pub mod proxy;
 pub mod quic;
@@ -22,27 +23,25 @@ pub mod tls;
 pub mod wire;
 pub mod ws;
 
-use tokio::net::TcpStream;
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
-
 use crate::crypto::record::{Opener, Sealer};
 use records::{RecordReader, RecordWriter};
+use wire::{Wire, WireReader, WireWriter};
 
 /// The transport a config asks for.
 pub use crate::config::Transport;
 
-/// One established TCP connection speaking records, split into its two directions.
+/// One established connection speaking records, split into its two directions.
 pub struct Channel {
     /// Records from the peer.
-    pub reader: RecordReader<OwnedReadHalf>,
+    pub reader: RecordReader<WireReader>,
     /// Records to the peer.
-    pub writer: RecordWriter<OwnedWriteHalf>,
+    pub writer: RecordWriter<WireWriter>,
 }
 
 impl Channel {
     /// Wraps a connection whose preamble is done.
-    pub fn new(stream: TcpStream, sealer: Sealer, opener: Opener) -> Self {
-        let (read, write) = stream.into_split();
+    pub fn new(wire: Wire, sealer: Sealer, opener: Opener) -> Self {
+        let (read, write) = wire.into_split();
         Channel {
             reader: RecordReader::new(read, opener),
             writer: RecordWriter::new(write, sealer),

@@ -1,4 +1,4 @@
-//! The first frames of every connection, both sides, over a `TcpStream`.
+//! The first frames of every connection, both sides, over a [`Wire`].
 //!
 //! The byte layouts and the Noise state machine live in [`warren_proto::handshake`]; this
 //! module only moves frames and turns the results into [`Channel`]s. Callers put one deadline
@@ -8,7 +8,6 @@ use std::io;
 
 use rand::RngCore;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 use warren_proto::CipherPolicy;
 use warren_proto::handshake::{
     self, ClientHandshake, DataAccept, DataHello, Established, HandshakeError, NONCE_LEN, Preamble,
@@ -17,6 +16,7 @@ use warren_proto::handshake::{
 use crate::Side;
 use crate::crypto::keys::SessionKeys;
 use crate::transport::Channel;
+use crate::transport::wire::Wire;
 
 /// Failures while exchanging preambles.
 #[derive(Debug, thiserror::Error)]
@@ -35,7 +35,7 @@ pub enum PreambleError {
 }
 
 /// Reads one length-prefixed frame body, checking the length before allocating.
-pub async fn read_frame(stream: &mut TcpStream) -> Result<Vec<u8>, PreambleError> {
+pub async fn read_frame(stream: &mut Wire) -> Result<Vec<u8>, PreambleError> {
     let mut prefix = [0u8; 2];
     stream.read_exact(&mut prefix).await?;
     let len = handshake::frame_len(prefix)?;
@@ -50,12 +50,13 @@ pub async fn read_frame(stream: &mut TcpStream) -> Result<Vec<u8>, PreambleError
 /// [`PreambleError::Io`] with `UnexpectedEof` when the server closed in silence (the usual
 /// sign of a wrong PSK), [`HandshakeError::Refused`] when the server declined.
 pub async fn client_handshake(
-    stream: &mut TcpStream,
+    stream: &mut Wire,
     noise_psk: &[u8; 32],
     ciphers: &CipherPolicy,
 ) -> Result<Established, PreambleError> {
     let (state, first) = ClientHandshake::start_with(noise_psk, ciphers)?;
     stream.write_all(&first).await?;
+    stream.flush().await?;
     let reply = read_frame(stream).await?;
     Ok(state.handle_reply(&reply)?)
 }
@@ -66,7 +67,7 @@ pub async fn client_handshake(
 /// [`PreambleError::ChannelRefused`] when the server closed without answering,
 /// [`HandshakeError::Unauthenticated`] when its answer did not verify.
 pub async fn client_data_channel(
-    stream: TcpStream,
+    stream: Wire,
     keys: &SessionKeys,
 ) -> Result<Channel, PreambleError> {
     client_data_channel_of_kind(stream, keys, handshake::KIND_DATA).await
@@ -78,7 +79,7 @@ pub async fn client_data_channel(
 /// # Errors
 /// As [`client_data_channel`].
 pub async fn client_data_channel_of_kind(
-    mut stream: TcpStream,
+    mut stream: Wire,
     keys: &SessionKeys,
     kind: u8,
 ) -> Result<Channel, PreambleError> {
@@ -90,6 +91,7 @@ pub async fn client_data_channel_of_kind(
         mac: keys.data_hello_mac(&client_nonce),
     };
     stream.write_all(&hello.to_frame_of_kind(kind)).await?;
+    stream.flush().await?;
     let reply = match read_frame(&mut stream).await {
         Err(PreambleError::Io(e)) if e.kind() == io::ErrorKind::UnexpectedEof => {
             return Err(PreambleError::ChannelRefused);
@@ -118,7 +120,7 @@ pub enum Incoming {
 ///
 /// # Errors
 /// Socket errors and malformed frames; the caller closes without answering.
-pub async fn server_read_preamble(stream: &mut TcpStream) -> Result<Incoming, PreambleError> {
+pub async fn server_read_preamble(stream: &mut Wire) -> Result<Incoming, PreambleError> {
     let body = read_frame(stream).await?;
     Ok(match handshake::parse_preamble(&body)? {
         Preamble::Control(message1) => Incoming::Control(message1.to_vec()),
@@ -134,7 +136,7 @@ pub async fn server_read_preamble(stream: &mut TcpStream) -> Result<Incoming, Pr
 /// # Errors
 /// Socket errors.
 pub async fn server_accept_data_channel(
-    mut stream: TcpStream,
+    mut stream: Wire,
     keys: &SessionKeys,
     hello: &DataHello,
 ) -> Result<Channel, PreambleError> {
@@ -145,6 +147,7 @@ pub async fn server_accept_data_channel(
         mac: keys.data_accept_mac(&hello.client_nonce, &server_nonce),
     };
     stream.write_all(&accept.to_frame()).await?;
+    stream.flush().await?;
     let (sealer, opener) = keys.data_channel(Side::Server, &hello.client_nonce, &server_nonce);
     Ok(Channel::new(stream, sealer, opener))
 }

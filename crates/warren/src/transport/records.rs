@@ -19,6 +19,7 @@ use tokio::net::tcp::{OwnedReadHalf, ReadHalf};
 
 use super::buffers;
 use super::compress::{Compressor, InflateError, inflate};
+use super::wire::{Source, readable};
 use crate::crypto::record::{
     HEADER_LEN, MAX_PAYLOAD, MAX_TAG_LEN, Opener, RecordError, RecordKind, Sealer,
 };
@@ -151,7 +152,7 @@ pub struct RecordReader<R> {
     inflated: Vec<u8>,
 }
 
-impl<R: ReadReady> RecordReader<R> {
+impl<R: Source> RecordReader<R> {
     /// Wraps `io`; `opener` holds the receive keys.
     pub fn new(io: R, opener: Opener) -> Self {
         RecordReader {
@@ -203,7 +204,7 @@ impl<R: ReadReady> RecordReader<R> {
     async fn fill(&mut self) -> Result<bool, RecordIoError> {
         loop {
             if self.buf.is_empty() {
-                self.io.readable().await?;
+                readable(&mut self.io).await?;
                 self.buf = buffers::take_read();
             } else if self.end == self.buf.len() {
                 // Invariant: a full record (< READ_BUF_LEN / 2) always fits after compaction.
@@ -221,7 +222,7 @@ impl<R: ReadReady> RecordReader<R> {
                     if self.start == self.end {
                         self.release();
                     } else {
-                        self.io.readable().await?;
+                        readable(&mut self.io).await?;
                     }
                 }
                 Err(e) => return Err(e.into()),
@@ -411,6 +412,8 @@ impl<W: AsyncWrite + Unpin> RecordWriter<W> {
             self.io.write_all(&self.staged).await?;
             self.staged = Vec::new();
         }
+        // Free on TCP; TLS and WebSocket hold the tail of a record until flushed.
+        self.io.flush().await?;
         Ok(())
     }
 
@@ -437,6 +440,7 @@ impl<W: AsyncWrite + Unpin> RecordWriter<W> {
         if !self.staged.is_empty() {
             self.io.write_all(&self.staged).await?;
             self.staged = Vec::new();
+            self.io.flush().await?;
         }
         Ok(())
     }

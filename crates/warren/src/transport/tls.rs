@@ -159,7 +159,13 @@ impl TlsServer {
 }
 
 fn tls_failure(what: &str, error: io::Error) -> io::Error {
-    io::Error::new(error.kind(), format!("{what}: {error}"))
+    let text = error.to_string();
+    let hint = if text.contains("ProtocolVersion") {
+        " (Warren speaks TLS 1.3 only: enable it where the TLS ends, e.g. nginx's ssl_protocols TLSv1.2 TLSv1.3)"
+    } else {
+        ""
+    };
+    io::Error::new(error.kind(), format!("{what}: {text}{hint}"))
 }
 
 /// An established TLS connection, before it is split.

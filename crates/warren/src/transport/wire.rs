@@ -238,7 +238,15 @@ impl Wire {
         }
     }
 
-    /// The base halves (TCP or TLS), for a WebSocket handshake; `None` once framed.
+    /// Joins base halves again (after [`Wire::into_base`]).
+    pub fn from_base(reader: BaseReader, writer: BaseWriter) -> Wire {
+        Wire {
+            reader: WireReader::Base(reader),
+            writer: WireWriter::Base(writer),
+        }
+    }
+
+    /// The base halves (TCP or TLS), for a WebSocket handshake; the wire back once framed.
     pub fn into_base(self) -> Result<(BaseReader, BaseWriter), Wire> {
         match (self.reader, self.writer) {
             (WireReader::Base(reader), WireWriter::Base(writer)) => Ok((reader, writer)),

@@ -134,6 +134,9 @@ pub async fn start_server(setup: &Setup, bind: SocketAddr, service_bind: SocketA
     if let Some(choice) = setup.cipher_choice {
         builder = builder.cipher_choice(choice);
     }
+    if matches!(setup.transport, Transport::Tls | Transport::Wss) {
+        builder = builder.tls(tls_config());
+    }
     let bound = builder
         .build()
         .expect("valid server")
@@ -217,6 +220,28 @@ pub fn quic_config() -> warren::config::quic::QuicConfig {
         },
         max_packet: 6500,
         ..Default::default()
+    }
+}
+
+/// A server certificate for `tls` / `wss` in the temporary directory (one per test
+/// process): self-signed for `localhost`.
+pub fn tls_config() -> warren::config::web::ServerTlsConfig {
+    static FILES: std::sync::OnceLock<(std::path::PathBuf, std::path::PathBuf)> =
+        std::sync::OnceLock::new();
+    let files = FILES.get_or_init(|| {
+        let dir = std::env::temp_dir().join(format!("warren-test-tls-{}", std::process::id()));
+        let (cert, key) = (dir.join("tls.pem"), dir.join("tls.key"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let issued =
+            warren::transport::quic::certs::self_signed(&["localhost".to_owned()]).unwrap();
+        std::fs::write(&cert, &issued.cert_pem).unwrap();
+        std::fs::write(&key, &issued.key_pem).unwrap();
+        (cert, key)
+    });
+    warren::config::web::ServerTlsConfig {
+        files: Some(files.clone()),
+        self_signed: None,
+        configured: true,
     }
 }
 

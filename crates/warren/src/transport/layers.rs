@@ -1,0 +1,205 @@
+//! What sits between a TCP connection and Warren's preamble on each TCP-family transport,
+//! both sides: nothing (`noise`, `tcp`), TLS (`tls`), WebSocket (`ws`) or both (`wss`).
+//!
+//! The client wraps every connection of a session the same way ([`ClientLayers`]). The
+//! server takes them all on one port and tells them apart by their first bytes
+//! ([`ServerLayers::accept`]): `0x16` opens a TLS handshake, `G` an HTTP request, and a
+//! Warren preamble starts with a length below 1024 (`0x00`..`0x03`). Inside TLS the same
+//! test tells `wss` from `tls`.
+//!
+//! On `tls` the TLS session is end to end, so the PSK proof inside is bound to it
+//! ([`Connected::binding`]) and the records inside are not encrypted a second time. `ws`
+//! and `wss` are not bound: reverse proxies and CDNs terminate them, and the records inside
+//! stay encrypted with the negotiated cipher.
+
+use std::io;
+use std::net::SocketAddr;
+
+use tokio::io::AsyncReadExt;
+use tokio::net::TcpStream;
+
+use super::Transport;
+use super::tls::{TlsClient, TlsServer};
+use super::wire::Wire;
+use super::ws::{self, Role, Upgrade, WsServer};
+
+/// A connection ready for Warren's preamble.
+pub struct Connected {
+    /// The bytes below the records.
+    pub wire: Wire,
+    /// The TLS exporter to bind the PSK proof to (`tls` only).
+    pub binding: Option<[u8; 32]>,
+    /// The TCP peer (a proxy's address when there is one).
+    pub peer: SocketAddr,
+}
+
+/// How a client wraps its connections to the server.
+#[derive(Clone, Debug)]
+pub struct ClientLayers {
+    tls: Option<(TlsClient, String)>,
+    ws: Option<(String, String)>,
+}
+
+impl ClientLayers {
+    /// No layers: `noise` and `tcp`.
+    pub fn plain() -> ClientLayers {
+        ClientLayers {
+            tls: None,
+            ws: None,
+        }
+    }
+
+    /// The layers of `transport`: TLS with `tls` naming `server_name` (SNI), WebSocket
+    /// asking for `path` with `host` in the `Host` header.
+    pub fn new(
+        transport: Transport,
+        tls: TlsClient,
+        server_name: String,
+        (host, path): (String, String),
+    ) -> ClientLayers {
+        let with_tls = matches!(transport, Transport::Tls | Transport::Wss);
+        let with_ws = matches!(transport, Transport::Ws | Transport::Wss);
+        ClientLayers {
+            tls: with_tls.then_some((tls, server_name)),
+            ws: with_ws.then_some((host, path)),
+        }
+    }
+
+    /// Whether the PSK proof is bound to a TLS session (`tls`): the records inside need no
+    /// cipher of their own.
+    pub fn bound(&self) -> bool {
+        self.tls.is_some() && self.ws.is_none()
+    }
+
+    /// Wraps a fresh connection to the server. The caller bounds the time it takes.
+    ///
+    /// # Errors
+    /// TLS and WebSocket handshake failures, with what to check.
+    pub async fn wrap(&self, stream: TcpStream) -> io::Result<Connected> {
+        let peer = stream.peer_addr()?;
+        let (wire, binding) = match &self.tls {
+            Some((client, name)) => {
+                let session = client.connect(stream, name).await?;
+                let binding = session.binding()?;
+                let (reader, writer) = session.split();
+                (Wire::tls(reader, writer), Some(binding))
+            }
+            None => (Wire::tcp(stream), None),
+        };
+        let Some((host, path)) = &self.ws else {
+            return Ok(Connected {
+                wire,
+                binding,
+                peer,
+            });
+        };
+        let Ok((mut reader, mut writer)) = wire.into_base() else {
+            unreachable!("a fresh wire has no framing");
+        };
+        ws::client_upgrade(&mut reader, &mut writer, host, path)
+            .await
+            .map_err(|e| io::Error::other(e.to_string()))?;
+        let (reader, writer) = ws::framed(reader, writer, Role::Client);
+        Ok(Connected {
+            wire: Wire::ws(reader, writer),
+            binding: None,
+            peer,
+        })
+    }
+}
+
+/// What the server's port takes besides plain Warren connections.
+#[derive(Clone, Debug)]
+pub struct ServerLayers {
+    /// TLS for `tls` and `wss`; `None` when the server has no certificate.
+    pub tls: Option<TlsServer>,
+    /// WebSocket for `ws` and `wss`; `None`: HTTP requests are not answered.
+    pub ws: Option<WsServer>,
+}
+
+/// A connection on the server port, once its layers are peeled.
+pub enum Accepted {
+    /// A Warren connection (any transport), ready for its preamble.
+    Warren(Connected, Transport),
+    /// An HTTP request that was not an upgrade, answered; nothing more to do.
+    Answered,
+}
+
+impl ServerLayers {
+    /// Peels the layers of a new connection. The caller bounds the time it takes.
+    ///
+    /// # Errors
+    /// TLS on a server without a certificate, handshake failures, malformed HTTP.
+    pub async fn accept(&self, stream: TcpStream, peer: SocketAddr) -> io::Result<Accepted> {
+        let mut first = [0u8; 1];
+        if stream.peek(&mut first).await? == 0 {
+            return Err(io::ErrorKind::UnexpectedEof.into());
+        }
+        let (wire, tls_binding) = if first[0] == TLS_HANDSHAKE {
+            let Some(tls) = &self.tls else {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    "a TLS client, but this server has no certificate: set transport = \"tls\" or \"wss\", or add [server.tls]",
+                ));
+            };
+            let session = tls.accept(stream).await?;
+            let binding = session.binding()?;
+            let (reader, writer) = session.split();
+            (Wire::tls(reader, writer), Some(binding))
+        } else {
+            (Wire::tcp(stream), None)
+        };
+        let Ok((mut reader, mut writer)) = wire.into_base() else {
+            unreachable!("a fresh wire has no framing");
+        };
+        // The first byte inside TLS (it may have brought none yet: read one, put it back).
+        let mut inside = first;
+        if tls_binding.is_some() {
+            if reader.read(&mut inside).await? == 0 {
+                return Err(io::ErrorKind::UnexpectedEof.into());
+            }
+            reader.unread(&inside);
+        }
+        let ws_server = self.ws.as_ref().filter(|_| inside[0] == b'G');
+        let Some(ws_server) = ws_server else {
+            let transport = if tls_binding.is_some() {
+                Transport::Tls
+            } else {
+                Transport::Noise
+            };
+            return Ok(Accepted::Warren(
+                Connected {
+                    wire: Wire::from_base(reader, writer),
+                    binding: tls_binding,
+                    peer,
+                },
+                transport,
+            ));
+        };
+        match ws::server_upgrade(&mut reader, &mut writer, ws_server)
+            .await
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?
+        {
+            Upgrade::NotWebSocket => Ok(Accepted::Answered),
+            Upgrade::WebSocket => {
+                let (reader, writer) = ws::framed(reader, writer, Role::Server);
+                let transport = if tls_binding.is_some() {
+                    Transport::Wss
+                } else {
+                    Transport::Ws
+                };
+                Ok(Accepted::Warren(
+                    Connected {
+                        wire: Wire::ws(reader, writer),
+                        binding: None,
+                        peer,
+                    },
+                    transport,
+                ))
+            }
+        }
+    }
+}
+
+/// The first byte of a TLS record carrying a handshake (the ClientHello).
+const TLS_HANDSHAKE: u8 = 0x16;
