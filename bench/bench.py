@@ -114,7 +114,7 @@ LABELS = {
     "rathole-noise": "rathole 0.5.0 noise (NK, ChaChaPoly)",
     "frp-plain": "frp 0.71.0 plain",
     "frp-tls": "frp 0.71.0 TLS (default)",
-    "frp-wss": "frp 0.71.0 wss (WebSocket on TLS)",
+    "frp-wss": "frp 0.71.0 wss (WebSocket on TLS; nginx terminates the TLS, frps takes no TLS WebSocket itself)",
     "frp-quic": "frp 0.71.0 QUIC",
 }
 NETNS_LABELS = {"raw": "raw, across the veth (the limit)"}
@@ -820,7 +820,12 @@ class Frp(Tunnel):
             # QUIC brings its own TLS 1.3; frp's transport.tls.* keys stay at their defaults.
             c += 'transport.protocol = "quic"\n'
         elif wss:
+            # frps takes WebSocket on its port but not WebSocket inside TLS: frp's wss is
+            # deployed behind a TLS-terminating proxy, nginx here (counted with frp).
+            front = free_port()
+            c = c.replace(f"serverPort = {server_port}", f"serverPort = {front}")
             c += 'transport.protocol = "wss"\n'
+            self.nginx = self._nginx(front, host, server_port)
         else:
             c += f'transport.tls.enable = {"true" if tls else "false"}\n'
         for svc in targets:
@@ -835,6 +840,39 @@ class Frp(Tunnel):
         self.client = PROCS.start(NET.client_prefix + [frpc, "-c", str(self.dir / "frpc.toml")],
                                   self.dir / "client.log")
         return visitors
+
+    def _nginx(self, port: int, host: str, frps_port: int) -> subprocess.Popen:
+        """nginx terminating TLS on `port` and passing frp's WebSocket path to frps."""
+        d = self.dir
+        subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt",
+                        "ec_paramgen_curve:prime256v1", "-nodes", "-days", "2", "-subj",
+                        "/CN=localhost", "-keyout", str(d / "key.pem"), "-out", str(d / "cert.pem")],
+                       check=True, capture_output=True, timeout=30)
+        for sub in ("body", "proxy", "fastcgi", "uwsgi", "scgi"):
+            (d / sub).mkdir(exist_ok=True)
+        (d / "nginx.conf").write_text(
+            f"daemon off;\nmaster_process off;\nworker_processes 1;\npid {d}/nginx.pid;\n"
+            f"error_log {d}/nginx.error.log warn;\nevents {{ worker_connections 4096; }}\n"
+            f"http {{\n access_log off;\n client_body_temp_path {d}/body;\n proxy_temp_path {d}/proxy;\n"
+            f" fastcgi_temp_path {d}/fastcgi;\n uwsgi_temp_path {d}/uwsgi;\n scgi_temp_path {d}/scgi;\n"
+            f" server {{ listen {host}:{port} ssl; ssl_protocols TLSv1.2 TLSv1.3;"
+            f" ssl_certificate {d}/cert.pem; ssl_certificate_key {d}/key.pem;\n"
+            f"  location / {{ proxy_pass http://{host}:{frps_port}; proxy_http_version 1.1;"
+            f" proxy_set_header Upgrade $http_upgrade; proxy_set_header Connection \"upgrade\";"
+            f" proxy_read_timeout 1h; proxy_buffering off; }} }}\n}}\n")
+        nginx = "/usr/sbin/nginx" if Path("/usr/sbin/nginx").is_file() else "nginx"
+        proc = PROCS.start([nginx, "-c", str(d / "nginx.conf"), "-e", "stderr"], d / "nginx.log")
+        wait_listening(port, host=host, proc=proc)
+        return proc
+
+    def pids(self) -> list[int]:
+        return super().pids() + ([self.nginx.pid] if getattr(self, "nginx", None) else [])
+
+    def stop(self) -> None:
+        if getattr(self, "nginx", None) is not None:
+            PROCS.stop(self.nginx)
+            self.nginx = None
+        super().stop()
 
 
 def make_tunnel(name: str, workdir: Path, bench_home: Path, warren: str) -> Tunnel:

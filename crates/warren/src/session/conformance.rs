@@ -27,9 +27,14 @@ use super::quic::QuicLink;
 use super::stream::{Chunk, Stream};
 use super::tcp::{ClientPool, Dialer, ServerPool};
 use crate::config::HostPort;
+use crate::config::Transport;
 use crate::crypto::keys::SessionKeys;
+use crate::transport::layers::{Accepted, ClientLayers, ServerLayers};
 use crate::transport::preamble::{self, Incoming};
+use crate::transport::quic::certs;
 use crate::transport::tcp::Family;
+use crate::transport::tls::{TlsClient, TlsServer};
+use crate::transport::ws::WsServer;
 
 /// Every implementation under test.
 #[derive(Debug, Clone, Copy)]
@@ -40,9 +45,19 @@ enum Kind {
     TcpNoise,
     /// Native streams of one QUIC connection (`transport = "quic"`).
     Quic,
+    /// TCP data channels in TLS 1.3, bound, plaintext records (`transport = "tls"`).
+    Tls,
+    /// TCP data channels in WebSocket in TLS, AEAD records (`transport = "wss"`).
+    Wss,
 }
 
-const KINDS: [Kind; 3] = [Kind::TcpPlain, Kind::TcpNoise, Kind::Quic];
+const KINDS: [Kind; 5] = [
+    Kind::TcpPlain,
+    Kind::TcpNoise,
+    Kind::Quic,
+    Kind::Tls,
+    Kind::Wss,
+];
 
 /// No single wait in these tests may take longer.
 const DEADLINE: Duration = Duration::from_secs(20);
@@ -81,9 +96,11 @@ impl StreamHandler for ToTest {
 impl Harness {
     async fn new(kind: Kind) -> Harness {
         match kind {
-            Kind::TcpPlain => tcp_harness(CipherSuite::None).await,
-            Kind::TcpNoise => tcp_harness(CipherSuite::Aes128Gcm).await,
+            Kind::TcpPlain => tcp_harness(CipherSuite::None, Transport::Tcp).await,
+            Kind::TcpNoise => tcp_harness(CipherSuite::Aes128Gcm, Transport::Noise).await,
             Kind::Quic => quic_harness().await,
+            Kind::Tls => tcp_harness(CipherSuite::None, Transport::Tls).await,
+            Kind::Wss => tcp_harness(CipherSuite::Aes128Gcm, Transport::Wss).await,
         }
     }
 
@@ -137,10 +154,36 @@ fn session_keys(suite: CipherSuite) -> SessionKeys {
     SessionKeys::new(&server)
 }
 
+/// Both sides' TLS and WebSocket layers for `transport` (a fresh self-signed certificate).
+fn layers(transport: Transport) -> (ServerLayers, ClientLayers) {
+    let issued = certs::self_signed(&["localhost".to_owned()]).expect("certificate");
+    let key = issued.private_key().expect("key");
+    let server = ServerLayers {
+        tls: Some(TlsServer::new(vec![issued.cert_der.clone()], key).expect("tls server")),
+        ws: Some(WsServer {
+            path: "/warren".to_owned(),
+            decoy: true,
+        }),
+    };
+    let client = match transport {
+        Transport::Tls | Transport::Ws | Transport::Wss => ClientLayers::new(
+            transport,
+            TlsClient::new(None, None).expect("tls client"),
+            "localhost".to_owned(),
+            ("localhost".to_owned(), "/warren".to_owned()),
+        ),
+        _ => ClientLayers::plain(),
+    };
+    (server, client)
+}
+
 /// The TCP transports: a listener that admits the session's data channels (pooled ones to
-/// the server's pool, forward ones to the test) and a client pool dialing it.
-async fn tcp_harness(suite: CipherSuite) -> Harness {
+/// the server's pool, forward ones to the test) and a client pool dialing it, with the
+/// TLS and WebSocket layers of `transport`.
+async fn tcp_harness(suite: CipherSuite, transport: Transport) -> Harness {
     let keys = Arc::new(session_keys(suite));
+    let (server_layers, client_layers) = layers(transport);
+    let server_layers = Arc::new(server_layers);
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr");
     let tasks = TaskTracker::new();
@@ -161,13 +204,22 @@ async fn tcp_harness(suite: CipherSuite) -> Harness {
                     () = cancel.cancelled() => return,
                     accepted = listener.accept() => accepted,
                 };
-                let Ok((socket, _)) = accepted else {
+                let Ok((socket, peer)) = accepted else {
                     return;
                 };
-                let mut socket = crate::transport::wire::Wire::tcp(socket);
-                let (server, keys, to_server) =
-                    (Arc::clone(&server), Arc::clone(&keys), to_server.clone());
+                let (server, keys, to_server, layers) = (
+                    Arc::clone(&server),
+                    Arc::clone(&keys),
+                    to_server.clone(),
+                    Arc::clone(&server_layers),
+                );
                 inner.spawn(async move {
+                    let Ok(Accepted::Warren(connected, _)) = layers.accept(socket, peer).await
+                    else {
+                        return;
+                    };
+                    let keys = keys.bound_to(connected.binding.as_ref());
+                    let mut socket = connected.wire;
                     let (hello, pooled) = match preamble::server_read_preamble(&mut socket).await {
                         Ok(Incoming::Data(hello)) => (hello, true),
                         Ok(Incoming::DataOpen(hello)) => (hello, false),
@@ -194,7 +246,7 @@ async fn tcp_harness(suite: CipherSuite) -> Harness {
         });
     }
     let dialer = Dialer {
-        layers: crate::transport::layers::ClientLayers::plain(),
+        layers: client_layers,
         server: HostPort {
             host: "127.0.0.1".into(),
             port: addr.port(),

@@ -212,6 +212,9 @@ impl TlsSession {
         (
             TlsReader {
                 shared: Arc::clone(&self.shared),
+                inbox: Vec::new(),
+                pos: 0,
+                end: 0,
             },
             TlsWriter {
                 shared: self.shared,
@@ -242,13 +245,25 @@ impl Write for Nonblocking<'_> {
 }
 
 /// The read half: plaintext out of TLS records.
+///
+/// rustls's own `read_tls` reads at most 4 KiB per call, i.e. four syscalls per full TLS
+/// record; this half reads the socket into its own buffer in one call and hands rustls
+/// the bytes from memory.
 pub struct TlsReader {
     shared: Arc<Shared>,
+    /// Ciphertext read from the socket, not yet handed to rustls (`pos..end`). No buffer
+    /// while idle: it goes back to the pool whenever it is drained.
+    inbox: Vec<u8>,
+    pos: usize,
+    end: usize,
 }
 
 impl TlsReader {
     /// Ready when plaintext is buffered, the peer closed, or the socket has bytes.
     pub fn poll_read_ready(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        if self.pos < self.end {
+            return Poll::Ready(Ok(()));
+        }
         {
             let mut conn = self.shared.lock()?;
             match conn.process_new_packets() {
@@ -266,30 +281,61 @@ impl TlsReader {
     /// Hands out buffered plaintext, reading and opening more records from the socket
     /// while there is none; `WouldBlock` once the socket is drained.
     pub fn try_read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        let shared = &*self.shared;
-        let mut conn = shared.lock()?;
         loop {
-            let state = conn
-                .process_new_packets()
-                .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("TLS: {e}")))?;
-            if conn.wants_write() {
-                // A key update's answer or an alert: best effort now, the writer sends the
-                // rest with its next record.
-                let _ = conn.write_tls(&mut Nonblocking(&shared.socket));
+            {
+                let shared = &*self.shared;
+                let mut conn = shared.lock()?;
+                loop {
+                    let state = conn.process_new_packets().map_err(|e| {
+                        io::Error::new(io::ErrorKind::InvalidData, format!("TLS: {e}"))
+                    })?;
+                    if conn.wants_write() {
+                        // A key update's answer or an alert: best effort now, the writer
+                        // sends the rest with its next record.
+                        let _ = conn.write_tls(&mut Nonblocking(&shared.socket));
+                    }
+                    if state.plaintext_bytes_to_read() > 0 {
+                        return conn.reader().read(buf);
+                    }
+                    if state.peer_has_closed() {
+                        return Ok(0);
+                    }
+                    if self.pos == self.end {
+                        break;
+                    }
+                    // A memory copy, not a syscall.
+                    let n = conn
+                        .read_tls(&mut &self.inbox[self.pos..self.end])
+                        .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+                    self.pos += n;
+                }
             }
-            if state.plaintext_bytes_to_read() > 0 {
-                return conn.reader().read(buf);
+            if self.inbox.is_empty() {
+                self.inbox = super::buffers::take_read();
             }
-            if state.peer_has_closed() {
-                return Ok(0);
-            }
-            match conn.read_tls(&mut Nonblocking(&shared.socket)) {
+            match super::records::ReadReady::try_read(&self.shared.socket, &mut self.inbox[..]) {
                 // A TCP end without close_notify: the records above say whether anything
                 // was cut (a stream's `End`, a channel's `Close`), so this is EOF too.
                 Ok(0) => return Ok(0),
-                Ok(_) => {}
-                Err(e) => return Err(e),
+                Ok(n) => {
+                    self.pos = 0;
+                    self.end = n;
+                }
+                Err(e) => {
+                    self.pos = 0;
+                    self.end = 0;
+                    super::buffers::give_read(std::mem::take(&mut self.inbox));
+                    return Err(e);
+                }
             }
+        }
+    }
+}
+
+impl Drop for TlsReader {
+    fn drop(&mut self) {
+        if !self.inbox.is_empty() {
+            super::buffers::give_read(std::mem::take(&mut self.inbox));
         }
     }
 }
