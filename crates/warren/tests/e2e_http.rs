@@ -42,31 +42,17 @@ fn tools_present(test: &str) -> bool {
     false
 }
 
-fn nginx_binary() -> &'static str {
-    if Path::new("/usr/sbin/nginx").is_file() {
-        "/usr/sbin/nginx"
-    } else {
-        "nginx"
-    }
-}
-
 /// nginx serving `www/` on `plain` (HTTP) and `tls` (HTTPS with `cert`/`key`), in the
 /// foreground, everything under the test dir.
 fn start_nginx(dir: &TestDir, plain: u16, tls: u16, cert: &Path, key: &Path) -> Proc {
-    let root = dir.path();
-    let conf = format!(
-        "daemon off;\nmaster_process off;\nworker_processes 1;\npid {root}/nginx.pid;\nerror_log {root}/nginx.error.log warn;\nevents {{ worker_connections 256; }}\nhttp {{\n  access_log off;\n  client_body_temp_path {root}/body;\n  proxy_temp_path {root}/proxy;\n  fastcgi_temp_path {root}/fastcgi;\n  uwsgi_temp_path {root}/uwsgi;\n  scgi_temp_path {root}/scgi;\n  default_type application/octet-stream;\n  server {{ listen 127.0.0.1:{plain}; root {root}/www; }}\n  server {{ listen 127.0.0.1:{tls} ssl; ssl_certificate {cert}; ssl_certificate_key {key}; root {root}/www; }}\n}}\n",
-        root = root.display(),
-        cert = cert.display(),
-        key = key.display(),
-    );
-    let conf_path = dir.write("nginx.conf", &conf);
-    Proc::spawn(
+    let root = dir.path().display();
+    spawn_nginx(
         dir,
-        "nginx",
-        nginx_binary(),
-        &["-c", conf_path.to_str().unwrap(), "-e", "stderr"],
-        &[],
+        &format!(
+            "  server {{ listen 127.0.0.1:{plain}; root {root}/www; }}\n  server {{ listen 127.0.0.1:{tls} ssl; ssl_certificate {cert}; ssl_certificate_key {key}; root {root}/www; }}",
+            cert = cert.display(),
+            key = key.display(),
+        ),
     )
 }
 

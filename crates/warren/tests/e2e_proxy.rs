@@ -721,14 +721,6 @@ async fn tls_transport_through_an_http_connect_proxy() {
     server.terminate();
 }
 
-fn nginx_binary() -> &'static str {
-    if std::path::Path::new("/usr/sbin/nginx").is_file() {
-        "/usr/sbin/nginx"
-    } else {
-        "nginx"
-    }
-}
-
 /// nginx as a WebSocket reverse proxy in front of a `ws` Warren server: plain HTTP on
 /// `plain`, and TLS on `tls` with `cert` (PEM holding the key too), both passing `/warren`
 /// with the upgrade headers, as the README shows.
@@ -739,22 +731,15 @@ fn nginx_websocket_proxy(
     cert: &std::path::Path,
     warren: u16,
 ) -> Proc {
-    let root = dir.path();
     let location = format!(
         "location /warren {{ proxy_pass http://127.0.0.1:{warren}; proxy_http_version 1.1; proxy_set_header Upgrade $http_upgrade; proxy_set_header Connection \"upgrade\"; proxy_read_timeout 1h; proxy_buffering off; }}"
     );
-    let conf = format!(
-        "daemon off;\nmaster_process off;\nworker_processes 1;\npid {root}/nginx.pid;\nerror_log {root}/nginx.error.log warn;\nevents {{ worker_connections 256; }}\nhttp {{\n  access_log off;\n  client_body_temp_path {root}/body;\n  proxy_temp_path {root}/proxy;\n  fastcgi_temp_path {root}/fastcgi;\n  uwsgi_temp_path {root}/uwsgi;\n  scgi_temp_path {root}/scgi;\n  server {{ listen 127.0.0.1:{plain}; {location} }}\n  server {{ listen 127.0.0.1:{tls} ssl; ssl_protocols TLSv1.2 TLSv1.3; ssl_certificate {cert}; ssl_certificate_key {cert}; {location} }}\n}}\n",
-        root = root.display(),
-        cert = cert.display(),
-    );
-    let conf_path = dir.write("nginx.conf", &conf);
-    Proc::spawn(
+    spawn_nginx(
         dir,
-        "nginx",
-        nginx_binary(),
-        &["-c", conf_path.to_str().unwrap(), "-e", "stderr"],
-        &[],
+        &format!(
+            "  server {{ listen 127.0.0.1:{plain}; {location} }}\n  server {{ listen 127.0.0.1:{tls} ssl; ssl_protocols TLSv1.2 TLSv1.3; ssl_certificate {cert}; ssl_certificate_key {cert}; {location} }}",
+            cert = cert.display(),
+        ),
     )
 }
 

@@ -830,3 +830,26 @@ pub async fn wait_listening(port: u16, what: &str) {
     }
     panic!("{what} did not start listening on {port}");
 }
+
+/// nginx in the foreground, every path under `dir`, with `servers` (nginx `server {}`
+/// blocks) inside its `http {}` block.
+pub fn spawn_nginx(dir: &TestDir, servers: &str) -> Proc {
+    let root = dir.path();
+    let conf = format!(
+        "daemon off;\nmaster_process off;\nworker_processes 1;\npid {root}/nginx.pid;\nerror_log {root}/nginx.error.log warn;\nevents {{ worker_connections 256; }}\nhttp {{\n  access_log off;\n  client_body_temp_path {root}/body;\n  proxy_temp_path {root}/proxy;\n  fastcgi_temp_path {root}/fastcgi;\n  uwsgi_temp_path {root}/uwsgi;\n  scgi_temp_path {root}/scgi;\n  default_type application/octet-stream;\n{servers}\n}}\n",
+        root = root.display(),
+    );
+    let conf_path = dir.write("nginx.conf", &conf);
+    let nginx = if Path::new("/usr/sbin/nginx").is_file() {
+        "/usr/sbin/nginx"
+    } else {
+        "nginx"
+    };
+    Proc::spawn(
+        dir,
+        "nginx",
+        nginx,
+        &["-c", conf_path.to_str().unwrap(), "-e", "stderr"],
+        &[],
+    )
+}
