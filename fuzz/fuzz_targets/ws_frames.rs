@@ -42,7 +42,11 @@ impl Source for Peer {
 }
 
 fuzz_target!(|input: Input| {
-    let role = if input.server { Role::Server } else { Role::Client };
+    let role = if input.server {
+        Role::Server
+    } else {
+        Role::Client
+    };
     let peer = Peer {
         chunk: usize::from(input.chunk).max(1),
         at: 0,
