@@ -784,11 +784,7 @@ async fn handshake(
     let deadline = config.handshake_timeout.min(NETWORK_DEADLINE);
     let dial = async {
         let layers = crate::client::client_layers(config, target).map_err(std::io::Error::other)?;
-        let stream = match proxy {
-            Some(url) => transport::proxy::connect(url, target, deadline, family(config)).await?,
-            None => tcp::connect_preferring(target, deadline, family(config)).await?,
-        };
-        layers.wrap(stream).await
+        crate::client::dial_server(config, target, proxy, &layers, deadline).await
     };
     let server = match proxy {
         Some(url) => format!("{target} via {url}"),

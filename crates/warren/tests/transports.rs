@@ -72,12 +72,7 @@ async fn a_wss_server_port_takes_every_tcp_transport() {
         transport: Transport::Wss,
         ..Setup::default()
     };
-    let server = start_server(
-        &server_setup,
-        "127.0.0.1:0".parse().unwrap(),
-        "127.0.0.1:0".parse().unwrap(),
-    )
-    .await;
+    let server = start_loopback_server(&server_setup).await;
     for transport in [Transport::Noise, Transport::Tls, Transport::Ws] {
         let setup = Setup {
             transport,
@@ -101,12 +96,7 @@ async fn plain_http_on_the_server_port_gets_the_decoy_page() {
         transport: Transport::Ws,
         ..Setup::default()
     };
-    let server = start_server(
-        &setup,
-        "127.0.0.1:0".parse().unwrap(),
-        "127.0.0.1:0".parse().unwrap(),
-    )
-    .await;
+    let server = start_loopback_server(&setup).await;
     let mut stream = TcpStream::connect(server.addr).await.unwrap();
     stream
         .write_all(b"GET / HTTP/1.1\r\nHost: example.com\r\n\r\n")
@@ -163,12 +153,7 @@ async fn a_tls_terminating_relay_cannot_pass_a_tls_session_on_but_carries_wss() 
         transport: Transport::Wss,
         ..Setup::default()
     };
-    let server = start_server(
-        &server_setup,
-        "127.0.0.1:0".parse().unwrap(),
-        "127.0.0.1:0".parse().unwrap(),
-    )
-    .await;
+    let server = start_loopback_server(&server_setup).await;
     let relay = tls_terminating_relay(server.addr).await;
 
     // `tls`: the handshake inside is bound to the client's TLS session with the relay,

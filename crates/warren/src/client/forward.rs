@@ -54,7 +54,7 @@ pub(super) fn family(config: &ClientConfig) -> Family {
 ///
 /// # Errors
 /// Connection, proxy and TLS or WebSocket failures, with a message naming what failed.
-pub(super) async fn dial_server(
+pub(crate) async fn dial_server(
     config: &ClientConfig,
     server: &HostPort,
     proxy: Option<&ProxyUrl>,
@@ -86,11 +86,7 @@ pub(crate) fn client_layers(
     config: &ClientConfig,
     server: &HostPort,
 ) -> Result<ClientLayers, String> {
-    use crate::config::Transport;
-    if !matches!(
-        config.transport,
-        Transport::Tls | Transport::Ws | Transport::Wss
-    ) {
+    if !config.transport.uses_tls() && !config.transport.uses_websocket() {
         return Ok(ClientLayers::plain());
     }
     let ca = match &config.tls.ca {

@@ -16,7 +16,7 @@
 mod admin;
 pub mod establish;
 mod forward;
-pub(crate) use forward::{client_layers, offered_ciphers};
+pub(crate) use forward::{client_layers, dial_server, offered_ciphers};
 mod health;
 #[cfg(unix)]
 pub(crate) mod p2p;

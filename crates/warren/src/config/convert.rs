@@ -516,7 +516,7 @@ pub(crate) fn convert_client(file: FileClient, report: &mut Report) -> ClientCon
     config.transport = transport(report, side, file.transport.as_deref());
     config.quic = quic_table(report, side, config.transport, file.quic, QuicSide::Client);
     config.tls = web::client_tls(report, config.transport, file.tls);
-    if file.ws.is_some() && !matches!(config.transport, Transport::Ws | Transport::Wss) {
+    if file.ws.is_some() && !config.transport.uses_websocket() {
         report.fail(
             ConfigError::new(
                 "client.ws",

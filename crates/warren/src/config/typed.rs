@@ -78,6 +78,16 @@ impl Transport {
             Transport::Wss => "wss",
         }
     }
+
+    /// Whether its connections run in TLS on TCP (`tls`, `wss`).
+    pub fn uses_tls(self) -> bool {
+        matches!(self, Transport::Tls | Transport::Wss)
+    }
+
+    /// Whether its connections run in WebSocket frames (`ws`, `wss`).
+    pub fn uses_websocket(self) -> bool {
+        matches!(self, Transport::Ws | Transport::Wss)
+    }
 }
 
 impl fmt::Display for Transport {

@@ -95,6 +95,9 @@ pub struct WsConfig {
     pub host: Option<String>,
     /// Server: answer other HTTP requests with a plain page.
     pub decoy: bool,
+    /// Whether the config has the table: a server then takes `ws` and `wss` even when its
+    /// own transport is another.
+    pub configured: bool,
 }
 
 impl Default for WsConfig {
@@ -103,6 +106,7 @@ impl Default for WsConfig {
             path: DEFAULT_WS_PATH.to_owned(),
             host: None,
             decoy: true,
+            configured: false,
         }
     }
 }
@@ -154,7 +158,7 @@ pub(crate) fn client_tls(
     let Some(file) = file else {
         return ClientTlsConfig::default();
     };
-    if !matches!(transport, Transport::Tls | Transport::Wss) {
+    if !transport.uses_tls() {
         report.fail(
             ConfigError::new(
                 "client.tls",
@@ -207,7 +211,10 @@ pub(crate) fn ws(report: &mut Report, side: &str, file: Option<FileWs>) -> WsCon
     let Some(file) = file else {
         return WsConfig::default();
     };
-    let mut config = WsConfig::default();
+    let mut config = WsConfig {
+        configured: true,
+        ..WsConfig::default()
+    };
     if let Some(path) = file.path {
         if !path.starts_with('/') || path.bytes().any(|b| b <= b' ' || b == 0x7f) {
             report.fail(
@@ -245,4 +252,19 @@ pub(crate) fn ws(report: &mut Report, side: &str, file: Option<FileWs>) -> WsCon
         }
     }
     config
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_ws_table_alone_makes_the_server_take_websocket() {
+        let mut report = Report::default();
+        assert!(!WsConfig::default().configured);
+        let config = ws(&mut report, "server", Some(FileWs::default()));
+        assert!(config.configured);
+        assert_eq!(config.path, DEFAULT_WS_PATH);
+        assert!(config.decoy);
+    }
 }

@@ -1133,7 +1133,8 @@ async fn authenticate(
     peer: SocketAddr,
 ) -> Result<Authenticated, Rejected> {
     let connected = match shared.layers.accept(stream, peer).await {
-        Ok(Accepted::Warren(connected, _)) => connected,
+        Ok(Accepted::Warren(connected)) => connected,
+        // Ordinary HTTP, answered: nothing more to do, as for a pooled data channel.
         Ok(Accepted::Answered) => return Ok(Authenticated::Data),
         Err(error) => return Err(Rejected::Io(PreambleError::Io(error))),
     };

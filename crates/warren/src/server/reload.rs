@@ -90,15 +90,14 @@ pub(super) async fn apply(shared: &Arc<Shared>, mut new: ServerConfig) -> Reload
     }
 
     // TLS and WebSocket on the server port are set up at start (see `web::layers`).
-    let web = |config: &ServerConfig| {
+    let web_setup = |config: &ServerConfig| {
         (
-            matches!(config.transport, Transport::Tls | Transport::Wss),
-            matches!(config.transport, Transport::Ws | Transport::Wss),
+            super::web::takes(config),
             config.tls.clone(),
             config.ws.clone(),
         )
     };
-    if web(&new) != web(old) {
+    if web_setup(&new) != web_setup(old) {
         summary.needs_restart.push(
             "transport tls/ws/wss, [server.tls] or [server.ws] (the server port keeps its TLS certificate and WebSocket settings)"
                 .to_owned(),

@@ -9,8 +9,8 @@
 use tracing::info;
 
 use super::ServerError;
+use crate::config::ServerConfig;
 use crate::config::quic::QuicConfig;
-use crate::config::{ServerConfig, Transport};
 use crate::transport::layers::ServerLayers;
 use crate::transport::quic::certs;
 use crate::transport::tls::TlsServer;
@@ -21,10 +21,7 @@ use crate::transport::ws::WsServer;
 /// # Errors
 /// [`ServerError::Certificate`] for unreadable or unusable certificate files.
 pub(super) fn layers(config: &ServerConfig) -> Result<ServerLayers, ServerError> {
-    let wants_tls =
-        matches!(config.transport, Transport::Tls | Transport::Wss) || config.tls.configured;
-    let wants_ws = matches!(config.transport, Transport::Ws | Transport::Wss)
-        || config.ws != crate::config::web::WsConfig::default();
+    let (wants_tls, wants_ws) = takes(config);
     let tls = if wants_tls {
         Some(certificate(config).map_err(ServerError::Certificate)?)
     } else {
@@ -37,6 +34,14 @@ pub(super) fn layers(config: &ServerConfig) -> Result<ServerLayers, ServerError>
             decoy: config.ws.decoy,
         }),
     })
+}
+
+/// Whether the port takes TLS (`tls`, `wss`) and WebSocket (`ws`, `wss`) under `config`.
+pub(super) fn takes(config: &ServerConfig) -> (bool, bool) {
+    (
+        config.transport.uses_tls() || config.tls.configured,
+        config.transport.uses_websocket() || config.ws.configured,
+    )
 }
 
 fn certificate(config: &ServerConfig) -> Result<TlsServer, String> {

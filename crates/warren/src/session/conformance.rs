@@ -214,8 +214,7 @@ async fn tcp_harness(suite: CipherSuite, transport: Transport) -> Harness {
                     Arc::clone(&server_layers),
                 );
                 inner.spawn(async move {
-                    let Ok(Accepted::Warren(connected, _)) = layers.accept(socket, peer).await
-                    else {
+                    let Ok(Accepted::Warren(connected)) = layers.accept(socket, peer).await else {
                         return;
                     };
                     let keys = keys.bound_to(connected.binding.as_ref());

@@ -19,8 +19,8 @@ use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
 
 use super::Transport;
-use super::tls::{TlsClient, TlsServer};
-use super::wire::Wire;
+use super::tls::{TlsClient, TlsServer, TlsSession};
+use super::wire::{BaseReader, BaseWriter, Wire, tcp_halves, tls_halves};
 use super::ws::{self, Role, Upgrade, WsServer};
 
 /// A connection ready for Warren's preamble.
@@ -57,18 +57,10 @@ impl ClientLayers {
         server_name: String,
         (host, path): (String, String),
     ) -> ClientLayers {
-        let with_tls = matches!(transport, Transport::Tls | Transport::Wss);
-        let with_ws = matches!(transport, Transport::Ws | Transport::Wss);
         ClientLayers {
-            tls: with_tls.then_some((tls, server_name)),
-            ws: with_ws.then_some((host, path)),
+            tls: transport.uses_tls().then_some((tls, server_name)),
+            ws: transport.uses_websocket().then_some((host, path)),
         }
-    }
-
-    /// Whether the PSK proof is bound to a TLS session (`tls`): the records inside need no
-    /// cipher of their own.
-    pub fn bound(&self) -> bool {
-        self.tls.is_some() && self.ws.is_none()
     }
 
     /// Wraps a fresh connection to the server. The caller bounds the time it takes.
@@ -77,24 +69,16 @@ impl ClientLayers {
     /// TLS and WebSocket handshake failures, with what to check.
     pub async fn wrap(&self, stream: TcpStream) -> io::Result<Connected> {
         let peer = stream.peer_addr()?;
-        let (wire, binding) = match &self.tls {
-            Some((client, name)) => {
-                let session = client.connect(stream, name).await?;
-                let binding = session.binding()?;
-                let (reader, writer) = session.split();
-                (Wire::tls(reader, writer), Some(binding))
-            }
-            None => (Wire::tcp(stream), None),
+        let ((mut reader, mut writer), binding) = match &self.tls {
+            Some((client, name)) => tls_base(client.connect(stream, name).await?)?,
+            None => (tcp_halves(stream), None),
         };
         let Some((host, path)) = &self.ws else {
             return Ok(Connected {
-                wire,
+                wire: Wire::from_base(reader, writer),
                 binding,
                 peer,
             });
-        };
-        let Ok((mut reader, mut writer)) = wire.into_base() else {
-            unreachable!("a fresh wire has no framing");
         };
         ws::client_upgrade(&mut reader, &mut writer, host, path)
             .await
@@ -120,7 +104,7 @@ pub struct ServerLayers {
 /// A connection on the server port, once its layers are peeled.
 pub enum Accepted {
     /// A Warren connection (any transport), ready for its preamble.
-    Warren(Connected, Transport),
+    Warren(Connected),
     /// An HTTP request that was not an upgrade, answered; nothing more to do.
     Answered,
 }
@@ -135,22 +119,16 @@ impl ServerLayers {
         if stream.peek(&mut first).await? == 0 {
             return Err(io::ErrorKind::UnexpectedEof.into());
         }
-        let (wire, tls_binding) = if first[0] == TLS_HANDSHAKE {
+        let ((mut reader, mut writer), tls_binding) = if first[0] == TLS_HANDSHAKE {
             let Some(tls) = &self.tls else {
                 return Err(io::Error::new(
                     io::ErrorKind::InvalidData,
                     "a TLS client, but this server has no certificate: set transport = \"tls\" or \"wss\", or add [server.tls]",
                 ));
             };
-            let session = tls.accept(stream).await?;
-            let binding = session.binding()?;
-            let (reader, writer) = session.split();
-            (Wire::tls(reader, writer), Some(binding))
+            tls_base(tls.accept(stream).await?)?
         } else {
-            (Wire::tcp(stream), None)
-        };
-        let Ok((mut reader, mut writer)) = wire.into_base() else {
-            unreachable!("a fresh wire has no framing");
+            (tcp_halves(stream), None)
         };
         // The first byte inside TLS (it may have brought none yet: read one, put it back).
         let mut inside = first;
@@ -162,19 +140,11 @@ impl ServerLayers {
         }
         let ws_server = self.ws.as_ref().filter(|_| inside[0] == b'G');
         let Some(ws_server) = ws_server else {
-            let transport = if tls_binding.is_some() {
-                Transport::Tls
-            } else {
-                Transport::Noise
-            };
-            return Ok(Accepted::Warren(
-                Connected {
-                    wire: Wire::from_base(reader, writer),
-                    binding: tls_binding,
-                    peer,
-                },
-                transport,
-            ));
+            return Ok(Accepted::Warren(Connected {
+                wire: Wire::from_base(reader, writer),
+                binding: tls_binding,
+                peer,
+            }));
         };
         match ws::server_upgrade(&mut reader, &mut writer, ws_server)
             .await
@@ -183,22 +153,25 @@ impl ServerLayers {
             Upgrade::NotWebSocket => Ok(Accepted::Answered),
             Upgrade::WebSocket => {
                 let (reader, writer) = ws::framed(reader, writer, Role::Server);
-                let transport = if tls_binding.is_some() {
-                    Transport::Wss
-                } else {
-                    Transport::Ws
-                };
-                Ok(Accepted::Warren(
-                    Connected {
-                        wire: Wire::ws(reader, writer),
-                        binding: None,
-                        peer,
-                    },
-                    transport,
-                ))
+                // Not bound, even inside TLS: whoever proxies WebSocket may end the TLS.
+                Ok(Accepted::Warren(Connected {
+                    wire: Wire::ws(reader, writer),
+                    binding: None,
+                    peer,
+                }))
             }
         }
     }
+}
+
+/// A connection's base halves (TCP or TLS), with the TLS exporter when there is TLS.
+type Base = ((BaseReader, BaseWriter), Option<[u8; 32]>);
+
+/// The base halves of a finished TLS session, with its exporter for the binding.
+fn tls_base(session: TlsSession) -> io::Result<Base> {
+    let binding = session.binding()?;
+    let (reader, writer) = session.split();
+    Ok((tls_halves(reader, writer), Some(binding)))
 }
 
 /// The first byte of a TLS record carrying a handshake (the ClientHello).

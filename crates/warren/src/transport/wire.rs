@@ -92,6 +92,14 @@ enum BaseIo {
 }
 
 impl BaseReader {
+    fn new(io: BaseIo) -> BaseReader {
+        BaseReader {
+            ahead: Vec::new(),
+            ahead_pos: 0,
+            io,
+        }
+    }
+
     /// Puts `bytes` back in front of what is still to be read.
     pub fn unread(&mut self, bytes: &[u8]) {
         if bytes.is_empty() {
@@ -215,42 +223,38 @@ pub enum WireWriter {
     Ws(Box<WsWriter<BaseWriter>>),
 }
 
+/// The base halves of a plain TCP connection (what a WebSocket handshake runs on).
+pub fn tcp_halves(stream: TcpStream) -> (BaseReader, BaseWriter) {
+    let (read, write) = stream.into_split();
+    (BaseReader::new(BaseIo::Tcp(read)), BaseWriter::Tcp(write))
+}
+
+/// The base halves of TLS on TCP, after its handshake.
+pub fn tls_halves(reader: TlsReader, writer: TlsWriter) -> (BaseReader, BaseWriter) {
+    (
+        BaseReader::new(BaseIo::Tls(reader)),
+        BaseWriter::Tls(writer),
+    )
+}
+
 impl Wire {
     /// A plain TCP connection.
     pub fn tcp(stream: TcpStream) -> Wire {
-        let (read, write) = stream.into_split();
-        Wire::base(BaseIo::Tcp(read), BaseWriter::Tcp(write))
+        let (reader, writer) = tcp_halves(stream);
+        Wire::from_base(reader, writer)
     }
 
     /// TLS on TCP, after its handshake.
     pub fn tls(reader: TlsReader, writer: TlsWriter) -> Wire {
-        Wire::base(BaseIo::Tls(reader), BaseWriter::Tls(writer))
+        let (reader, writer) = tls_halves(reader, writer);
+        Wire::from_base(reader, writer)
     }
 
-    fn base(read: BaseIo, write: BaseWriter) -> Wire {
-        Wire {
-            reader: WireReader::Base(BaseReader {
-                ahead: Vec::new(),
-                ahead_pos: 0,
-                io: read,
-            }),
-            writer: WireWriter::Base(write),
-        }
-    }
-
-    /// Joins base halves again (after [`Wire::into_base`]).
+    /// TCP or TLS without framing.
     pub fn from_base(reader: BaseReader, writer: BaseWriter) -> Wire {
         Wire {
             reader: WireReader::Base(reader),
             writer: WireWriter::Base(writer),
-        }
-    }
-
-    /// The base halves (TCP or TLS), for a WebSocket handshake; the wire back once framed.
-    pub fn into_base(self) -> Result<(BaseReader, BaseWriter), Wire> {
-        match (self.reader, self.writer) {
-            (WireReader::Base(reader), WireWriter::Base(writer)) => Ok((reader, writer)),
-            (reader, writer) => Err(Wire { reader, writer }),
         }
     }
 

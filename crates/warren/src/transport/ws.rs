@@ -955,7 +955,6 @@ mod tests {
     use tokio_tungstenite::tungstenite::Message;
 
     use super::*;
-    use crate::transport::wire::Wire;
 
     async fn tcp_pair() -> (TcpStream, TcpStream) {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -968,7 +967,7 @@ mod tests {
     }
 
     fn base(stream: TcpStream) -> (BaseReader, BaseWriter) {
-        Wire::tcp(stream).into_base().ok().unwrap()
+        crate::transport::wire::tcp_halves(stream)
     }
 
     fn settings(decoy: bool) -> WsServer {

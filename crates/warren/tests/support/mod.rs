@@ -134,7 +134,7 @@ pub async fn start_server(setup: &Setup, bind: SocketAddr, service_bind: SocketA
     if let Some(choice) = setup.cipher_choice {
         builder = builder.cipher_choice(choice);
     }
-    if matches!(setup.transport, Transport::Tls | Transport::Wss) {
+    if setup.transport.uses_tls() {
         builder = builder.tls(tls_config());
     }
     let bound = builder
@@ -153,6 +153,16 @@ pub async fn start_server(setup: &Setup, bind: SocketAddr, service_bind: SocketA
         stop,
         task,
     }
+}
+
+/// [`start_server`] on 127.0.0.1, its port and its service's port picked by the system.
+pub async fn start_loopback_server(setup: &Setup) -> TestServer {
+    start_server(
+        setup,
+        "127.0.0.1:0".parse().unwrap(),
+        "127.0.0.1:0".parse().unwrap(),
+    )
+    .await
 }
 
 pub struct TestClient {
@@ -247,12 +257,7 @@ pub fn tls_config() -> warren::config::web::ServerTlsConfig {
 
 /// A server and client on loopback around `target`, connected.
 pub async fn tunnel(setup: &Setup, target: SocketAddr) -> (TestServer, TestClient) {
-    let server = start_server(
-        setup,
-        "127.0.0.1:0".parse().unwrap(),
-        "127.0.0.1:0".parse().unwrap(),
-    )
-    .await;
+    let server = start_loopback_server(setup).await;
     let mut client = start_client(setup, server.addr, target);
     client.wait_sessions(1).await;
     (server, client)
