@@ -25,6 +25,17 @@ macro_rules! common_setters {
         /// `insecure`).
         pub fn transport(mut self, transport: $crate::config::Transport) -> Self {
             self.config.transport = transport;
+            self.config.transports.clear();
+            self
+        }
+
+        /// Several transports (`transports = [...]`): a server listens on all of them, a
+        /// client tries them in this order. An empty list keeps the one transport.
+        pub fn transports(mut self, list: Vec<$crate::config::TransportEntry>) -> Self {
+            if let Some(first) = list.first() {
+                self.config.transport = first.transport;
+            }
+            self.config.transports = list;
             self
         }
 

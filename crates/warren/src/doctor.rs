@@ -198,7 +198,7 @@ async fn diagnose_server(report: &mut Report, config: &ServerConfig) {
     secrets(
         report,
         config.insecure,
-        config.transport,
+        config.uses_transport(Transport::Tcp),
         &config.psk,
         config
             .services
@@ -212,8 +212,12 @@ async fn diagnose_server(report: &mut Report, config: &ServerConfig) {
             ),
     );
     clock(report).await;
-    let udp = config.transport == Transport::Quic;
-    port_free(report, "server port", config.bind, udp).await;
+    for addr in config.tcp_binds() {
+        port_free(report, "server port", addr, false).await;
+    }
+    if let Some(addr) = config.quic_bind() {
+        port_free(report, "server port", addr, true).await;
+    }
     for service in config.services.values() {
         let what = format!("service {} port", service.name);
         service_port_free(report, &what, service.kind, service.bind).await;
@@ -235,7 +239,7 @@ async fn diagnose_client(report: &mut Report, config: &ClientConfig) {
     secrets(
         report,
         config.insecure,
-        config.transport,
+        config.uses_transport(Transport::Tcp),
         &config.psk,
         config
             .services
@@ -571,7 +575,7 @@ async fn proxy(report: &mut Report, config: &ClientConfig) -> ProxyCheck {
 fn secrets<'a>(
     report: &mut Report,
     insecure: bool,
-    transport: Transport,
+    plaintext: bool,
     psk: &Secret,
     tokens: impl Iterator<Item = (&'a str, &'a Secret)>,
 ) {
@@ -583,7 +587,7 @@ fn secrets<'a>(
             "remove `insecure = true` outside of tests",
         );
     }
-    if transport == Transport::Tcp {
+    if plaintext {
         report.push_fix(
             Status::Warn,
             "transport",
@@ -769,141 +773,233 @@ async fn quic_hello(
     Ok((session, facts))
 }
 
-/// Handshake and hello with one server. The hello only probes: the server judges every
-/// claim and answers, but serves nothing through this session and takes nothing from a
-/// client that is running, so doctor is safe on a live setup.
+/// Handshake and hello with one server, on every transport of the config when it lists
+/// several (a table: works with its handshake time, or fails with the reason, and which one
+/// the client will use). The hello only probes: the server judges every claim and answers,
+/// but serves nothing through this session and takes nothing from a client that is
+/// running, so doctor is safe on a live setup.
 async fn handshake(
     report: &mut Report,
     config: &ClientConfig,
-    target: &HostPort,
+    server: &HostPort,
     proxy: Option<&ProxyUrl>,
 ) {
-    let ciphers = crate::client::offered_ciphers(config);
-    let ciphers = speed::policy_measured(&ciphers, config.cipher_choice).await;
     let claims = crate::client::claims_of(config);
+    let list = config.transport_list();
+    let mut chosen = None;
+    let mut failures = Vec::new();
+    for entry in &list {
+        let target = HostPort {
+            host: server.host.clone(),
+            port: entry.port_or(server.port),
+        };
+        let probed = probe_transport(config, entry.transport, &target, proxy, &claims).await;
+        if list.len() == 1 {
+            match probed {
+                Ok((session, facts)) => chosen = Some((session, facts, target, *entry)),
+                Err(error) => failures.push((error, target)),
+            }
+            break;
+        }
+        match probed {
+            Ok((session, facts)) => {
+                report.push(
+                    Status::Ok,
+                    format!("transport {:<5}", entry.transport.name()),
+                    format!(
+                        "{target}: works, connect {}, handshake {}",
+                        ms(session.connect_time),
+                        ms(session.handshake_time)
+                    ),
+                );
+                if chosen.is_none() {
+                    chosen = Some((session, facts, target, *entry));
+                } else {
+                    establish::goodbye(session.channel, "warren doctor done").await;
+                }
+            }
+            Err(error) => {
+                report.push_fix(
+                    Status::Warn,
+                    format!("transport {:<5}", entry.transport.name()),
+                    format!("{target}: fails: {error}"),
+                    handshake_fix(&error, &target),
+                );
+                failures.push((error, target));
+            }
+        }
+    }
+    let Some((session, facts, target, entry)) = chosen else {
+        // Only the last failure gets the fix line under "handshake"; the table has the rest.
+        if let Some((error, target)) = failures.pop() {
+            let message = if list.len() == 1 {
+                format!("with {target}: {error}")
+            } else {
+                format!("no transport works with {server}")
+            };
+            report.push_fix(
+                Status::Fail,
+                "handshake",
+                message,
+                handshake_fix(&error, &target),
+            );
+        }
+        return;
+    };
+    if list.len() > 1 {
+        report.push(
+            Status::Ok,
+            "transport",
+            format!(
+                "the client will use {entry} (the first that works, in the order of `transports`{})",
+                if list.first() != Some(&entry) {
+                    format!(
+                        "; it tries the ones before it again every {}",
+                        crate::config::duration::format_duration(config.transport_retry)
+                    )
+                } else {
+                    String::new()
+                }
+            ),
+        );
+    }
+    report_session(report, config, &target, proxy, session, facts, &claims).await;
+}
+
+/// One handshake and probe hello with `target` on `transport`.
+async fn probe_transport(
+    config: &ClientConfig,
+    transport: Transport,
+    target: &HostPort,
+    proxy: Option<&ProxyUrl>,
+    claims: &[establish::Claim<'_>],
+) -> Result<Probed, EstablishError> {
     let deadline = config.handshake_timeout.min(NETWORK_DEADLINE);
+    if transport == Transport::Quic {
+        return quic_hello(config, target, claims, deadline).await;
+    }
+    let ciphers = crate::client::offered_ciphers(config, transport);
+    let ciphers = speed::policy_measured(&ciphers, config.cipher_choice).await;
     let dial = async {
-        let layers = crate::client::client_layers(config, target).map_err(std::io::Error::other)?;
-        crate::client::dial_server(config, target, proxy, &layers, deadline).await
+        let layers = crate::client::client_layers(config, transport, target)
+            .map_err(std::io::Error::other)?;
+        crate::client::dial_server(config, transport, target, proxy, &layers, deadline).await
     };
     let server = match proxy {
         Some(url) => format!("{target} via {url}"),
         None => target.to_string(),
     };
-    let established = if config.transport == Transport::Quic {
-        quic_hello(config, target, &claims, deadline).await
-    } else {
-        establish::establish(
-            dial,
-            &server,
-            &config.psk,
-            &ciphers,
-            &claims,
-            HelloMode::Probe,
-            deadline,
-        )
-        .await
-        .map(|session| (session, None))
-    };
-    let quic_facts = established
-        .as_ref()
-        .ok()
-        .and_then(|(_, facts)| facts.clone());
-    match established.map(|(session, _)| session) {
-        Ok(session) => {
-            report.push(
-                Status::Ok,
-                "handshake",
-                format!(
-                    // Through a proxy the socket's peer is the proxy, so name the route instead.
-                    "{}: cipher {}, connect {}, handshake {}, hello {}",
-                    match proxy {
-                        Some(_) => server.clone(),
-                        None => format!("{target} ({})", session.server_addr),
-                    },
-                    session.keys.cipher_label(),
-                    ms(session.connect_time),
-                    ms(session.handshake_time),
-                    ms(session.hello_time)
-                ),
-            );
-            match quic_facts {
-                Some(facts) => report.push(Status::Ok, "quic", facts),
-                None => report.push(
-                    Status::Ok,
-                    "cipher choice",
-                    format!(
-                        "{} chosen by {} (seal/open GB/s at start-up)",
-                        session.keys.cipher(),
-                        session.keys.describe_choice()
-                    ),
-                ),
-            }
-            let several = config.servers().len() > 1;
-            for (claim, verdict) in claims.iter().zip(&session.verdicts) {
-                let name = if several {
-                    format!("{} at {target}", claim.name)
-                } else {
-                    claim.name.to_owned()
-                };
-                match verdict {
-                    Verdict::Accepted { bound: None } => report.push(
-                        Status::Ok,
-                        format!("service {name}"),
-                        "accepted by the server",
-                    ),
-                    Verdict::Accepted { bound: Some(address) } => report.push(
-                        Status::Ok,
-                        format!("service {name}"),
-                        format!("accepted by the server, which bound it on {address}"),
-                    ),
-                    Verdict::AcceptedHttp { urls } => report.push(
-                        Status::Ok,
-                        format!("service {name}"),
-                        format!("accepted by the server, which would route {}", urls.join(" ")),
-                    ),
-                    Verdict::Denied { reason } => report.push_fix(
-                        Status::Fail,
-                        format!("service {name}"),
-                        format!("denied by the server: {reason}"),
-                        "see the reason: a declared port outside allow_ports or in use, or a forward/reverse mismatch between the configs",
-                    ),
-                    Verdict::Refused => report.push_fix(
-                        Status::Fail,
-                        format!("service {name}"),
-                        "refused by the server: wrong token, or the server has no such service",
-                        format!(
-                            "use the same token for `{name}` on both sides and make sure the server's config has [server.services.{name}]"
-                        ),
-                    ),
-                }
-            }
-            establish::goodbye(session.channel, "warren doctor done").await;
+    establish::establish(
+        dial,
+        &server,
+        &config.psk,
+        &ciphers,
+        claims,
+        HelloMode::Probe,
+        deadline,
+    )
+    .await
+    .map(|session| (session, None))
+}
+
+/// How to fix a failed handshake with `target`.
+fn handshake_fix(error: &EstablishError, target: &HostPort) -> String {
+    match error {
+        EstablishError::Connect { .. } => format!(
+            "is the server running and listening on {target}? check `server` in [client], firewalls, and the server's `bind` and `transports`"
+        ),
+        EstablishError::HelloRefused { .. } => {
+            "see the server's reason; upgrading the older side usually fixes it".to_owned()
         }
-        Err(error) => {
-            let fix = match &error {
-                EstablishError::Connect { .. } => format!(
-                    "is the server running and listening on {target}? check `server` in [client], firewalls, and the server's `bind`"
-                ),
-                EstablishError::HelloRefused { .. } => {
-                    "see the server's reason; upgrading the older side usually fixes it".to_owned()
-                }
-                EstablishError::ClosedDuringHandshake { .. } | EstablishError::HandshakeTimeout { .. } => {
-                    "wrong PSK: set the same `psk` (e.g. the same WARREN_PSK) on server and client; also check transport".to_owned()
-                }
-                EstablishError::Refused(_) => {
-                    "no common cipher: make the `ciphers` lists of server and client overlap".to_owned()
-                }
-                _ => "check that both sides run the same Warren version".to_owned(),
-            };
-            report.push_fix(
+        EstablishError::ClosedDuringHandshake { .. } | EstablishError::HandshakeTimeout { .. } => {
+            "wrong PSK: set the same `psk` (e.g. the same WARREN_PSK) on server and client; also check that the server listens on this transport".to_owned()
+        }
+        EstablishError::Refused(_) => {
+            "no common cipher: make the `ciphers` lists of server and client overlap".to_owned()
+        }
+        _ => "check that both sides run the same Warren version".to_owned(),
+    }
+}
+
+/// The report's lines for a session that came up: the handshake, the cipher or QUIC path,
+/// and the server's verdict on every service; then a goodbye.
+async fn report_session(
+    report: &mut Report,
+    config: &ClientConfig,
+    target: &HostPort,
+    proxy: Option<&ProxyUrl>,
+    session: establish::EstablishedSession,
+    quic_facts: Option<String>,
+    claims: &[establish::Claim<'_>],
+) {
+    report.push(
+        Status::Ok,
+        "handshake",
+        format!(
+            // Through a proxy the socket's peer is the proxy, so name the route instead.
+            "{}: cipher {}, connect {}, handshake {}, hello {}",
+            match proxy {
+                Some(url) => format!("{target} via {url}"),
+                None => format!("{target} ({})", session.server_addr),
+            },
+            session.keys.cipher_label(),
+            ms(session.connect_time),
+            ms(session.handshake_time),
+            ms(session.hello_time)
+        ),
+    );
+    match quic_facts {
+        Some(facts) => report.push(Status::Ok, "quic", facts),
+        None => report.push(
+            Status::Ok,
+            "cipher choice",
+            format!(
+                "{} chosen by {} (seal/open GB/s at start-up)",
+                session.keys.cipher(),
+                session.keys.describe_choice()
+            ),
+        ),
+    }
+    let several = config.servers().len() > 1;
+    for (claim, verdict) in claims.iter().zip(&session.verdicts) {
+        let name = if several {
+            format!("{} at {target}", claim.name)
+        } else {
+            claim.name.to_owned()
+        };
+        match verdict {
+            Verdict::Accepted { bound: None } => report.push(
+                Status::Ok,
+                format!("service {name}"),
+                "accepted by the server",
+            ),
+            Verdict::Accepted { bound: Some(address) } => report.push(
+                Status::Ok,
+                format!("service {name}"),
+                format!("accepted by the server, which bound it on {address}"),
+            ),
+            Verdict::AcceptedHttp { urls } => report.push(
+                Status::Ok,
+                format!("service {name}"),
+                format!("accepted by the server, which would route {}", urls.join(" ")),
+            ),
+            Verdict::Denied { reason } => report.push_fix(
                 Status::Fail,
-                "handshake",
-                format!("with {target}: {error}"),
-                fix,
-            );
+                format!("service {name}"),
+                format!("denied by the server: {reason}"),
+                "see the reason: a declared port outside allow_ports or in use, or a forward/reverse mismatch between the configs",
+            ),
+            Verdict::Refused => report.push_fix(
+                Status::Fail,
+                format!("service {name}"),
+                "refused by the server: wrong token, or the server has no such service",
+                format!(
+                    "use the same token for `{name}` on both sides and make sure the server's config has [server.services.{name}]"
+                ),
+            ),
         }
     }
+    establish::goodbye(session.channel, "warren doctor done").await;
 }
 
 /// The CPU features that decide the fastest cipher, then every encrypting cipher's seal and

@@ -78,6 +78,10 @@ impl ReloadSummary {
         self.note_setting("transport", &old.transport, &new.transport, |t| {
             t.to_string()
         });
+        self.note_setting("transports", &old.transports, &new.transports, |list| {
+            let names: Vec<String> = list.iter().map(ToString::to_string).collect();
+            format!("[{}]", names.join(","))
+        });
         self.note_setting("ciphers", &old.ciphers, &new.ciphers, |c| {
             let names: Vec<String> = c.iter().map(ToString::to_string).collect();
             names.join(",")

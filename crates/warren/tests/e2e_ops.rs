@@ -57,6 +57,56 @@ async fn doctor_passes_on_a_healthy_setup() {
     assert!(report["checks"].as_array().unwrap().len() > 5);
 }
 
+/// Issue 19: with `transports = [...]`, doctor tries each one and says which the client
+/// will use (the first that works).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn doctor_tries_every_transport_and_names_the_one_the_client_will_use() {
+    let dir = TestDir::new("doctor-transports");
+    let ports = Ports::pick();
+    let server_config = dir.write(
+        "server.toml",
+        &server_toml(&Setup::default(), ports)
+            .replace(
+                "transport = \"noise\"",
+                "transports = [\"quic\", \"noise\"]",
+            )
+            .replace(
+                "\n[server.services.web]",
+                &format!(
+                    "\n[server.quic]\ncert = \"{}\"\n\n[server.services.web]",
+                    dir.path().join("quic.pem").display()
+                ),
+            ),
+    );
+    let mut server = start_server(&dir, &server_config);
+    wait_listening(ports.server, "the server").await;
+    let closed = free_port();
+    let (target, probe) = (echo_target().await, echo_target().await);
+    let client_config = dir.write(
+        "client.toml",
+        &client_toml(&Setup::default(), ports, target, probe).replace(
+            "transport = \"noise\"",
+            &format!("transports = [\"tls:{closed}\", \"quic\", \"noise\"]"),
+        ),
+    );
+    let (code, out, err) = doctor(&dir, &client_config, PSK).await;
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert!(
+        out.contains(&format!(
+            "[WARN] transport tls  : 127.0.0.1:{closed}: fails"
+        )),
+        "{out}"
+    );
+    assert!(out.contains("[OK]   transport quic : "), "{out}");
+    assert!(out.contains("[OK]   transport noise: "), "{out}");
+    assert!(
+        out.contains("[OK]   transport: the client will use quic"),
+        "{out}"
+    );
+    assert!(out.contains("cipher tls1.3-quic"), "{out}");
+    server.terminate();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn doctor_names_a_wrong_psk() {
     let dir = TestDir::new("doctor-psk");

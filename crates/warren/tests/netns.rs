@@ -273,3 +273,251 @@ async fn three_percent_packet_loss_keeps_every_byte_exact() {
         "the loss rules dropped only {dropped} packets: not a lossy path"
     );
 }
+
+// ---------------------------------------------------------------------------------------
+// `transports = [...]` (issue 19): the server in the namespace listens on QUIC and noise on
+// port 7000 and on wss on 443; the client here lists them in that order. Rules inside the
+// namespace make the network drop what a firewall would; one rule here makes this host's
+// `sendmsg` refuse UDP (EPERM).
+
+const WSS_PORT: u16 = 443;
+const ALL_TRANSPORTS: &str = r#"["quic", "noise", "wss:443"]"#;
+
+/// Server in `ns` with every transport, client here with `client_web` in its `web`
+/// service; `rules` are applied in the namespace before the client starts. Returns when the
+/// client was spawned, for timing.
+async fn start_fallback(
+    ns: Netns,
+    dir: &TestDir,
+    target: SocketAddr,
+    client_web: &str,
+    rules: &[&str],
+) -> (NsTunnel, Instant) {
+    let setup = Setup {
+        client_web: client_web.to_owned(),
+        ..Setup::default()
+    };
+    let ports = Ports {
+        server: SERVER_PORT,
+        web: WEB_PORT,
+        probe: PROBE_PORT,
+    };
+    let inner = ns.inner.to_string();
+    let server_text = server_toml(&setup, ports)
+        .replace("127.0.0.1", &inner)
+        .replace(
+            "transport = \"noise\"",
+            &format!("transports = {ALL_TRANSPORTS}"),
+        )
+        .replace(
+            "\n[server.services.web]",
+            &format!(
+                "\n[server.quic]\ncert = \"{quic}\"\n[server.tls]\ncert = \"{tls}\"\n\n[server.services.web]",
+                quic = dir.path().join("quic.pem").display(),
+                tls = dir.path().join("tls.pem").display(),
+            ),
+        );
+    let server_config = dir.write("server.toml", &server_text);
+    let probe = echo_target().await;
+    let client_text = client_toml(&setup, ports, target, probe)
+        .replace(
+            &format!("127.0.0.1:{SERVER_PORT}"),
+            &format!("{inner}:{SERVER_PORT}"),
+        )
+        .replace(
+            "transport = \"noise\"",
+            &format!("transports = {ALL_TRANSPORTS}\ntransport_retry = \"1s\""),
+        );
+    let client_config = dir.write("client.toml", &client_text);
+    let server = Proc::spawn(
+        dir,
+        "server",
+        "ip",
+        &[
+            "netns",
+            "exec",
+            &ns.name,
+            WARREN,
+            "server",
+            server_config.to_str().expect("utf-8"),
+        ],
+        &[("WARREN_PSK", PSK)],
+    );
+    // Both ports listening before the rules and the client.
+    for port in [SERVER_PORT, WSS_PORT] {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while tokio::net::TcpStream::connect(ns.addr(port)).await.is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "server not listening on {port}\n{}",
+                server.logs()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    for rule in rules {
+        ns.iptables(rule);
+    }
+    let started = Instant::now();
+    let client = Proc::warren(
+        dir,
+        "client",
+        &[
+            "--log-format",
+            "json",
+            "client",
+            client_config.to_str().expect("utf-8"),
+        ],
+        &[("WARREN_PSK", PSK)],
+    );
+    (NsTunnel { ns, server, client }, started)
+}
+
+/// The fields of the client's last `event` log line, waiting up to `within` for it.
+async fn client_event(tunnel: &mut NsTunnel, event: &str, within: Duration) -> serde_json::Value {
+    let needle = format!("\"event\":\"{event}\"");
+    assert!(
+        tunnel.client.stderr_contains_within(&needle, within).await,
+        "the client logged no {event} within {within:?}\n{}",
+        tunnel.client.logs()
+    );
+    json_events(&tunnel.client.stderr())
+        .into_iter()
+        .rev()
+        .find(|line| line["fields"]["event"] == event)
+        .map(|line| line["fields"].clone())
+        .expect("the event parses as JSON")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn udp_blackholed_the_client_is_on_noise_within_2_5_s() {
+    if skip("udp_blackholed_the_client_is_on_noise_within_2_5_s") {
+        return;
+    }
+    let dir = TestDir::new("netns-no-udp");
+    let (target, mut served) = hashing_target(100_000).await;
+    let drop_udp = format!("-A INPUT -p udp --dport {SERVER_PORT} -j DROP");
+    let (mut tunnel, started) = start_fallback(Netns::new(), &dir, target, "", &[&drop_udp]).await;
+    tunnel.ready(Duration::from_secs(5)).await;
+    let took = started.elapsed();
+    let chosen = client_event(&mut tunnel, "transport_chosen", Duration::from_secs(1)).await;
+    eprintln!(
+        "netns: UDP blackholed -> on {} in {took:?} ({chosen})",
+        chosen["transport"]
+    );
+    assert_eq!(chosen["transport"], "noise", "{chosen}");
+    assert!(took <= Duration::from_millis(2500), "took {took:?}");
+    hashed_transfers(tunnel.ns.addr(WEB_PORT), &mut served, 2, 1_000_000, 100_000).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_tcp_443_open_the_client_is_on_wss_within_4_s() {
+    if skip("only_tcp_443_open_the_client_is_on_wss_within_4_s") {
+        return;
+    }
+    let dir = TestDir::new("netns-443");
+    let (target, mut served) = hashing_target(100_000).await;
+    let drop_udp = format!("-A INPUT -p udp --dport {SERVER_PORT} -j DROP");
+    let drop_tcp = format!("-A INPUT -p tcp --dport {SERVER_PORT} -j DROP");
+    let (mut tunnel, started) =
+        start_fallback(Netns::new(), &dir, target, "", &[&drop_udp, &drop_tcp]).await;
+    tunnel.ready(Duration::from_secs(8)).await;
+    let took = started.elapsed();
+    let chosen = client_event(&mut tunnel, "transport_chosen", Duration::from_secs(1)).await;
+    eprintln!(
+        "netns: only TCP 443 -> on {} in {took:?} ({chosen})",
+        chosen["transport"]
+    );
+    assert_eq!(chosen["transport"], "wss:443", "{chosen}");
+    assert!(took <= Duration::from_secs(4), "took {took:?}");
+    hashed_transfers(tunnel.ns.addr(WEB_PORT), &mut served, 2, 1_000_000, 100_000).await;
+}
+
+/// An iptables rule in this (the root) namespace, deleted on drop.
+struct HostRule(String);
+
+impl HostRule {
+    fn insert(rule: String) -> HostRule {
+        let mut args = vec!["iptables", "-I"];
+        args.extend(rule.split_whitespace());
+        run(&args);
+        HostRule(rule)
+    }
+}
+
+impl Drop for HostRule {
+    fn drop(&mut self) {
+        let mut args = vec!["-D"];
+        args.extend(self.0.split_whitespace());
+        let _ = Command::new("iptables").args(&args).output();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn eperm_on_udp_falls_back_in_under_300_ms() {
+    if skip("eperm_on_udp_falls_back_in_under_300_ms") {
+        return;
+    }
+    let dir = TestDir::new("netns-eperm");
+    let (target, mut served) = hashing_target(100_000).await;
+    let ns = Netns::new();
+    // This host's own firewall refuses UDP to the server: `sendmsg` says EPERM.
+    let _rule = HostRule::insert(format!("OUTPUT -p udp -d {} -j DROP", ns.inner));
+    let (mut tunnel, started) = start_fallback(ns, &dir, target, "", &[]).await;
+    tunnel.ready(Duration::from_secs(5)).await;
+    let took = started.elapsed();
+    let chosen = client_event(&mut tunnel, "transport_chosen", Duration::from_secs(1)).await;
+    let elapsed = chosen["elapsed_ms"].as_u64().expect("elapsed_ms");
+    eprintln!(
+        "netns: EPERM on UDP -> on {} after {elapsed} ms of racing ({took:?} from spawn; {chosen})",
+        chosen["transport"]
+    );
+    assert_eq!(chosen["transport"], "noise", "{chosen}");
+    assert!(
+        chosen["failed"].as_str().unwrap_or("").contains("firewall"),
+        "the QUIC attempt's failure names the firewall: {chosen}"
+    );
+    assert!(elapsed < 300, "fallback took {elapsed} ms");
+    hashed_transfers(tunnel.ns.addr(WEB_PORT), &mut served, 2, 1_000_000, 100_000).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn udp_coming_back_moves_the_client_to_quic_while_a_transfer_flows() {
+    if skip("udp_coming_back_moves_the_client_to_quic_while_a_transfer_flows") {
+        return;
+    }
+    let dir = TestDir::new("netns-udp-back");
+    let (target, mut served) = hashing_target(100_000).await;
+    let drop_udp = format!("INPUT -p udp --dport {SERVER_PORT} -j DROP");
+    // 12 MB up at 4 MB/s: about 3 s of transfer.
+    let (mut tunnel, _) = start_fallback(
+        Netns::new(),
+        &dir,
+        target,
+        "bandwidth_limit = \"4MB/s\"\n",
+        &[&format!("-A {drop_udp}")],
+    )
+    .await;
+    tunnel.ready(Duration::from_secs(5)).await;
+    let chosen = client_event(&mut tunnel, "transport_chosen", Duration::from_secs(1)).await;
+    assert_eq!(chosen["transport"], "noise", "{chosen}");
+
+    let web = tunnel.ns.addr(WEB_PORT);
+    let transfer =
+        tokio::spawn(
+            async move { hashed_transfers(web, &mut served, 1, 12_000_000, 100_000).await },
+        );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    tunnel.ns.iptables(&format!("-D {drop_udp}"));
+    let upgraded = client_event(&mut tunnel, "transport_upgraded", Duration::from_secs(5)).await;
+    eprintln!("netns: UDP back -> {upgraded}");
+    assert_eq!(upgraded["to"], "quic", "{upgraded}");
+    assert!(
+        !transfer.is_finished(),
+        "the move must happen while the transfer flows"
+    );
+    let (up, down) = transfer.await.expect("the transfer's bytes are exact");
+    eprintln!("netns: {up} bytes up, {down} down, exact across the move");
+    // New visitors ride the QUIC session.
+    tunnel.ready(Duration::from_secs(2)).await;
+}

@@ -270,6 +270,12 @@ pub async fn establish_quic(
     deadline: Duration,
 ) -> Result<EstablishedSession, EstablishError> {
     let started = Instant::now();
+    crate::client::quic::probe_udp(server_addr)
+        .await
+        .map_err(|source| EstablishError::Connect {
+            server: server.to_owned(),
+            source,
+        })?;
     let authenticated = client
         .connect(server_addr, deadline)
         .await

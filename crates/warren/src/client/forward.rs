@@ -28,7 +28,7 @@ use warren_proto::message::StreamOpen;
 
 use super::{ClientError, ClientSession, Shared};
 use crate::config::proxy::ProxyUrl;
-use crate::config::{ClientConfig, ClientForward, HostPort, ServiceKind, UdpSettings};
+use crate::config::{ClientConfig, ClientForward, HostPort, ServiceKind, Transport, UdpSettings};
 use crate::metrics::Meter;
 use crate::relay;
 use crate::relay::udp::visitors::{self, ChannelSource, VisitorSide};
@@ -56,6 +56,7 @@ pub(super) fn family(config: &ClientConfig) -> Family {
 /// Connection, proxy and TLS or WebSocket failures, with a message naming what failed.
 pub(crate) async fn dial_server(
     config: &ClientConfig,
+    transport: Transport,
     server: &HostPort,
     proxy: Option<&ProxyUrl>,
     layers: &ClientLayers,
@@ -70,23 +71,21 @@ pub(crate) async fn dial_server(
         .unwrap_or_else(|_| {
             Err(io::Error::new(
                 io::ErrorKind::TimedOut,
-                format!(
-                    "the {} handshake with {server} timed out after {deadline:?}",
-                    config.transport
-                ),
+                format!("the {transport} handshake with {server} timed out after {deadline:?}"),
             ))
         })
 }
 
-/// The layers every connection of a session to `server` gets on `config`'s transport.
+/// The layers every connection of a session to `server` on `transport` gets.
 ///
 /// # Errors
 /// An unreadable CA file, naming it.
 pub(crate) fn client_layers(
     config: &ClientConfig,
+    transport: Transport,
     server: &HostPort,
 ) -> Result<ClientLayers, String> {
-    if !config.transport.uses_tls() && !config.transport.uses_websocket() {
+    if !transport.uses_tls() && !transport.uses_websocket() {
         return Ok(ClientLayers::plain());
     }
     let ca = match &config.tls.ca {
@@ -104,18 +103,20 @@ pub(crate) fn client_layers(
         .unwrap_or_else(|| server.host.clone());
     let host = config.ws.host.clone().unwrap_or_else(|| server.to_string());
     Ok(ClientLayers::new(
-        config.transport,
+        transport,
         tls,
         server_name,
         (host, config.ws.path.clone()),
     ))
 }
 
-/// The ciphers a client offers on `config`'s transport: none where the transport already
-/// encrypts end to end (`tls`) or is plaintext by choice (`tcp`).
-pub(crate) fn offered_ciphers(config: &ClientConfig) -> Vec<warren_proto::CipherSuite> {
-    use crate::config::Transport;
-    match config.transport {
+/// The ciphers a client offers on `transport`: none where the transport already encrypts
+/// end to end (`tls`) or is plaintext by choice (`tcp`).
+pub(crate) fn offered_ciphers(
+    config: &ClientConfig,
+    transport: Transport,
+) -> Vec<warren_proto::CipherSuite> {
+    match transport {
         Transport::Tcp | Transport::Tls => vec![warren_proto::CipherSuite::None],
         _ => config.ciphers.clone(),
     }

@@ -21,6 +21,7 @@ mod health;
 #[cfg(unix)]
 pub(crate) mod p2p;
 pub mod quic;
+mod race;
 mod reload;
 mod reverse;
 
@@ -46,7 +47,7 @@ use crate::config::ha::HealthCheck;
 use crate::config::proxy::ProxySetting;
 use crate::config::{
     ClientConfig, ClientForward, ClientService, ConfigErrors, HostPort, ProxyProtocol, ServiceKind,
-    Transport, UdpSettings,
+    Transport, TransportEntry, UdpSettings,
 };
 use crate::crypto::keys::SessionKeys;
 use crate::crypto::secret::Secret;
@@ -58,6 +59,7 @@ use crate::session::stream::Stream;
 use crate::session::tcp::Dialer;
 use crate::session::{self as control, CONTROL_QUEUE, Liveness, SessionEnd, short_id, summarize};
 use crate::transport::compress::Codec;
+use crate::transport::layers::ClientLayers;
 use establish::{Claim, EstablishError, EstablishedSession};
 
 /// Errors that end the client (everything else is retried).
@@ -119,6 +121,8 @@ pub struct ClientStatus {
     pub urls: BTreeMap<String, Vec<String>>,
     /// The servers a session is up with now, as configured.
     pub servers: Vec<String>,
+    /// The transport of each of those sessions, in the same order (`"noise"`, `"wss:443"`).
+    pub transports: Vec<String>,
     /// Forward services: the local address each listens on (bound once, at start).
     pub forwards: BTreeMap<String, SocketAddr>,
 }
@@ -180,7 +184,13 @@ impl ClientBuilder {
         self
     }
 
-    /// Reconnect backoff bounds.
+    /// How often a session on a later transport of the list tries the earlier ones again.
+    pub fn transport_retry(mut self, every: Duration) -> Self {
+        self.config.transport_retry = every;
+        self
+    }
+
+    /// First and longest wait between reconnects.
     pub fn reconnect_delays(mut self, initial: Duration, max: Duration) -> Self {
         self.config.reconnect_initial_delay = initial;
         self.config.reconnect_max_delay = max;
@@ -548,15 +558,33 @@ async fn run_link(shared: Arc<Shared>, index: usize) -> Result<(), ClientError> 
     let config = shared.config();
     let mut backoff = Backoff::new(config.reconnect_initial_delay, config.reconnect_max_delay);
     let mut restart = shared.restart.subscribe();
+    // The transport that won last time goes first next time.
+    let mut preferred: Option<TransportEntry> = None;
     loop {
         let Some(server) = shared.config().servers().get(index).map(|s| (*s).clone()) else {
             return Ok(());
         };
         let started = tokio::time::Instant::now();
         let mut wait = true;
-        let held = match establish_session(&shared, &server, &mut backoff, &mut restart).await {
+        let order = race::preferring(&shared.config().transport_list(), preferred);
+        let held = match establish_session(
+            &shared,
+            &server,
+            (&order, false),
+            &mut backoff,
+            &mut restart,
+        )
+        .await
+        {
             Ok(established) => {
-                hold(&shared, &server, &mut backoff, &mut restart, established).await
+                let mut link = Link {
+                    shared: &shared,
+                    server: &server,
+                    backoff: &mut backoff,
+                    restart: &mut restart,
+                    preferred: &mut preferred,
+                };
+                link.hold(established).await
             }
             Err(failure) => Err(failure),
         };
@@ -756,6 +784,10 @@ impl Shared {
                 .iter()
                 .map(|session| session.server.to_string())
                 .collect();
+            s.transports = sessions
+                .iter()
+                .map(|session| session.transport.to_string())
+                .collect();
         });
     }
 }
@@ -775,6 +807,8 @@ pub(crate) struct ClientSession {
     config: Arc<ClientConfig>,
     /// The server this session is with, as configured.
     server: HostPort,
+    /// The transport it runs on (and its port, when not the server's).
+    transport: TransportEntry,
     /// The address the control channel reached (the proxy's, when there is one).
     server_addr: SocketAddr,
     /// The session's streams.
@@ -816,7 +850,7 @@ impl ClientSession {
         SessionInfo {
             id: short_id(self.keys.session_id()),
             peer: self.server_addr.to_string(),
-            transport: crate::admin::transport_name(quic.as_ref(), &self.keys),
+            transport: self.transport.transport.name(),
             cipher: self.keys.cipher_label(),
             cipher_choice: self.keys.negotiation().into(),
             since: unix_seconds(self.since),
@@ -872,16 +906,13 @@ impl ClientSession {
 async fn establish_session(
     shared: &Arc<Shared>,
     server: &HostPort,
+    (order, background): (&[TransportEntry], bool),
     backoff: &mut Backoff,
     restart: &mut watch::Receiver<u64>,
 ) -> Result<Established, Failure> {
     // This session takes the newest config: a restart asked for before now is served.
     restart.borrow_and_update();
     let config = shared.config();
-    let ciphers = forward::offered_ciphers(&config);
-    let layers = forward::client_layers(&config, server).map_err(Failure::Retry)?;
-    // Measured before the first handshake, then cached for the process.
-    let ciphers = crate::crypto::speed::policy_measured(&ciphers, config.cipher_choice).await;
     let deadline = config.handshake_timeout;
     let proxy = match &config.proxy {
         Some(setting) => setting
@@ -893,77 +924,58 @@ async fn establish_session(
     for claim in &mut claims {
         claim.ready = shared.health.is_up(claim.name);
     }
-    let server_name = forward::describe(server, proxy.as_ref());
-    let attempt: std::pin::Pin<Box<dyn std::future::Future<Output = _> + Send>> =
-        match config.transport {
-            Transport::Quic => {
-                let server_addr = quic::resolve(server, deadline, forward::family(&config))
-                    .await
-                    .map_err(|e| Failure::Retry(e.to_string()))?;
-                let client = shared
-                    .quic_client(&config, server, server_addr.is_ipv6())
-                    .map_err(|e| Failure::Retry(e.to_string()))?;
-                let (claims, server_name) = (&claims, &server_name);
-                Box::pin(async move {
-                    establish::establish_quic(
-                        &client,
-                        server_name,
-                        server_addr,
-                        claims,
-                        HelloMode::Serve,
-                        deadline,
-                    )
-                    .await
-                })
-            }
-            _ => Box::pin(establish::establish(
-                forward::dial_server(&config, server, proxy.as_ref(), &layers, deadline),
-                &server_name,
-                &config.psk,
-                &ciphers,
-                &claims,
-                HelloMode::Serve,
-                deadline,
-            )),
-        };
-    let established = tokio::select! {
+    let attempt = |entry: TransportEntry| {
+        attempt_transport(shared, &config, server, entry, proxy.as_ref(), &claims)
+    };
+    let racing = tokio::time::Instant::now();
+    let raced = tokio::select! {
         () = shared.cancel.cancelled() => return Err(Failure::Stopped),
-        result = attempt => result,
+        raced = race::race(order, race::STAGGER, attempt, |error| {
+            matches!(
+                error,
+                EstablishError::Refused(_) | EstablishError::HelloRefused { retry: false, .. }
+            )
+        }) => raced,
     };
-    let established = match established {
-        Ok(established) => established,
-        Err(EstablishError::Refused(refusal)) => {
-            shared
-                .telemetry
-                .metrics
-                .handshake_failed(HandshakeFailure::Refused);
-            return Err(Failure::Fatal(ClientError::Refused(refusal)));
-        }
-        Err(EstablishError::HelloRefused {
-            reason,
-            retry: false,
-        }) => {
-            shared
-                .telemetry
-                .metrics
-                .handshake_failed(HandshakeFailure::Protocol);
-            return Err(Failure::Fatal(ClientError::HelloRefused(reason)));
-        }
-        Err(error) => {
-            let reason = match error {
-                EstablishError::Connect { .. } => HandshakeFailure::Connect,
-                EstablishError::ClosedDuringHandshake { .. } => HandshakeFailure::BadPsk,
-                EstablishError::HandshakeTimeout { .. } | EstablishError::HelloTimeout => {
-                    HandshakeFailure::Timeout
-                }
-                EstablishError::Hello(_) => HandshakeFailure::Protocol,
-                EstablishError::HelloRefused { .. } => HandshakeFailure::TooManySessions,
-                _ => HandshakeFailure::Io,
-            };
-            shared.telemetry.metrics.handshake_failed(reason);
-            return Err(Failure::Retry(error.to_string()));
+    // A background retry of better transports is not a failure to connect: not counted.
+    let metrics = (!background).then_some(&shared.telemetry.metrics);
+    let (transport, (established, layers, target), failed) = match raced {
+        Ok(won) => (won.entry, won.value, won.failed),
+        Err(race::Lost::Final(error)) => return Err(failure(metrics, error)),
+        Err(race::Lost::All(mut failures)) => {
+            if failures.len() == 1 {
+                let (_, error) = failures.remove(0);
+                return Err(failure(metrics, error));
+            }
+            let reasons: Vec<String> = failures
+                .into_iter()
+                .map(|(entry, error)| {
+                    let reason = error.to_string();
+                    failure(metrics, error);
+                    format!("{entry}: {reason}")
+                })
+                .collect();
+            return Err(Failure::Retry(format!(
+                "no transport worked ({})",
+                reasons.join("; ")
+            )));
         }
     };
+    if order.len() > 1 {
+        let failed: Vec<String> = failed
+            .iter()
+            .map(|(entry, error)| format!("{entry}: {error}"))
+            .collect();
+        info!(
+            event = "transport_chosen",
+            %server,
+            transport = %transport,
+            order = %order.iter().map(|e| e.to_string()).collect::<Vec<_>>().join(","),
+            elapsed_ms = racing.elapsed().as_millis() as u64,
+            failed = %failed.join("; "),
+            "connected over {transport}"
+        );
+    }
     let EstablishedSession {
         channel,
         carrier,
@@ -1035,7 +1047,7 @@ async fn establish_session(
     let (control, control_rx) = mpsc::channel(CONTROL_QUEUE);
     let keys = Arc::new(keys);
     let dialer = Dialer {
-        server: server.clone(),
+        server: target,
         addr: server_addr,
         proxy,
         family: forward::family(&config),
@@ -1046,6 +1058,7 @@ async fn establish_session(
     let session = Arc::new(ClientSession {
         config: Arc::clone(&config),
         server: server.clone(),
+        transport,
         server_addr,
         link: ClientLink::new(carrier, dialer, shared.tasks.clone()),
         services: accepted,
@@ -1074,6 +1087,106 @@ async fn establish_session(
         health::report(&session, vec![name], up);
     }
     Ok(Established { channel, session })
+}
+
+/// One transport's attempt at a session with `server`: its own port (the entry's, else the
+/// server's), its layers and ciphers. Returns the session with the layers and the address
+/// its data channels dial.
+async fn attempt_transport(
+    shared: &Arc<Shared>,
+    config: &ClientConfig,
+    server: &HostPort,
+    entry: TransportEntry,
+    proxy: Option<&crate::config::proxy::ProxyUrl>,
+    claims: &[Claim<'_>],
+) -> Result<(EstablishedSession, ClientLayers, HostPort), EstablishError> {
+    let deadline = config.handshake_timeout;
+    let target = HostPort {
+        host: server.host.clone(),
+        port: entry.port_or(server.port),
+    };
+    let server_name = forward::describe(&target, proxy);
+    let layers = forward::client_layers(config, entry.transport, &target).map_err(|error| {
+        EstablishError::Connect {
+            server: server_name.clone(),
+            source: std::io::Error::other(error),
+        }
+    })?;
+    let established = if entry.transport == Transport::Quic {
+        let connect = |source| EstablishError::Connect {
+            server: server_name.clone(),
+            source,
+        };
+        let server_addr = quic::resolve(&target, deadline, forward::family(config))
+            .await
+            .map_err(connect)?;
+        let client = shared
+            .quic_client(config, &target, server_addr.is_ipv6())
+            .map_err(|e| EstablishError::Quic {
+                server: server_name.clone(),
+                error: e.to_string(),
+            })?;
+        establish::establish_quic(
+            &client,
+            &server_name,
+            server_addr,
+            claims,
+            HelloMode::Serve,
+            deadline,
+        )
+        .await?
+    } else {
+        let ciphers = forward::offered_ciphers(config, entry.transport);
+        // Measured before the first handshake, then cached for the process.
+        let ciphers = crate::crypto::speed::policy_measured(&ciphers, config.cipher_choice).await;
+        establish::establish(
+            forward::dial_server(config, entry.transport, &target, proxy, &layers, deadline),
+            &server_name,
+            &config.psk,
+            &ciphers,
+            claims,
+            HelloMode::Serve,
+            deadline,
+        )
+        .await?
+    };
+    Ok((established, layers, target))
+}
+
+/// Counts a failed attempt in `metrics` (when given) and says whether it is worth retrying.
+fn failure(metrics: Option<&crate::metrics::Metrics>, error: EstablishError) -> Failure {
+    let count = |reason| {
+        if let Some(metrics) = metrics {
+            metrics.handshake_failed(reason);
+        }
+    };
+    match error {
+        EstablishError::Refused(refusal) => {
+            count(HandshakeFailure::Refused);
+            Failure::Fatal(ClientError::Refused(refusal))
+        }
+        EstablishError::HelloRefused {
+            reason,
+            retry: false,
+        } => {
+            count(HandshakeFailure::Protocol);
+            Failure::Fatal(ClientError::HelloRefused(reason))
+        }
+        error => {
+            let reason = match error {
+                EstablishError::Connect { .. } => HandshakeFailure::Connect,
+                EstablishError::ClosedDuringHandshake { .. } => HandshakeFailure::BadPsk,
+                EstablishError::HandshakeTimeout { .. } | EstablishError::HelloTimeout => {
+                    HandshakeFailure::Timeout
+                }
+                EstablishError::Hello(_) => HandshakeFailure::Protocol,
+                EstablishError::HelloRefused { .. } => HandshakeFailure::TooManySessions,
+                _ => HandshakeFailure::Io,
+            };
+            count(reason);
+            Failure::Retry(error.to_string())
+        }
+    }
 }
 
 /// A session the server accepted, not yet served.
@@ -1166,73 +1279,142 @@ async fn serve_session(shared: Arc<Shared>, established: Established) -> Session
     end
 }
 
-/// Holds a session until it ends, returning how. A reload that needs a new session gets
-/// one established while this one still serves, and then takes its place (make before
-/// break: the new session joins the services at the server before the old one leaves, so
-/// no visitor finds none); the old one is closed with a goodbye, and its open streams keep
-/// flowing. A config with client-declared services breaks before it makes instead: the
-/// server binds their ports per session, so the old session must let them go first.
-async fn hold(
-    shared: &Arc<Shared>,
-    server: &HostPort,
-    backoff: &mut Backoff,
-    restart: &mut watch::Receiver<u64>,
-    mut established: Established,
-) -> Result<SessionEnd, Failure> {
-    loop {
-        let session = Arc::clone(&established.session);
-        let mut serving = shared
-            .tasks
-            .spawn(serve_session(Arc::clone(shared), established));
+/// One server's link while a session is up: what [`Link::hold`] needs from [`run_link`].
+struct Link<'a> {
+    shared: &'a Arc<Shared>,
+    server: &'a HostPort,
+    backoff: &'a mut Backoff,
+    restart: &'a mut watch::Receiver<u64>,
+    /// The transport of the session up now: the next reconnect tries it first.
+    preferred: &'a mut Option<TransportEntry>,
+}
+
+/// Why a session is being replaced while it serves.
+enum Replace {
+    /// A reload needs a session with the new config.
+    Reload,
+    /// The session runs on a later transport of the list; an earlier one may work again.
+    Upgrade,
+}
+
+impl Link<'_> {
+    /// Holds a session until it ends, returning how. A reload that needs a new session
+    /// gets one established while this one still serves, and then takes its place (make
+    /// before break: the new session joins the services at the server before the old one
+    /// leaves, so no visitor finds none); the old one is closed with a goodbye, and its
+    /// open streams keep flowing. A session on a later transport of the list tries the
+    /// earlier ones every `transport_retry` and moves the same way when one works. A config
+    /// with client-declared services breaks before it makes instead (and does not move): the
+    /// server binds their ports per session, so the old session must let them go first.
+    async fn hold(&mut self, mut established: Established) -> Result<SessionEnd, Failure> {
+        let (shared, server) = (self.shared, self.server);
         loop {
-            tokio::select! {
-                end = &mut serving => return Ok(end.unwrap_or(SessionEnd::Cancelled)),
-                changed = restart.changed() => {
-                    if changed.is_err() {
-                        continue;
+            let session = Arc::clone(&established.session);
+            *self.preferred = Some(session.transport);
+            let mut serving = shared
+                .tasks
+                .spawn(serve_session(Arc::clone(shared), established));
+            loop {
+                let better = better_transports(&shared.config(), session.transport);
+                let retry = shared.config().transport_retry;
+                let replace = tokio::select! {
+                    end = &mut serving => return Ok(end.unwrap_or(SessionEnd::Cancelled)),
+                    changed = self.restart.changed() => {
+                        if changed.is_err() {
+                            continue;
+                        }
+                        Replace::Reload
+                    }
+                    () = tokio::time::sleep(retry), if !better.is_empty() => Replace::Upgrade,
+                };
+                let config = shared.config();
+                let order = match replace {
+                    Replace::Reload => {
+                        info!(
+                            event = "session_restarting",
+                            %server,
+                            "starting a session with the reloaded config"
+                        );
+                        if declares_ports(&config) || !config.servers().contains(&server) {
+                            // The link picks the new config (and its server) up when this
+                            // one ends.
+                            session.cancel.cancel();
+                            let _ = (&mut serving).await;
+                            return Ok(SessionEnd::Cancelled);
+                        }
+                        race::preferring(&config.transport_list(), Some(session.transport))
+                    }
+                    // The server binds client-declared ports per session: moving would
+                    // break before it makes, dropping their visitors.
+                    Replace::Upgrade if declares_ports(&config) => continue,
+                    Replace::Upgrade => {
+                        debug!(event = "transport_retry", %server, current = %session.transport, "trying the transports before this one again");
+                        better
+                    }
+                };
+                let background = matches!(replace, Replace::Upgrade);
+                let attempt = establish_session(
+                    shared,
+                    server,
+                    (&order, background),
+                    self.backoff,
+                    self.restart,
+                );
+                tokio::pin!(attempt);
+                let next = tokio::select! {
+                    next = &mut attempt => next,
+                    end = &mut serving => {
+                        // The old session ended first: the new one is all there is.
+                        let end = end.unwrap_or(SessionEnd::Cancelled);
+                        debug!(event = "session_ended", reason = %end, "the old session ended before the new one was up");
+                        attempt.await
+                    }
+                };
+                match (next, replace) {
+                    (Ok(next), replace) => {
+                        if let Replace::Upgrade = replace {
+                            info!(
+                                event = "transport_upgraded",
+                                %server,
+                                from = %session.transport,
+                                to = %next.session.transport,
+                                "moved to {} (the streams open on {} finish there)",
+                                next.session.transport,
+                                session.transport
+                            );
+                        }
+                        session.replaced.store(true, Ordering::Release);
+                        session.cancel.cancel();
+                        established = next;
+                        break;
+                    }
+                    (Err(Failure::Stopped), _) => return Err(Failure::Stopped),
+                    // Still no better way through: keep this session, try again later.
+                    (Err(Failure::Retry(reason)), Replace::Upgrade) if !serving.is_finished() => {
+                        debug!(event = "transport_retry_failed", %server, %reason, "staying on {}", session.transport);
+                    }
+                    // Either way the old session goes (the new config is in force, or it
+                    // ended); a new one that could not be had is retried (or given up on)
+                    // like any other.
+                    (Err(failure), _) => {
+                        session.cancel.cancel();
+                        // Its task says goodbye and leaves the sessions list.
+                        let _ = serving.await;
+                        return Err(failure);
                     }
                 }
             }
-            info!(
-                event = "session_restarting",
-                %server,
-                "starting a session with the reloaded config"
-            );
-            let config = shared.config();
-            if declares_ports(&config) || !config.servers().contains(&server) {
-                // The link picks the new config (and its server) up when this one ends.
-                session.cancel.cancel();
-                let _ = (&mut serving).await;
-                return Ok(SessionEnd::Cancelled);
-            }
-            let attempt = establish_session(shared, server, backoff, restart);
-            tokio::pin!(attempt);
-            let next = tokio::select! {
-                next = &mut attempt => next,
-                end = &mut serving => {
-                    // The old session ended first: the new one is all there is.
-                    let end = end.unwrap_or(SessionEnd::Cancelled);
-                    debug!(event = "session_ended", reason = %end, "the old session ended before the new one was up");
-                    attempt.await
-                }
-            };
-            // Either way the old session goes (the new config is in force); a new one that
-            // could not be had is retried (or given up on) like any other.
-            match next {
-                Ok(next) => {
-                    session.replaced.store(true, Ordering::Release);
-                    session.cancel.cancel();
-                    established = next;
-                    break;
-                }
-                Err(failure) => {
-                    session.cancel.cancel();
-                    // Its task says goodbye and leaves the sessions list.
-                    let _ = serving.await;
-                    return Err(failure);
-                }
-            }
         }
+    }
+}
+
+/// The transports of `config` listed before `current`: those a session on `current` moves
+/// to when one works again (none when `current` is first, or no longer listed).
+fn better_transports(config: &ClientConfig, current: TransportEntry) -> Vec<TransportEntry> {
+    let list = config.transport_list();
+    match list.iter().position(|e| *e == current) {
+        Some(at) => list[..at].to_vec(),
+        None => Vec::new(),
     }
 }
 

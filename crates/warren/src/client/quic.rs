@@ -10,6 +10,35 @@ use crate::transport::quic::{
     self, Authenticated, ClientTls, QuicEndpoint, QuicError, certs, client_endpoint,
 };
 
+/// Sends one empty datagram to `addr` from a fresh socket, so that what this machine says
+/// about UDP to it comes back at once: a firewall rule that drops it here (`EPERM`), no
+/// route (`ENETUNREACH`). quinn logs such send errors and waits for its handshake timeout,
+/// which would make a client whose network refuses UDP wait that long before falling back
+/// to a TCP transport. The server's QUIC endpoint ignores an empty datagram.
+///
+/// # Errors
+/// The refusal, with a message naming the cause.
+pub async fn probe_udp(addr: SocketAddr) -> std::io::Result<()> {
+    let any: SocketAddr = if addr.is_ipv6() {
+        (std::net::Ipv6Addr::UNSPECIFIED, 0).into()
+    } else {
+        (std::net::Ipv4Addr::UNSPECIFIED, 0).into()
+    };
+    let explain = |error: std::io::Error| {
+        // EPERM (and EACCES): what `sendmsg` says when a netfilter rule drops it here.
+        let why = if error.kind() == std::io::ErrorKind::PermissionDenied {
+            "a firewall on this machine refuses UDP to it"
+        } else {
+            "UDP to it cannot be sent"
+        };
+        std::io::Error::new(error.kind(), format!("{why} ({addr}): {error}"))
+    };
+    let socket = tokio::net::UdpSocket::bind(any).await.map_err(explain)?;
+    socket.connect(addr).await.map_err(explain)?;
+    socket.send(&[]).await.map_err(explain)?;
+    Ok(())
+}
+
 /// A QUIC endpoint and what it needs to connect to one server.
 pub struct QuicClient {
     endpoint: QuicEndpoint,

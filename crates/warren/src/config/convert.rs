@@ -26,9 +26,10 @@ use super::suggest::did_you_mean;
 use super::typed::{
     AdminConfig, ClientConfig, ClientForward, ClientP2p, ClientService, DEFAULT_HANDSHAKE_TIMEOUT,
     DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_HEARTBEAT_TIMEOUT, DEFAULT_RECONNECT_INITIAL_DELAY,
-    DEFAULT_RECONNECT_MAX_DELAY, DEFAULT_UDP_IDLE_TIMEOUT, DEFAULT_UDP_MAX_SESSIONS, HostPort,
-    HostPortError, P2pEnd, ProxyProtocol, ServerConfig, ServerForward, ServerService, ServiceKind,
-    Transport, UdpSettings, has_aes_hardware, service_key,
+    DEFAULT_RECONNECT_MAX_DELAY, DEFAULT_TRANSPORT_RETRY, DEFAULT_UDP_IDLE_TIMEOUT,
+    DEFAULT_UDP_MAX_SESSIONS, HostPort, HostPortError, MAX_TRANSPORTS, P2pEnd, ProxyProtocol,
+    ServerConfig, ServerForward, ServerService, ServiceKind, Transport, TransportEntry,
+    TransportEntryError, UdpSettings, has_aes_hardware, service_key,
 };
 use super::web;
 use crate::crypto::secret::Secret;
@@ -161,8 +162,10 @@ pub(crate) fn convert_server(file: FileServer, report: &mut Report) -> ServerCon
     let psk = Secret::new(file.psk.unwrap_or_default());
     let default_token = file.default_token.map(Secret::new);
     let mut config = ServerConfig::new(bind, psk);
-    config.transport = transport(report, side, file.transport.as_deref());
-    config.quic = quic_table(report, side, config.transport, file.quic, QuicSide::Server);
+    (config.transport, config.transports) =
+        transports(report, side, file.transport.as_deref(), file.transports);
+    let uses_quic = config.uses_transport(Transport::Quic);
+    config.quic = quic_table(report, side, uses_quic, file.quic, QuicSide::Server);
     config.tls = web::server_tls(report, file.tls);
     config.ws = web::ws(report, side, file.ws);
     config.ciphers = ciphers(report, side, file.ciphers.as_deref());
@@ -209,7 +212,7 @@ pub(crate) fn convert_server(file: FileServer, report: &mut Report) -> ServerCon
         report,
         file.p2p,
         config.bind,
-        config.transport,
+        config.quic_bind() == Some(config.bind),
         default_token.as_ref(),
     );
     let (services, forwards) = server_services(
@@ -221,7 +224,7 @@ pub(crate) fn convert_server(file: FileServer, report: &mut Report) -> ServerCon
     config.services = services;
     config.forwards = forwards;
     config.default_token = default_token;
-    if config.transport == Transport::Quic {
+    if uses_quic {
         let compressed = config.services.values().map(|s| (&s.name, s.compression));
         let forwards = config.forwards.values().map(|f| (&f.name, f.compression));
         compression_needs_records(report, side, compressed.chain(forwards));
@@ -513,21 +516,28 @@ pub(crate) fn convert_client(file: FileClient, report: &mut Report) -> ClientCon
     let default_token = file.default_token.map(Secret::new);
     let mut config = ClientConfig::new(server, psk);
     config.more_servers = more_servers;
-    config.transport = transport(report, side, file.transport.as_deref());
-    config.quic = quic_table(report, side, config.transport, file.quic, QuicSide::Client);
-    config.tls = web::client_tls(report, config.transport, file.tls);
-    if file.ws.is_some() && !config.transport.uses_websocket() {
+    (config.transport, config.transports) =
+        transports(report, side, file.transport.as_deref(), file.transports);
+    let list = config.transport_list();
+    let uses_quic = config.uses_transport(Transport::Quic);
+    config.quic = quic_table(report, side, uses_quic, file.quic, QuicSide::Client);
+    let uses_tls = list.iter().any(|e| e.transport.uses_tls());
+    config.tls = web::client_tls(report, uses_tls, file.tls);
+    if file.ws.is_some() && !list.iter().any(|e| e.transport.uses_websocket()) {
         report.fail(
             ConfigError::new(
                 "client.ws",
-                format!(
-                    "[client.ws] is set but the transport is \"{}\"",
-                    config.transport
-                ),
+                "[client.ws] is set but no transport is \"ws\" or \"wss\"",
             )
-            .with_hint("set transport = \"ws\" or \"wss\", or remove the table"),
+            .with_hint("add \"ws\" or \"wss\" to the transports, or remove the table"),
         );
     }
+    config.transport_retry = duration(
+        report,
+        "client.transport_retry",
+        file.transport_retry.as_ref(),
+        DEFAULT_TRANSPORT_RETRY,
+    );
     config.ws = web::ws(report, side, file.ws);
     config.ciphers = ciphers(report, side, file.ciphers.as_deref());
     config.cipher_choice = cipher_choice(report, side, file.cipher_choice.as_deref());
@@ -572,13 +582,13 @@ pub(crate) fn convert_client(file: FileClient, report: &mut Report) -> ClientCon
             ),
         }
     }
-    if config.proxy.is_some() && config.transport == Transport::Quic {
+    if config.proxy.is_some() && uses_quic {
         report.fail(
             ConfigError::new(
                 "client.proxy",
-                "a proxy carries TCP; transport = \"quic\" runs over UDP",
+                "a proxy carries TCP; transport \"quic\" runs over UDP",
             )
-            .with_hint("use transport = \"noise\" through the proxy, or remove proxy"),
+            .with_hint("use transport = \"noise\" (or \"wss\") through the proxy, or remove proxy"),
         );
     }
     let (services, forwards, p2p) = client_services(report, file.services, default_token.as_ref());
@@ -586,7 +596,7 @@ pub(crate) fn convert_client(file: FileClient, report: &mut Report) -> ClientCon
     config.forwards = forwards;
     config.p2p = p2p;
     config.default_token = default_token;
-    if config.transport == Transport::Quic {
+    if uses_quic {
         let compressed = config.services.values().map(|s| (&s.name, s.compression));
         let forwards = config.forwards.values().map(|f| (&f.name, f.compression));
         compression_needs_records(report, side, compressed.chain(forwards));
@@ -1109,20 +1119,78 @@ pub(super) fn duration(
 fn quic_table(
     report: &mut Report,
     side: &str,
-    transport: Transport,
+    uses_quic: bool,
     file: Option<FileQuic>,
     which: QuicSide,
 ) -> QuicConfig {
-    if file.is_some() && transport != Transport::Quic {
+    if file.is_some() && !uses_quic {
         report.fail(
             ConfigError::new(
                 join_key(side, "quic"),
-                format!("[{side}.quic] is set but the transport is \"{transport}\""),
+                format!("[{side}.quic] is set but no transport is \"quic\""),
             )
-            .with_hint("set transport = \"quic\", or remove the table"),
+            .with_hint("set transport = \"quic\" (or add it to transports), or remove the table"),
         );
     }
     quic::convert(report, which, file)
+}
+
+/// `transport = "…"` or `transports = [...]` (not both): the first transport and the list
+/// (empty for `transport`).
+fn transports(
+    report: &mut Report,
+    side: &str,
+    one: Option<&str>,
+    list: Option<Vec<String>>,
+) -> (Transport, Vec<TransportEntry>) {
+    let Some(list) = list else {
+        return (transport(report, side, one), Vec::new());
+    };
+    let key = join_key(side, "transports");
+    if one.is_some() {
+        report.fail(
+            ConfigError::new(&key, "both transport and transports are set").with_hint(
+                "keep transports = [...] (its first entry is tried first) and remove transport",
+            ),
+        );
+    }
+    if list.is_empty() || list.len() > MAX_TRANSPORTS {
+        report.fail(
+            ConfigError::new(&key, format!("{} transports listed", list.len())).with_hint(
+                "list one to six transports, e.g. transports = [\"quic\", \"noise\", \"wss:443\"]",
+            ),
+        );
+        return (Transport::default(), Vec::new());
+    }
+    let mut entries = Vec::with_capacity(list.len());
+    for (i, text) in list.iter().enumerate() {
+        match text.parse::<TransportEntry>() {
+            Ok(entry) => entries.push(entry),
+            Err(error) => {
+                let hint = match &error {
+                    TransportEntryError::Port(_) => {
+                        "write NAME or NAME:PORT, e.g. \"wss:443\"".to_owned()
+                    }
+                    TransportEntryError::Name(unknown) => transport_hint(&unknown.name),
+                };
+                report
+                    .fail(ConfigError::new(join_index(&key, i), error.to_string()).with_hint(hint));
+            }
+        }
+    }
+    match entries.first() {
+        Some(first) => (first.transport, entries),
+        None => (Transport::default(), Vec::new()),
+    }
+}
+
+/// What to write instead of the transport `name`.
+fn transport_hint(name: &str) -> String {
+    let names: Vec<&str> = Transport::ALL.iter().map(|t| t.name()).collect();
+    match did_you_mean(name, &names) {
+        Some(close) => format!("did you mean \"{close}\"?"),
+        None => "write \"noise\" (encrypted TCP, the default), \"quic\" (UDP, TLS 1.3), \"tls\" (TLS 1.3 on TCP), \"wss\" or \"ws\" (WebSocket, through CDNs and proxies) or \"tcp\" (plaintext, needs insecure = true)".to_owned(),
+    }
 }
 
 fn transport(report: &mut Report, side: &str, name: Option<&str>) -> Transport {
@@ -1132,13 +1200,9 @@ fn transport(report: &mut Report, side: &str, name: Option<&str>) -> Transport {
     match name.parse::<Transport>() {
         Ok(transport) => transport,
         Err(error) => {
-            let names: Vec<&str> = Transport::ALL.iter().map(|t| t.name()).collect();
-            let hint = match did_you_mean(name, &names) {
-                Some(close) => format!("did you mean \"{close}\"?"),
-                None => "write \"noise\" (encrypted TCP, the default), \"quic\" (UDP, TLS 1.3), \"tls\" (TLS 1.3 on TCP), \"wss\" or \"ws\" (WebSocket, through CDNs and proxies) or \"tcp\" (plaintext, needs insecure = true)".to_owned(),
-            };
             report.fail(
-                ConfigError::new(join_key(side, "transport"), error.to_string()).with_hint(hint),
+                ConfigError::new(join_key(side, "transport"), error.to_string())
+                    .with_hint(transport_hint(name)),
             );
             Transport::default()
         }

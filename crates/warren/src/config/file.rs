@@ -49,6 +49,9 @@ pub struct FileServer {
     pub default_token: Option<String>,
     /// `"noise"` (default), `"quic"`, `"tls"`, `"wss"`, `"ws"` or `"tcp"` (plaintext, needs `insecure = true`).
     pub transport: Option<String>,
+    /// Every transport to listen on, e.g. `["quic", "noise", "wss:443"]`: each on `bind`'s
+    /// port (QUIC on its UDP side) or on the port after the colon. Instead of `transport`.
+    pub transports: Option<Vec<String>>,
     /// Allowed ciphers. Default: every encrypting cipher, AES-GCM first on CPUs with AES
     /// instructions, ChaCha20-Poly1305 first elsewhere (the order breaks ties under
     /// `cipher_choice = "fastest"`).
@@ -175,6 +178,12 @@ pub struct FileClient {
     pub default_token: Option<String>,
     /// `"noise"` (default), `"quic"`, `"tls"`, `"wss"`, `"ws"` or `"tcp"` (plaintext, needs `insecure = true`).
     pub transport: Option<String>,
+    /// The transports to try, in order, e.g. `["quic", "noise", "wss:443"]` (a port after
+    /// the colon replaces the server address's). Instead of `transport`.
+    pub transports: Option<Vec<String>>,
+    /// How often a client on a later transport of its list tries the earlier ones again.
+    /// Default `"30s"`.
+    pub transport_retry: Option<RawDuration>,
     /// Offered ciphers, in preference order. Default as for the server.
     pub ciphers: Option<Vec<String>>,
     /// `"fastest"` (default) or `"ordered"`, as for the server.

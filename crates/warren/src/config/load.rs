@@ -703,6 +703,79 @@ token = "db-token-0123456789"
     }
 
     #[test]
+    fn transports_list_both_sides() {
+        let client = client(
+            "[client]\nserver = \"a.example:7000\"\npsk = \"${WARREN_TEST_PSK}\"\ntransports = [\"quic\", \"noise\", \"wss:443\"]\ntransport_retry = \"5s\"\n[client.quic]\n[client.ws]\npath = \"/t\"\n",
+        );
+        assert_eq!(client.transport, Transport::Quic);
+        let listed: Vec<String> = client
+            .transport_list()
+            .iter()
+            .map(|e| e.to_string())
+            .collect();
+        assert_eq!(listed, ["quic", "noise", "wss:443"]);
+        assert_eq!(client.transport_retry, Duration::from_secs(5));
+        assert_eq!(client.ws.path, "/t");
+
+        let listening = server(
+            "[server]\nbind = \"0.0.0.0:7000\"\npsk = \"${WARREN_TEST_PSK}\"\ntransports = [\"quic\", \"noise\", \"wss:443\"]\n",
+        );
+        assert_eq!(listening.quic_bind(), Some("0.0.0.0:7000".parse().unwrap()));
+        assert_eq!(
+            listening.tcp_binds(),
+            [
+                "0.0.0.0:7000".parse().unwrap(),
+                "0.0.0.0:443".parse().unwrap()
+            ]
+        );
+        // A single transport is a list of one on the configured port.
+        let plain = server("[server]\nbind = \"0.0.0.0:7000\"\npsk = \"${WARREN_TEST_PSK}\"\n");
+        assert_eq!(plain.transport_list().len(), 1);
+        assert_eq!(plain.quic_bind(), None);
+    }
+
+    #[test]
+    fn transports_list_mistakes_are_named() {
+        let head = "[client]\nserver = \"a:1\"\npsk = \"${WARREN_TEST_PSK}\"\n";
+        let both = errors(&format!(
+            "{head}transport = \"noise\"\ntransports = [\"quic\"]\n"
+        ));
+        assert_eq!(error_keys(&both), ["client.transports"]);
+        assert!(both.to_string().contains("remove transport"), "{both}");
+        let typo = errors(&format!("{head}transports = [\"quic\", \"wsss:443\"]\n"));
+        assert_eq!(error_keys(&typo), ["client.transports[1]"]);
+        assert!(typo.to_string().contains("did you mean \"wss\""), "{typo}");
+        let port = errors(&format!("{head}transports = [\"wss:https\"]\n"));
+        assert!(port.to_string().contains("NAME:PORT"), "{port}");
+        let twice = errors(&format!(
+            "{head}transports = [\"noise\", \"quic\", \"noise:8000\"]\n"
+        ));
+        assert!(
+            twice.to_string().contains("\"noise\" is listed twice"),
+            "{twice}"
+        );
+        let empty = errors(&format!("{head}transports = []\n"));
+        assert_eq!(error_keys(&empty), ["client.transports"]);
+        // Tables of transports the list does not name.
+        let quic = errors(&format!(
+            "{head}transports = [\"noise\", \"wss\"]\n[client.quic]\n"
+        ));
+        assert!(
+            quic.to_string().contains("no transport is \"quic\""),
+            "{quic}"
+        );
+        let proxied = errors(&format!(
+            "{head}transports = [\"quic\", \"wss\"]\nproxy = \"http://127.0.0.1:3128\"\n"
+        ));
+        assert_eq!(error_keys(&proxied), ["client.proxy"]);
+        // A server transport on a service's port.
+        let clash = errors(
+            "[server]\nbind = \"0.0.0.0:7000\"\npsk = \"${WARREN_TEST_PSK}\"\ntransports = [\"noise\", \"wss:8080\"]\ndefault_token = \"${WARREN_TEST_PSK}\"\n[server.services.web]\nbind = \"0.0.0.0:8080\"\n",
+        );
+        assert!(clash.to_string().contains("server.transports"), "{clash}");
+    }
+
+    #[test]
     fn refuses_plaintext_without_insecure() {
         let errors = errors(
             "[client]\nserver = \"a:1\"\npsk = \"${WARREN_TEST_PSK}\"\ntransport = \"tcp\"\nciphers = [\"aes-128-gcm\", \"none\"]\n",

@@ -40,10 +40,11 @@ pub use error::{ConfigError, ConfigErrors};
 pub use typed::{
     AdminConfig, ClientConfig, ClientForward, ClientP2p, ClientService, DEFAULT_HANDSHAKE_TIMEOUT,
     DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_HEARTBEAT_TIMEOUT, DEFAULT_RECONNECT_INITIAL_DELAY,
-    DEFAULT_RECONNECT_MAX_DELAY, DEFAULT_UDP_IDLE_TIMEOUT, DEFAULT_UDP_MAX_SESSIONS, HostPort,
-    HostPortError, MAX_SERVICE_NAME_LEN, MAX_UDP_MAX_SESSIONS, MIN_SECRET_LEN, P2pEnd,
-    PLACEHOLDER_PREFIX, ProxyProtocol, ServerConfig, ServerForward, ServerService, ServiceKind,
-    Transport, UdpSettings, UnknownName, has_aes_hardware,
+    DEFAULT_RECONNECT_MAX_DELAY, DEFAULT_TRANSPORT_RETRY, DEFAULT_UDP_IDLE_TIMEOUT,
+    DEFAULT_UDP_MAX_SESSIONS, HostPort, HostPortError, MAX_SERVICE_NAME_LEN, MAX_TRANSPORTS,
+    MAX_UDP_MAX_SESSIONS, MIN_SECRET_LEN, P2pEnd, PLACEHOLDER_PREFIX, ProxyProtocol, ServerConfig,
+    ServerForward, ServerService, ServiceKind, Transport, TransportEntry, TransportEntryError,
+    UdpSettings, UnknownName, has_aes_hardware,
 };
 
 /// A whole config file: a server or a client.

@@ -32,7 +32,6 @@ use super::convert::{duration, socket_addr};
 use super::error::{ConfigError, Report};
 use super::file::RawDuration;
 use super::middleware::{FileSize, parse_size};
-use super::typed::Transport;
 use crate::crypto::secret::Secret;
 
 /// Default per-transfer relay cap: 16 GiB (both directions together, QUIC overhead
@@ -175,20 +174,20 @@ fn services(
     services
 }
 
-/// Converts `[server.p2p]`; `bind` and `transport` are the server's (the UDP port's
-/// default, and whether QUIC already holds it).
+/// Converts `[server.p2p]`; `bind` is the server's (the UDP port's default) and
+/// `quic_on_bind` whether QUIC already holds its UDP side.
 pub(crate) fn convert(
     report: &mut Report,
     file: Option<FileP2p>,
     bind: SocketAddr,
-    transport: Transport,
+    quic_on_bind: bool,
     default_token: Option<&Secret>,
 ) -> Option<P2pConfig> {
     let file = file?;
     let default = P2pConfig::default();
-    let udp_bind = match (&file.udp_bind, transport) {
+    let udp_bind = match (&file.udp_bind, quic_on_bind) {
         (Some(text), _) => socket_addr(report, "server.p2p.udp_bind", text).unwrap_or(bind),
-        (None, Transport::Quic) => {
+        (None, true) => {
             report.fail(
                 ConfigError::new(
                     "server.p2p.udp_bind",
@@ -201,7 +200,7 @@ pub(crate) fn convert(
             );
             bind
         }
-        (None, _) => bind,
+        (None, false) => bind,
     };
     let config = P2pConfig {
         nameplate_ttl: duration(

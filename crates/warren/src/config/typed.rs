@@ -34,6 +34,8 @@ pub const DEFAULT_HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(30);
 pub const DEFAULT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Default `[client] reconnect_initial_delay`.
 pub const DEFAULT_RECONNECT_INITIAL_DELAY: Duration = Duration::from_secs(1);
+/// Default `[client] transport_retry`.
+pub const DEFAULT_TRANSPORT_RETRY: Duration = Duration::from_secs(30);
 /// Default `[client] reconnect_max_delay`.
 pub const DEFAULT_RECONNECT_MAX_DELAY: Duration = Duration::from_secs(30);
 
@@ -120,6 +122,77 @@ impl FromStr for Transport {
                 name: s.to_owned(),
                 expected: Transport::ALL.iter().map(|t| t.name()).collect(),
             })
+    }
+}
+
+/// One transport of a `transports` list: `"wss"` (on the server's port) or `"wss:443"`
+/// (on a port of its own, e.g. where a firewall lets only 443 through).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct TransportEntry {
+    /// The transport.
+    pub transport: Transport,
+    /// Its port; `None`: the server address's (client) or `bind`'s (server).
+    pub port: Option<u16>,
+}
+
+/// The most transports one list may name: one of each.
+pub const MAX_TRANSPORTS: usize = Transport::ALL.len();
+
+impl TransportEntry {
+    /// `transport` on the configured port.
+    pub fn new(transport: Transport) -> TransportEntry {
+        TransportEntry {
+            transport,
+            port: None,
+        }
+    }
+
+    /// Its port, or `default`'s.
+    pub fn port_or(&self, default: u16) -> u16 {
+        self.port.unwrap_or(default)
+    }
+}
+
+impl fmt::Display for TransportEntry {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.port {
+            Some(port) => write!(f, "{}:{port}", self.transport),
+            None => write!(f, "{}", self.transport),
+        }
+    }
+}
+
+/// Why a `transports` entry does not parse.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TransportEntryError {
+    /// The name is not a transport.
+    #[error(transparent)]
+    Name(#[from] UnknownName),
+    /// What follows the colon is not a port number.
+    #[error("`{0}` is not a port number (1-65535)")]
+    Port(String),
+}
+
+impl FromStr for TransportEntry {
+    type Err = TransportEntryError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let (name, port) = match s.trim().split_once(':') {
+            Some((name, port)) => {
+                let port = port
+                    .trim()
+                    .parse::<u16>()
+                    .ok()
+                    .filter(|&p| p != 0)
+                    .ok_or_else(|| TransportEntryError::Port(port.to_owned()))?;
+                (name, Some(port))
+            }
+            None => (s.trim(), None),
+        };
+        Ok(TransportEntry {
+            transport: name.parse()?,
+            port,
+        })
     }
 }
 
@@ -343,8 +416,11 @@ pub struct ServerConfig {
     pub psk: Secret,
     /// Token of services that set none; already copied into each [`ServerService`].
     pub default_token: Option<Secret>,
-    /// Control-port transport.
+    /// Control-port transport: the only one, or the first of `transports`.
     pub transport: Transport,
+    /// Every transport the server listens on (`transports = [...]`), each on `bind`'s port
+    /// (TCP or UDP) or its own; empty: `transport` alone. See [`ServerConfig::transports`].
+    pub transports: Vec<TransportEntry>,
     /// Allowed ciphers in preference order; never empty.
     pub ciphers: Vec<CipherSuite>,
     /// Whether measured speed or the clients' order picks the cipher.
@@ -486,8 +562,14 @@ pub struct ClientConfig {
     pub psk: Secret,
     /// Token of services that set none; already copied into each [`ClientService`].
     pub default_token: Option<Secret>,
-    /// Control-port transport.
+    /// Control-port transport: the only one, or the first of `transports`.
     pub transport: Transport,
+    /// The transports to try, in order (`transports = [...]`), raced happy-eyeballs style;
+    /// empty: `transport` alone. See [`ClientConfig::transports`].
+    pub transports: Vec<TransportEntry>,
+    /// How often a client on a later transport of its list tries the earlier ones again,
+    /// moving to one that works without dropping visitors.
+    pub transport_retry: Duration,
     /// Offered ciphers in preference order; never empty.
     pub ciphers: Vec<CipherSuite>,
     /// Whether measured speed (when the server agrees) or this list's order picks the
@@ -641,6 +723,7 @@ impl ServerConfig {
             psk,
             default_token: None,
             transport: Transport::default(),
+            transports: Vec::new(),
             ciphers: CipherSuite::default_preference(has_aes_hardware()),
             cipher_choice: CipherChoice::default(),
             heartbeat_interval: DEFAULT_HEARTBEAT_INTERVAL,
@@ -699,15 +782,21 @@ impl ServerConfig {
         // one port. The server port counts as both TCP and UDP: QUIC will use its UDP side.
         let mut binds: Vec<(SocketAddr, Option<ServiceKind>, String)> =
             vec![(self.bind, None, "server.bind".to_owned())];
+        // Transports on ports of their own.
+        for addr in self.tcp_binds().into_iter().chain(self.quic_bind()) {
+            if addr != self.bind {
+                binds.push((addr, None, "server.transports".to_owned()));
+            }
+        }
         if let Some(p2p) = &self.p2p {
             // The reflector and relay's UDP port: the server port's UDP side is free with
             // a TCP transport (the default puts it there), QUIC's with `transport = "quic"`.
             // UDP services are checked against it below.
             let key = "server.p2p.udp_bind";
             let udp = ServiceKind::Udp(UdpSettings::DEFAULT);
-            if self.transport == Transport::Quic
+            if let Some(quic) = self.quic_bind()
                 && p2p.udp_bind.port() != 0
-                && binds_conflict(self.bind, p2p.udp_bind)
+                && binds_conflict(quic, p2p.udp_bind)
             {
                 errors.push(
                     ConfigError::new(key, format!("{} is already used by server.bind", p2p.udp_bind))
@@ -808,6 +897,8 @@ impl ClientConfig {
             psk,
             default_token: None,
             transport: Transport::default(),
+            transports: Vec::new(),
+            transport_retry: DEFAULT_TRANSPORT_RETRY,
             ciphers: CipherSuite::default_preference(has_aes_hardware()),
             cipher_choice: CipherChoice::default(),
             heartbeat_timeout: DEFAULT_HEARTBEAT_TIMEOUT,
@@ -887,6 +978,7 @@ impl ClientConfig {
             "heartbeat_timeout",
             self.heartbeat_timeout,
         );
+        check_nonzero(&mut errors, side, "transport_retry", self.transport_retry);
         check_nonzero(
             &mut errors,
             side,
@@ -1049,6 +1141,7 @@ pub(crate) struct Common<'a> {
     pub(crate) psk: &'a Secret,
     pub(crate) default_token: Option<&'a Secret>,
     pub(crate) transport: Transport,
+    pub(crate) transports: &'a [TransportEntry],
     pub(crate) ciphers: &'a [CipherSuite],
     pub(crate) handshake_timeout: Duration,
     pub(crate) insecure: bool,
@@ -1061,9 +1154,19 @@ impl Common<'_> {
     pub(crate) fn same_handshake(&self, other: &Common<'_>) -> bool {
         self.psk == other.psk
             && self.transport == other.transport
+            && self.transports == other.transports
             && self.ciphers == other.ciphers
             && self.insecure == other.insecure
-            && (self.transport != Transport::Quic || self.quic == other.quic)
+            && (!self.uses_quic() || self.quic == other.quic)
+    }
+
+    /// Whether QUIC is one of the transports.
+    fn uses_quic(&self) -> bool {
+        self.transport == Transport::Quic
+            || self
+                .transports
+                .iter()
+                .any(|e| e.transport == Transport::Quic)
     }
 }
 
@@ -1074,6 +1177,7 @@ macro_rules! common_of {
             psk: &$config.psk,
             default_token: $config.default_token.as_ref(),
             transport: $config.transport,
+            transports: &$config.transports,
             ciphers: &$config.ciphers,
             handshake_timeout: $config.handshake_timeout,
             insecure: $config.insecure,
@@ -1082,10 +1186,51 @@ macro_rules! common_of {
     };
 }
 
+/// `transports` when the config lists them, else `transport` alone on the default port.
+fn transport_list(transport: Transport, transports: &[TransportEntry]) -> Vec<TransportEntry> {
+    if transports.is_empty() {
+        vec![TransportEntry::new(transport)]
+    } else {
+        transports.to_vec()
+    }
+}
+
 impl ServerConfig {
     /// The settings both sides share.
     pub(crate) fn common(&self) -> Common<'_> {
         common_of!(self)
+    }
+
+    /// Every transport it listens on, in the config's order.
+    pub fn transport_list(&self) -> Vec<TransportEntry> {
+        transport_list(self.transport, &self.transports)
+    }
+
+    /// Whether it listens on `transport`.
+    pub fn uses_transport(&self, transport: Transport) -> bool {
+        self.transport_list()
+            .iter()
+            .any(|e| e.transport == transport)
+    }
+
+    /// Where QUIC listens (UDP), if it is one of the transports.
+    pub fn quic_bind(&self) -> Option<SocketAddr> {
+        self.transport_list()
+            .iter()
+            .find(|e| e.transport == Transport::Quic)
+            .map(|e| SocketAddr::new(self.bind.ip(), e.port_or(self.bind.port())))
+    }
+
+    /// The TCP ports the TCP-family transports listen on, `bind`'s first, each once.
+    pub fn tcp_binds(&self) -> Vec<SocketAddr> {
+        let mut binds: Vec<SocketAddr> = Vec::new();
+        for entry in self.transport_list() {
+            let addr = SocketAddr::new(self.bind.ip(), entry.port_or(self.bind.port()));
+            if entry.transport != Transport::Quic && !binds.contains(&addr) {
+                binds.push(addr);
+            }
+        }
+        binds
     }
 }
 
@@ -1093,6 +1238,18 @@ impl ClientConfig {
     /// The settings both sides share.
     pub(crate) fn common(&self) -> Common<'_> {
         common_of!(self)
+    }
+
+    /// The transports to try, in the config's order.
+    pub fn transport_list(&self) -> Vec<TransportEntry> {
+        transport_list(self.transport, &self.transports)
+    }
+
+    /// Whether `transport` is one it may use.
+    pub fn uses_transport(&self, transport: Transport) -> bool {
+        self.transport_list()
+            .iter()
+            .any(|e| e.transport == transport)
     }
 }
 
@@ -1121,6 +1278,34 @@ impl Side for ClientConfig {
 }
 
 fn check_common(errors: &mut Vec<ConfigError>, side: &str, c: Common<'_>) {
+    if let Some(first) = c.transports.first()
+        && first.transport != c.transport
+    {
+        errors.push(
+            ConfigError::new(
+                join_key(side, "transport"),
+                format!(
+                    "transport is \"{}\" but transports starts with \"{}\"",
+                    c.transport, first.transport
+                ),
+            )
+            .with_hint("set one of them: transports = [...] alone says the order"),
+        );
+    }
+    for (i, entry) in c.transports.iter().enumerate() {
+        if c.transports[..i]
+            .iter()
+            .any(|e| e.transport == entry.transport)
+        {
+            errors.push(
+                ConfigError::new(
+                    join_key(side, "transports"),
+                    format!("\"{}\" is listed twice", entry.transport),
+                )
+                .with_hint("name each transport once, in the order to try them"),
+            );
+        }
+    }
     if !c.insecure {
         if c.psk.is_empty() {
             errors.push(
@@ -1137,7 +1322,9 @@ fn check_common(errors: &mut Vec<ConfigError>, side: &str, c: Common<'_>) {
         {
             errors.push(error);
         }
-        if c.transport == Transport::Tcp {
+        if c.transport == Transport::Tcp
+            || c.transports.iter().any(|e| e.transport == Transport::Tcp)
+        {
             errors.push(
                 ConfigError::new(
                     join_key(side, "transport"),

@@ -28,7 +28,6 @@ use std::path::PathBuf;
 use serde::Deserialize;
 
 use super::error::{ConfigError, Report};
-use super::typed::Transport;
 
 /// The WebSocket path both sides use unless told otherwise.
 pub const DEFAULT_WS_PATH: &str = "/warren";
@@ -152,19 +151,19 @@ pub(crate) fn server_tls(report: &mut Report, file: Option<FileTls>) -> ServerTl
 /// Reads `[client.tls]`; `transport` says whether it is used.
 pub(crate) fn client_tls(
     report: &mut Report,
-    transport: Transport,
+    uses_tls: bool,
     file: Option<FileTls>,
 ) -> ClientTlsConfig {
     let Some(file) = file else {
         return ClientTlsConfig::default();
     };
-    if !transport.uses_tls() {
+    if !uses_tls {
         report.fail(
             ConfigError::new(
                 "client.tls",
-                format!("[client.tls] is set but the transport is \"{transport}\""),
+                "[client.tls] is set but no transport is \"tls\" or \"wss\"",
             )
-            .with_hint("set transport = \"tls\" or \"wss\", or remove the table"),
+            .with_hint("add \"tls\" or \"wss\" to the transports, or remove the table"),
         );
     }
     for (key, set) in [("cert", file.cert.is_some()), ("key", file.key.is_some())] {

@@ -324,10 +324,7 @@ impl Server {
         crate::crypto::speed::prepare(&self.config.ciphers, self.config.cipher_choice).await;
         // The certificate too (made on a first start).
         let layers = web::layers(&self.config)?;
-        let listener = match self.config.transport {
-            Transport::Quic => Listener::Quic(Arc::new(quic::QuicListener::bind(&self.config)?)),
-            _ => Listener::Tcp(bind_listener("the server port", self.config.bind).await?),
-        };
+        let listener = Listeners::bind(&self.config).await?;
         let admin_listener = match &self.config.admin {
             Some(admin) => Some(bind_listener("the admin API", admin.bind).await?),
             None => None,
@@ -447,25 +444,79 @@ async fn bind_listener(what: &str, addr: SocketAddr) -> Result<TcpListener, Serv
         })
 }
 
-/// The server port: TCP for the TCP transports, UDP for QUIC.
-enum Listener {
-    Tcp(TcpListener),
-    Quic(Arc<quic::QuicListener>),
+/// The server's ports: one TCP listener per port its TCP-family transports use (each
+/// takes all of them, told apart by the first bytes), and QUIC's UDP endpoint.
+struct Listeners {
+    /// `bind`'s port first when a TCP-family transport uses it.
+    tcp: Vec<TcpListener>,
+    quic: Option<Arc<quic::QuicListener>>,
+    /// The first transport's address: what [`BoundServer::local_addr`] reports.
+    primary: SocketAddr,
 }
 
-impl Listener {
-    fn local_addr(&self) -> std::io::Result<SocketAddr> {
-        match self {
-            Listener::Tcp(listener) => listener.local_addr(),
-            Listener::Quic(listener) => listener.local_addr(),
+impl Listeners {
+    /// Binds every port `config`'s transports use. With port 0, QUIC on `bind`'s port takes
+    /// the UDP side of the port TCP was given, so one number serves both as it would when
+    /// configured.
+    async fn bind(config: &ServerConfig) -> Result<Listeners, ServerError> {
+        let mut tcp = Vec::new();
+        for addr in config.tcp_binds() {
+            let what = if addr == config.bind {
+                "the server port"
+            } else {
+                "a transport's port (server.transports)"
+            };
+            tcp.push(bind_listener(what, addr).await?);
         }
+        let tcp_bind_port = tcp
+            .first()
+            .and_then(|listener| listener.local_addr().ok())
+            .filter(|addr| addr.ip() == config.bind.ip())
+            .map(|addr| addr.port());
+        let quic = match config.quic_bind() {
+            Some(mut addr) => {
+                if addr == config.bind
+                    && addr.port() == 0
+                    && let Some(port) = tcp_bind_port
+                {
+                    addr.set_port(port);
+                }
+                Some(Arc::new(quic::QuicListener::bind(config, addr)?))
+            }
+            None => None,
+        };
+        let primary = match (config.transport, &quic, tcp.first()) {
+            (Transport::Quic, Some(quic), _) => quic.local_addr(),
+            (_, _, Some(listener)) => listener.local_addr(),
+            (_, Some(quic), None) => quic.local_addr(),
+            (_, None, None) => Ok(config.bind),
+        }
+        .unwrap_or(config.bind);
+        Ok(Listeners { tcp, quic, primary })
+    }
+
+    /// Where `transport` listens, if it is one of the server's.
+    fn addr_of(&self, config: &ServerConfig, transport: Transport) -> Option<SocketAddr> {
+        let entry = config
+            .transport_list()
+            .into_iter()
+            .find(|e| e.transport == transport)?;
+        if transport == Transport::Quic {
+            return self.quic.as_ref()?.local_addr().ok();
+        }
+        let wanted = entry.port_or(config.bind.port());
+        let index = config
+            .tcp_binds()
+            .iter()
+            .position(|addr| addr.port() == wanted)?;
+        self.tcp.get(index)?.local_addr().ok()
     }
 }
 
 /// A server with its sockets bound.
 pub struct BoundServer {
     shared: Arc<Shared>,
-    listener: Listener,
+    listener: Listeners,
     admin_listener: Option<TcpListener>,
     http_ports: Option<http::HttpPorts>,
     /// The P2P UDP port (`[server.p2p]`) and where its relay settings come from.
@@ -484,12 +535,15 @@ pub struct BoundServer {
 }
 
 impl BoundServer {
-    /// The server port's actual address (useful with port 0).
+    /// The server port's actual address (useful with port 0): its first transport's.
     pub fn local_addr(&self) -> SocketAddr {
-        // Invariant: a bound listener always has a local address.
-        self.listener
-            .local_addr()
-            .expect("bound listener has an address")
+        self.listener.primary
+    }
+
+    /// Where `transport` listens (useful with port 0), if it is one of the server's.
+    pub fn transport_addr(&self, transport: Transport) -> Option<SocketAddr> {
+        let live = self.shared.live();
+        self.listener.addr_of(&live.config, transport)
     }
 
     /// A service port's actual address (TCP or UDP); it follows reloads.
@@ -606,8 +660,8 @@ impl BoundServer {
             .collect();
         info!(
             event = "server_started",
-            bind = %listener.local_addr().map(|a| a.to_string()).unwrap_or_default(),
-            transport = %live.config.transport,
+            bind = %listener.primary,
+            transports = %live.config.transport_list().iter().map(|e| e.to_string()).collect::<Vec<_>>().join(","),
             services = bindings.len(),
             "warren server listening"
         );
@@ -664,14 +718,19 @@ impl BoundServer {
                 }
             }
         }
-        match listener {
-            Listener::Tcp(listener) => accept_loop(&shared, listener).await,
-            Listener::Quic(listener) => {
-                *shared.quic.write().unwrap_or_else(PoisonError::into_inner) =
-                    Some(Arc::clone(&listener));
-                quic::accept_loop(&shared, listener).await;
-            }
+        let mut accepting = tokio::task::JoinSet::new();
+        if let Some(listener) = listener.quic {
+            *shared.quic.write().unwrap_or_else(PoisonError::into_inner) =
+                Some(Arc::clone(&listener));
+            let shared = Arc::clone(&shared);
+            accepting.spawn(async move { quic::accept_loop(&shared, listener).await });
         }
+        for listener in listener.tcp {
+            let shared = Arc::clone(&shared);
+            accepting.spawn(async move { accept_loop(&shared, listener).await });
+        }
+        // Each loop ends when the server stops.
+        while accepting.join_next().await.is_some() {}
         shared.tasks.close();
         if tokio::time::timeout(Duration::from_secs(5), shared.tasks.wait())
             .await
@@ -849,9 +908,19 @@ impl Live {
     /// Takes the cipher figures from the process's cache: call
     /// [`crate::crypto::speed::prepare`] first, or this measures on the calling thread.
     fn new(config: ServerConfig) -> Live {
-        let ciphers = match config.transport {
-            Transport::Tcp => vec![CipherSuite::None],
-            _ => config.ciphers.clone(),
+        // `tcp` offers only `none`; a server that also takes encrypted transports allows
+        // it beside its ciphers (a `noise` client never offers it unless told to).
+        let list = config.transport_list();
+        let ciphers = if list.iter().all(|e| e.transport == Transport::Tcp) {
+            vec![CipherSuite::None]
+        } else if list.iter().any(|e| e.transport == Transport::Tcp) {
+            let mut ciphers = config.ciphers.clone();
+            if !ciphers.contains(&CipherSuite::None) {
+                ciphers.push(CipherSuite::None);
+            }
+            ciphers
+        } else {
+            config.ciphers.clone()
         };
         Live {
             noise_psk: keys::noise_psk(&config.psk),

@@ -32,10 +32,10 @@ pub(super) struct QuicListener {
 
 impl QuicListener {
     /// Binds `config.bind` (UDP) with the config's certificates and PSK.
-    pub(super) fn bind(config: &ServerConfig) -> Result<Self, ServerError> {
-        let tls = server_tls(config).map_err(|error| bind_error(config.bind, &error))?;
-        let endpoint = quic::server_endpoint(config.bind, &tls, &config.quic.settings())
-            .map_err(|error| bind_error(config.bind, &error))?;
+    pub(super) fn bind(config: &ServerConfig, addr: SocketAddr) -> Result<Self, ServerError> {
+        let tls = server_tls(config).map_err(|error| bind_error(addr, &error))?;
+        let endpoint = quic::server_endpoint(addr, &tls, &config.quic.settings())
+            .map_err(|error| bind_error(addr, &error))?;
         Ok(QuicListener {
             endpoint,
             tls: RwLock::new(Arc::new(tls)),

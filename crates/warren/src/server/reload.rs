@@ -59,18 +59,48 @@ pub(super) async fn apply(shared: &Arc<Shared>, mut new: ServerConfig) -> Reload
             .needs_restart
             .push("[admin] (the admin API keeps its address and token)".to_owned());
     }
-    let on_quic = |config: &ServerConfig| config.transport == Transport::Quic;
-    if on_quic(&new) != on_quic(old) {
-        summary.needs_restart.push(format!(
-            "transport {} -> {} (the server port is TCP for one, UDP for the other)",
-            old.transport, new.transport
-        ));
-        // The port keeps speaking what it speaks until the restart: the config in force
-        // says so too, so handshakes and sessions are judged by the transport they use
-        // (and nobody is sent to reconnect over a transport the port does not offer).
+    // What is bound: TCP or UDP (QUIC), each on `bind`'s port or its own. Another transport
+    // on the same ports (noise and tcp, say) is judged by the new config at once.
+    let ports = |config: &ServerConfig| {
+        let mut ports: Vec<(bool, Option<u16>)> = config
+            .transport_list()
+            .iter()
+            .map(|e| (e.transport == Transport::Quic, e.port))
+            .collect();
+        ports.sort_unstable();
+        ports.dedup();
+        ports
+    };
+    if ports(&new) != ports(old) {
+        let names = |config: &ServerConfig| {
+            let list: Vec<String> = config
+                .transport_list()
+                .iter()
+                .map(|e| e.to_string())
+                .collect();
+            list.join(", ")
+        };
+        summary
+            .needs_restart
+            .push(if new.transports.is_empty() && old.transports.is_empty() {
+                format!(
+                    "transport {} -> {} (the server port is TCP for one, UDP for the other)",
+                    old.transport, new.transport
+                )
+            } else {
+                format!(
+                    "transports [{}] -> [{}] (their ports are bound at start)",
+                    names(old),
+                    names(&new)
+                )
+            });
+        // The ports keep speaking what they speak until the restart: the config in force
+        // says so too, so handshakes and sessions are judged by the transports they use
+        // (and nobody is sent to reconnect over a transport no port offers).
         new.transport = old.transport;
+        new.transports = old.transports.clone();
         new.quic = old.quic.clone();
-    } else if on_quic(&new) && (new.quic != old.quic || new.psk != old.psk) {
+    } else if new.uses_transport(Transport::Quic) && (new.quic != old.quic || new.psk != old.psk) {
         let listener = shared
             .quic
             .read()

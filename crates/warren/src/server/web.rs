@@ -1,10 +1,11 @@
 //! The server port's web layers: the TLS certificate of `tls` and `wss` and the WebSocket
 //! settings of `ws` and `wss` ([`crate::transport::layers::ServerLayers`]).
 //!
-//! A server takes every TCP-family transport it is set up for on its one port: `noise`
-//! always (and `tcp` with `insecure`), `tls` and `wss` when it has a certificate (its
-//! transport is one of them, or `[server.tls]` is set), `ws` and `wss` when its transport is
-//! one of them or `[server.ws]` is set.
+//! A server takes every TCP-family transport it is set up for on each of its TCP ports
+//! (`bind`'s, and those `transports` names): `noise` always (and `tcp` with `insecure`),
+//! `tls` and `wss` when it has a certificate (one of its transports is one of them, or
+//! `[server.tls]` is set), `ws` and `wss` when one of its transports is one of them or
+//! `[server.ws]` is set. Which protocol a connection speaks is told by its first bytes.
 
 use tracing::info;
 
@@ -38,9 +39,10 @@ pub(super) fn layers(config: &ServerConfig) -> Result<ServerLayers, ServerError>
 
 /// Whether the port takes TLS (`tls`, `wss`) and WebSocket (`ws`, `wss`) under `config`.
 pub(super) fn takes(config: &ServerConfig) -> (bool, bool) {
+    let list = config.transport_list();
     (
-        config.transport.uses_tls() || config.tls.configured,
-        config.transport.uses_websocket() || config.ws.configured,
+        list.iter().any(|e| e.transport.uses_tls()) || config.tls.configured,
+        list.iter().any(|e| e.transport.uses_websocket()) || config.ws.configured,
     )
 }
 
