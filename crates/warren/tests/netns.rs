@@ -129,6 +129,24 @@ impl Netns {
             .sum()
     }
 
+    /// `warren server CONFIG` inside the namespace.
+    fn spawn_server(&self, dir: &TestDir, config: &std::path::Path) -> Proc {
+        Proc::spawn(
+            dir,
+            "server",
+            "ip",
+            &[
+                "netns",
+                "exec",
+                &self.name,
+                WARREN,
+                "server",
+                config.to_str().expect("utf-8"),
+            ],
+            &[("WARREN_PSK", PSK)],
+        )
+    }
+
     fn addr(&self, port: u16) -> SocketAddr {
         SocketAddr::new(IpAddr::V4(self.inner), port)
     }
@@ -172,20 +190,7 @@ impl NsTunnel {
                 &format!("{inner}:{SERVER_PORT}"),
             ),
         );
-        let server = Proc::spawn(
-            dir,
-            "server",
-            "ip",
-            &[
-                "netns",
-                "exec",
-                &ns.name,
-                WARREN,
-                "server",
-                server_config.to_str().expect("utf-8"),
-            ],
-            &[("WARREN_PSK", PSK)],
-        );
+        let server = ns.spawn_server(dir, &server_config);
         let client = start_client(dir, &client_config, PSK);
         let tunnel = NsTunnel { ns, server, client };
         tunnel.ready(Duration::from_secs(10)).await;
@@ -329,20 +334,7 @@ async fn start_fallback(
             &format!("transports = {ALL_TRANSPORTS}\ntransport_retry = \"1s\""),
         );
     let client_config = dir.write("client.toml", &client_text);
-    let server = Proc::spawn(
-        dir,
-        "server",
-        "ip",
-        &[
-            "netns",
-            "exec",
-            &ns.name,
-            WARREN,
-            "server",
-            server_config.to_str().expect("utf-8"),
-        ],
-        &[("WARREN_PSK", PSK)],
-    );
+    let server = ns.spawn_server(dir, &server_config);
     // Both ports listening before the rules and the client.
     for port in [SERVER_PORT, WSS_PORT] {
         let deadline = Instant::now() + Duration::from_secs(10);

@@ -1162,11 +1162,23 @@ impl Common<'_> {
 
     /// Whether QUIC is one of the transports.
     fn uses_quic(&self) -> bool {
-        self.transport == Transport::Quic
-            || self
-                .transports
-                .iter()
-                .any(|e| e.transport == Transport::Quic)
+        self.uses_transport(Transport::Quic)
+    }
+
+    /// `transports` when the config lists them, else `transport` alone on the default port.
+    fn transport_list(&self) -> Vec<TransportEntry> {
+        if self.transports.is_empty() {
+            vec![TransportEntry::new(self.transport)]
+        } else {
+            self.transports.to_vec()
+        }
+    }
+
+    /// Whether `transport` is one of the transports.
+    fn uses_transport(&self, transport: Transport) -> bool {
+        self.transport_list()
+            .iter()
+            .any(|e| e.transport == transport)
     }
 }
 
@@ -1186,15 +1198,6 @@ macro_rules! common_of {
     };
 }
 
-/// `transports` when the config lists them, else `transport` alone on the default port.
-fn transport_list(transport: Transport, transports: &[TransportEntry]) -> Vec<TransportEntry> {
-    if transports.is_empty() {
-        vec![TransportEntry::new(transport)]
-    } else {
-        transports.to_vec()
-    }
-}
-
 impl ServerConfig {
     /// The settings both sides share.
     pub(crate) fn common(&self) -> Common<'_> {
@@ -1203,14 +1206,12 @@ impl ServerConfig {
 
     /// Every transport it listens on, in the config's order.
     pub fn transport_list(&self) -> Vec<TransportEntry> {
-        transport_list(self.transport, &self.transports)
+        self.common().transport_list()
     }
 
     /// Whether it listens on `transport`.
     pub fn uses_transport(&self, transport: Transport) -> bool {
-        self.transport_list()
-            .iter()
-            .any(|e| e.transport == transport)
+        self.common().uses_transport(transport)
     }
 
     /// Where QUIC listens (UDP), if it is one of the transports.
@@ -1242,14 +1243,12 @@ impl ClientConfig {
 
     /// The transports to try, in the config's order.
     pub fn transport_list(&self) -> Vec<TransportEntry> {
-        transport_list(self.transport, &self.transports)
+        self.common().transport_list()
     }
 
     /// Whether `transport` is one it may use.
     pub fn uses_transport(&self, transport: Transport) -> bool {
-        self.transport_list()
-            .iter()
-            .any(|e| e.transport == transport)
+        self.common().uses_transport(transport)
     }
 }
 
@@ -1322,9 +1321,7 @@ fn check_common(errors: &mut Vec<ConfigError>, side: &str, c: Common<'_>) {
         {
             errors.push(error);
         }
-        if c.transport == Transport::Tcp
-            || c.transports.iter().any(|e| e.transport == Transport::Tcp)
-        {
+        if c.uses_transport(Transport::Tcp) {
             errors.push(
                 ConfigError::new(
                     join_key(side, "transport"),
