@@ -785,3 +785,81 @@ async fn ws_and_wss_through_nginx_as_a_websocket_reverse_proxy() {
     nginx.kill();
     server.terminate();
 }
+
+/// One echo exchange of `message` on an open visitor connection, within 3 s: whether it
+/// came back whole.
+async fn echoes(stream: &mut tokio::net::TcpStream, message: &[u8]) -> bool {
+    let exchange = async {
+        stream.write_all(message).await?;
+        let mut back = vec![0; message.len()];
+        stream.read_exact(&mut back).await?;
+        std::io::Result::Ok(back == message)
+    };
+    matches!(
+        tokio::time::timeout(Duration::from_secs(3), exchange).await,
+        Ok(Ok(true))
+    )
+}
+
+/// Issue 19: WebSocket keepalive pings. nginx closes an upgraded connection that reads
+/// nothing from either side for `proxy_read_timeout` (here 2 s, as a CDN closes an idle
+/// WebSocket after 100 s). A visitor's connection that stays quiet for 5 s survives it when
+/// both Warren ends ping every 500 ms (`[server.ws]`/`[client.ws] ping_interval`), and — the
+/// control, so the test can fail — is cut when they ping at the default 30 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pings_keep_a_quiet_stream_through_a_proxy_with_an_idle_timeout() {
+    if !have_tool("nginx", "nginx", "pings_keep_a_quiet_stream") {
+        return;
+    }
+    let echo = echo_target().await;
+    let mut outcomes = Vec::new();
+    for ping in ["500ms", "30s"] {
+        let side_dir = TestDir::new(&format!("ws-pings-{}", ping.trim_end_matches('s')));
+        let ws = format!("transport = \"ws\"\n[server.ws]\nping_interval = \"{ping}\"\n");
+        let (mut server, server_port, web) = server_with_web(&side_dir, &ws).await;
+        let front = free_port();
+        let mut nginx = spawn_nginx(
+            &side_dir,
+            &format!(
+                "  server {{ listen 127.0.0.1:{front}; location /warren {{ proxy_pass http://127.0.0.1:{server_port}; proxy_http_version 1.1; proxy_set_header Upgrade $http_upgrade; proxy_set_header Connection \"upgrade\"; proxy_read_timeout 2s; proxy_send_timeout 2s; proxy_buffering off; }} }}"
+            ),
+        );
+        wait_listening(front, "nginx").await;
+        let config = client_config(
+            &side_dir,
+            front,
+            echo,
+            &format!("transport = \"ws\"\n[client.ws]\nping_interval = \"{ping}\"\n"),
+        );
+        let mut client = start_client(&side_dir, &config, PSK);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        let mut visitor = loop {
+            if let Ok(mut stream) = tokio::net::TcpStream::connect(loopback(web)).await
+                && echoes(&mut stream, b"hello").await
+            {
+                break stream;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "no tunnel through nginx\n{}",
+                client.logs()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        // Quiet for longer than nginx's idle timeout, then talk again.
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let survived = echoes(&mut visitor, b"still there?").await;
+        eprintln!(
+            "ping_interval {ping}: the quiet stream survived nginx's 2 s idle timeout: {survived}"
+        );
+        outcomes.push(survived);
+        client.terminate();
+        nginx.kill();
+        server.terminate();
+    }
+    assert_eq!(
+        outcomes,
+        [true, false],
+        "pings every 500 ms must keep the stream; at 30 s nginx must cut it (else the test proves nothing)"
+    );
+}

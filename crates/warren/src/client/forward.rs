@@ -102,12 +102,10 @@ pub(crate) fn client_layers(
         .clone()
         .unwrap_or_else(|| server.host.clone());
     let host = config.ws.host.clone().unwrap_or_else(|| server.to_string());
-    Ok(ClientLayers::new(
-        transport,
-        tls,
-        server_name,
-        (host, config.ws.path.clone()),
-    ))
+    Ok(
+        ClientLayers::new(transport, tls, server_name, (host, config.ws.path.clone()))
+            .ping_every(config.ws.ping_interval),
+    )
 }
 
 /// The ciphers a client offers on `transport`: none where the transport already encrypts

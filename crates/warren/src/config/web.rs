@@ -11,6 +11,7 @@
 //! [server.ws]
 //! path = "/warren"         # default
 //! decoy = true             # other HTTP requests get a plain page (default)
+//! ping_interval = "30s"     # ping a connection whose stream is quiet this long (default)
 //!
 //! [client]
 //! transport = "wss"
@@ -58,6 +59,9 @@ pub struct FileWs {
     pub host: Option<String>,
     /// Server: answer other HTTP requests with a plain page (`false`: 404). Default `true`.
     pub decoy: Option<bool>,
+    /// How long a connection carrying a stream may stay silent before this side pings.
+    /// Default `"30s"`.
+    pub ping_interval: Option<super::file::RawDuration>,
 }
 
 /// A server's TLS certificate for `tls` and `wss`.
@@ -94,6 +98,9 @@ pub struct WsConfig {
     pub host: Option<String>,
     /// Server: answer other HTTP requests with a plain page.
     pub decoy: bool,
+    /// How long a connection carrying a stream may stay silent before this side pings
+    /// (under the idle timeouts of CDNs and reverse proxies in the path).
+    pub ping_interval: std::time::Duration,
     /// Whether the config has the table: a server then takes `ws` and `wss` even when its
     /// own transport is another.
     pub configured: bool,
@@ -105,6 +112,7 @@ impl Default for WsConfig {
             path: DEFAULT_WS_PATH.to_owned(),
             host: None,
             decoy: true,
+            ping_interval: crate::transport::ws::PING_INTERVAL,
             configured: false,
         }
     }
@@ -214,6 +222,18 @@ pub(crate) fn ws(report: &mut Report, side: &str, file: Option<FileWs>) -> WsCon
         configured: true,
         ..WsConfig::default()
     };
+    config.ping_interval = super::convert::duration(
+        report,
+        &format!("{side}.ws.ping_interval"),
+        file.ping_interval.as_ref(),
+        crate::transport::ws::PING_INTERVAL,
+    );
+    if config.ping_interval.is_zero() {
+        report.fail(
+            ConfigError::new(format!("{side}.ws.ping_interval"), "must be more than 0")
+                .with_hint("write a duration such as \"30s\""),
+        );
+    }
     if let Some(path) = file.path {
         if !path.starts_with('/') || path.bytes().any(|b| b <= b' ' || b == 0x7f) {
             report.fail(
@@ -256,6 +276,28 @@ pub(crate) fn ws(report: &mut Report, side: &str, file: Option<FileWs>) -> WsCon
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ping_interval_is_a_positive_duration() {
+        assert_eq!(
+            WsConfig::default().ping_interval,
+            crate::transport::ws::PING_INTERVAL
+        );
+        let file = |text: &str| -> FileWs {
+            toml::from_str(&format!("ping_interval = \"{text}\"")).unwrap()
+        };
+        let mut report = Report::default();
+        let config = ws(&mut report, "client", Some(file("500ms")));
+        assert_eq!(config.ping_interval, std::time::Duration::from_millis(500));
+        assert!(report.into_result(None).is_ok());
+        let mut report = Report::default();
+        ws(&mut report, "server", Some(file("0s")));
+        let errors = report.into_result(None).unwrap_err();
+        assert!(
+            errors.to_string().contains("server.ws.ping_interval"),
+            "{errors}"
+        );
+    }
 
     #[test]
     fn a_ws_table_alone_makes_the_server_take_websocket() {

@@ -33,6 +33,7 @@ pub(super) fn layers(config: &ServerConfig) -> Result<ServerLayers, ServerError>
         ws: wants_ws.then(|| WsServer {
             path: config.ws.path.clone(),
             decoy: config.ws.decoy,
+            ping_interval: config.ws.ping_interval,
         }),
     })
 }

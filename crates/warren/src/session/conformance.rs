@@ -163,6 +163,7 @@ fn layers(transport: Transport) -> (ServerLayers, ClientLayers) {
         ws: Some(WsServer {
             path: "/warren".to_owned(),
             decoy: true,
+            ping_interval: crate::transport::ws::PING_INTERVAL,
         }),
     };
     let client = match transport {

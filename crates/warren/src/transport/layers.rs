@@ -38,6 +38,8 @@ pub struct Connected {
 pub struct ClientLayers {
     tls: Option<(TlsClient, String)>,
     ws: Option<(String, String)>,
+    /// How long a WebSocket connection carrying a stream may stay silent before a ping.
+    ping_interval: std::time::Duration,
 }
 
 impl ClientLayers {
@@ -46,6 +48,7 @@ impl ClientLayers {
         ClientLayers {
             tls: None,
             ws: None,
+            ping_interval: ws::PING_INTERVAL,
         }
     }
 
@@ -60,7 +63,15 @@ impl ClientLayers {
         ClientLayers {
             tls: transport.uses_tls().then_some((tls, server_name)),
             ws: transport.uses_websocket().then_some((host, path)),
+            ping_interval: ws::PING_INTERVAL,
         }
+    }
+
+    /// WebSocket connections ping after `interval` of silence instead of
+    /// [`ws::PING_INTERVAL`].
+    pub fn ping_every(mut self, interval: std::time::Duration) -> ClientLayers {
+        self.ping_interval = interval;
+        self
     }
 
     /// Wraps a fresh connection to the server. The caller bounds the time it takes.
@@ -83,7 +94,8 @@ impl ClientLayers {
         ws::client_upgrade(&mut reader, &mut writer, host, path)
             .await
             .map_err(|e| io::Error::other(e.to_string()))?;
-        let (reader, writer) = ws::framed(reader, writer, Role::Client);
+        let (reader, mut writer) = ws::framed(reader, writer, Role::Client);
+        writer.set_ping_interval(self.ping_interval);
         Ok(Connected {
             wire: Wire::ws(reader, writer),
             binding: None,
@@ -152,7 +164,8 @@ impl ServerLayers {
         {
             Upgrade::NotWebSocket => Ok(Accepted::Answered),
             Upgrade::WebSocket => {
-                let (reader, writer) = ws::framed(reader, writer, Role::Server);
+                let (reader, mut writer) = ws::framed(reader, writer, Role::Server);
+                writer.set_ping_interval(ws_server.ping_interval);
                 // Not bound, even inside TLS: whoever proxies WebSocket may end the TLS.
                 Ok(Accepted::Warren(Connected {
                     wire: Wire::ws(reader, writer),

@@ -19,7 +19,7 @@ use tokio::net::tcp::{OwnedReadHalf, ReadHalf};
 
 use super::buffers;
 use super::compress::{Compressor, InflateError, inflate};
-use super::wire::{Source, readable};
+use super::wire::{Keepalive, Source, readable};
 use crate::crypto::record::{
     HEADER_LEN, MAX_PAYLOAD, MAX_TAG_LEN, Opener, RecordError, RecordKind, Sealer,
 };
@@ -293,7 +293,7 @@ pub struct RecordWriter<W> {
     staged: Vec<u8>,
 }
 
-impl<W: AsyncWrite + Unpin> RecordWriter<W> {
+impl<W: AsyncWrite + Keepalive + Unpin> RecordWriter<W> {
     /// Wraps `io`; `sealer` holds the send keys.
     pub fn new(io: W, sealer: Sealer) -> Self {
         RecordWriter {
@@ -344,6 +344,24 @@ impl<W: AsyncWrite + Unpin> RecordWriter<W> {
         self.send_from_compressing(src, None).await
     }
 
+    /// Waits until `src` has something to send, meanwhile sending the keepalives the wire
+    /// asks for (WebSocket pings: a quiet stream must not look like a dead connection to a
+    /// CDN in the path).
+    async fn wait_readable<S: ReadReady>(&mut self, src: &S) -> Result<(), SendFromError> {
+        loop {
+            tokio::select! {
+                biased;
+                ready = src.readable() => return ready.map_err(SendFromError::Source),
+                () = self.io.keepalive_due() => {
+                    self.io
+                        .send_keepalive()
+                        .await
+                        .map_err(|e| SendFromError::Sink(e.into()))?;
+                }
+            }
+        }
+    }
+
     /// [`RecordWriter::send_from`], sending what `compressor` shrinks as a `Compressed`
     /// record (`None`: as it is).
     ///
@@ -356,7 +374,7 @@ impl<W: AsyncWrite + Unpin> RecordWriter<W> {
     ) -> Result<usize, SendFromError> {
         loop {
             if self.buf.capacity() == 0 {
-                src.readable().await.map_err(SendFromError::Source)?;
+                self.wait_readable(src).await?;
                 self.buf = buffers::take_write();
             }
             self.buf.clear();
@@ -637,10 +655,68 @@ mod tests {
         ));
     }
 
+    /// A sink whose keepalive is due every 10 s, counting the ones sent.
+    #[derive(Default)]
+    struct PingingSink {
+        written: Vec<u8>,
+        keepalives: usize,
+    }
+
+    impl AsyncWrite for PingingSink {
+        fn poll_write(
+            self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+            buf: &[u8],
+        ) -> std::task::Poll<io::Result<usize>> {
+            self.get_mut().written.extend_from_slice(buf);
+            std::task::Poll::Ready(Ok(buf.len()))
+        }
+        fn poll_flush(
+            self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<io::Result<()>> {
+            std::task::Poll::Ready(Ok(()))
+        }
+        fn poll_shutdown(
+            self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<io::Result<()>> {
+            std::task::Poll::Ready(Ok(()))
+        }
+    }
+
+    impl Keepalive for PingingSink {
+        async fn keepalive_due(&mut self) {
+            tokio::time::sleep(Duration::from_secs(10)).await;
+        }
+        async fn send_keepalive(&mut self) -> io::Result<()> {
+            self.keepalives += 1;
+            Ok(())
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_quiet_source_gets_the_wires_keepalives_sent() {
+        let (mut source_tx, source_rx) = pair().await;
+        let mut writer = RecordWriter::new(PingingSink::default(), Sealer::new(SUITE, keys()));
+        let waited =
+            tokio::time::timeout(Duration::from_secs(35), writer.send_from(&source_rx)).await;
+        assert!(waited.is_err(), "nothing to send yet");
+        assert_eq!(writer.io.keepalives, 3);
+        assert!(
+            writer.io.written.is_empty(),
+            "keepalives are the wire's, not records"
+        );
+        source_tx.write_all(b"at last").await.unwrap();
+        assert_eq!(writer.send_from(&source_rx).await.unwrap(), 7);
+        assert!(!writer.io.written.is_empty());
+    }
+
     #[tokio::test]
     async fn send_from_moves_bytes_and_releases_its_buffer_when_idle() {
         let (mut source_tx, source_rx) = pair().await;
         let (sink_tx, sink_rx) = pair().await;
+        let (_, sink_tx) = sink_tx.into_split();
         let mut writer = RecordWriter::new(sink_tx, Sealer::new(SUITE, keys()));
         let mut reader = RecordReader::new(sink_rx, Opener::new(SUITE, keys()));
         source_tx.write_all(b"through").await.unwrap();

@@ -34,6 +34,44 @@ pub trait Source: Send {
     fn try_read(&mut self, buf: &mut [u8]) -> io::Result<usize>;
 }
 
+/// A write half that may owe its connection a frame of its own while the caller has
+/// nothing to send: a WebSocket ping, so that a CDN or reverse proxy in the path does not
+/// close a connection that carries a quiet stream. The record writer polls
+/// [`Keepalive::keepalive_due`] while it waits for data to send.
+pub trait Keepalive {
+    /// Completes when a keepalive is due; never, on transports that need none. Cancel safe.
+    fn keepalive_due(&mut self) -> impl Future<Output = ()> + Send;
+    /// Sends the keepalive.
+    fn send_keepalive(&mut self) -> impl Future<Output = io::Result<()>> + Send;
+}
+
+impl Keepalive for WireWriter {
+    async fn keepalive_due(&mut self) {
+        match self {
+            WireWriter::Ws(ws) => ws.keepalive_due().await,
+            WireWriter::Base(_) => std::future::pending().await,
+        }
+    }
+
+    async fn send_keepalive(&mut self) -> io::Result<()> {
+        match self {
+            WireWriter::Ws(ws) => ws.send_keepalive().await,
+            WireWriter::Base(_) => Ok(()),
+        }
+    }
+}
+
+/// Plain TCP halves need no keepalive (the record layer's tests write to them).
+impl Keepalive for OwnedWriteHalf {
+    async fn keepalive_due(&mut self) {
+        std::future::pending().await
+    }
+
+    async fn send_keepalive(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
 /// Waits until `source` may be read. Cancel safe.
 pub async fn readable<S: Source>(source: &mut S) -> io::Result<()> {
     poll_fn(|cx| source.poll_read_ready(cx)).await

@@ -44,6 +44,11 @@ const MAX_FRAME_HEAD: usize = 14;
 /// Longest control frame payload (RFC 6455 §5.5).
 const MAX_CONTROL_PAYLOAD: usize = 125;
 
+/// How long a writer with a stream to carry stays silent before it pings: under nginx's
+/// default `proxy_read_timeout` (60 s) and the 100 s after which Cloudflare closes an idle
+/// WebSocket, so a stream that is quiet for minutes (an SSH session) is not cut by them.
+pub const PING_INTERVAL: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// Longest HTTP head either side reads during the upgrade.
 const MAX_HTTP_HEAD: usize = 8 * 1024;
 
@@ -158,6 +163,11 @@ pub struct WsWriter<W> {
     sent: usize,
     /// A Close frame has been queued: nothing may follow it.
     closed: bool,
+    /// When the next keepalive ping is due; made at the first idle wait (a writer that
+    /// never waits idle never needs one).
+    ping_at: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// How long between pings.
+    ping_interval: std::time::Duration,
 }
 
 /// Frames the two halves of an upgraded connection.
@@ -190,6 +200,8 @@ pub fn framed<R: Source, W: AsyncWrite + Unpin + Send>(
             out: Vec::new(),
             sent: 0,
             closed: false,
+            ping_at: None,
+            ping_interval: PING_INTERVAL,
         },
     )
 }
@@ -451,6 +463,41 @@ impl<W: AsyncWrite + Unpin + Send> WsWriter<W> {
         }
     }
 
+    /// Completes when a keepalive ping is due: [`PING_INTERVAL`] after the previous ping
+    /// (or after the first call). Not pushed back by data in between: a ping every 30 s on
+    /// a busy connection costs nothing, and re-arming a timer on every idle wait would.
+    /// Cancel safe.
+    pub async fn ping_due(&mut self) {
+        let interval = self.ping_interval;
+        let at = self
+            .ping_at
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(interval)));
+        at.as_mut().await;
+    }
+
+    /// Pings every `interval` instead of [`PING_INTERVAL`].
+    pub fn set_ping_interval(&mut self, interval: std::time::Duration) {
+        self.ping_interval = interval;
+    }
+
+    /// Sends a ping (with a pong owed to the peer, if any) and flushes it.
+    ///
+    /// # Errors
+    /// The connection's write error.
+    pub async fn ping(&mut self) -> io::Result<()> {
+        if let Some(at) = &mut self.ping_at {
+            at.as_mut()
+                .reset(tokio::time::Instant::now() + self.ping_interval);
+        }
+        if self.closed {
+            return Ok(());
+        }
+        std::future::poll_fn(|cx| self.poll_drain(cx)).await?;
+        self.push_pong();
+        self.push_frame(OP_PING, b"");
+        self.flush().await
+    }
+
     /// Queues the pong the reader asked for, if any.
     fn push_pong(&mut self) {
         if let Some(payload) = self.pong.take()
@@ -475,6 +522,16 @@ impl<W: AsyncWrite + Unpin + Send> WsWriter<W> {
             super::buffers::give_write(std::mem::take(&mut self.out));
         }
         Poll::Ready(Ok(()))
+    }
+}
+
+impl<W: AsyncWrite + Unpin + Send> super::wire::Keepalive for WsWriter<W> {
+    async fn keepalive_due(&mut self) {
+        self.ping_due().await;
+    }
+
+    async fn send_keepalive(&mut self) -> io::Result<()> {
+        self.ping().await
     }
 }
 
@@ -534,6 +591,8 @@ pub struct WsServer {
     pub path: String,
     /// Answer other HTTP requests with a plain page (else 404).
     pub decoy: bool,
+    /// How long a connection carrying a stream may stay silent before the server pings.
+    pub ping_interval: std::time::Duration,
 }
 
 /// What an HTTP request on the server port turned out to be.
@@ -974,6 +1033,7 @@ mod tests {
         WsServer {
             path: "/warren".to_owned(),
             decoy,
+            ping_interval: PING_INTERVAL,
         }
     }
 
@@ -1256,6 +1316,33 @@ mod tests {
         }
         let (mut reader, _writer) = script_reader([whole], Role::Client);
         assert_eq!(drain(&mut reader, 100).unwrap(), b"abcdef");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_quiet_writer_pings_every_interval_with_the_pong_it_owes() {
+        let (_, mut writer) = framed(Script::new([]), Vec::new(), Role::Client);
+        let started = tokio::time::Instant::now();
+        writer.ping_due().await;
+        assert_eq!(started.elapsed(), PING_INTERVAL);
+        writer.pong.post(b"owed");
+        writer.ping().await.unwrap();
+        // A client masks both; the keys are random, so compare the unmasked frames.
+        let (mut reader, _) = script_reader([std::mem::take(&mut writer.inner)], Role::Server);
+        assert!(drain(&mut reader, 100).unwrap().is_empty());
+        assert_eq!(
+            reader.pong.take().as_deref(),
+            Some(&b""[..]),
+            "the ping came last"
+        );
+        // The next ping is an interval after this one, not at once.
+        let again = tokio::time::Instant::now();
+        writer.ping_due().await;
+        assert_eq!(again.elapsed(), PING_INTERVAL);
+        // A closed writer sends nothing more.
+        writer.shutdown().await.unwrap();
+        writer.inner.clear();
+        writer.ping().await.unwrap();
+        assert!(writer.inner.is_empty());
     }
 
     #[tokio::test]
