@@ -90,6 +90,8 @@ pub enum Role {
 struct PongSlot {
     pending: AtomicBool,
     payload: Mutex<Option<Vec<u8>>>,
+    /// Wakes a writer waiting idle ([`WsWriter::keepalive_due`]) to send the pong.
+    posted: tokio::sync::Notify,
 }
 
 impl PongSlot {
@@ -97,6 +99,7 @@ impl PongSlot {
     fn post(&self, payload: &[u8]) {
         *self.payload.lock().unwrap_or_else(PoisonError::into_inner) = Some(payload.to_vec());
         self.pending.store(true, Ordering::Release);
+        self.posted.notify_one();
     }
 
     fn take(&self) -> Option<Vec<u8>> {
@@ -475,6 +478,11 @@ impl<W: AsyncWrite + Unpin + Send> WsWriter<W> {
         at.as_mut().await;
     }
 
+    /// Whether the keepalive timer has fired (a ping is owed).
+    fn ping_elapsed(&self) -> bool {
+        self.ping_at.as_ref().is_some_and(|at| at.is_elapsed())
+    }
+
     /// Pings every `interval` instead of [`PING_INTERVAL`].
     pub fn set_ping_interval(&mut self, interval: std::time::Duration) {
         self.ping_interval = interval;
@@ -525,13 +533,23 @@ impl<W: AsyncWrite + Unpin + Send> WsWriter<W> {
     }
 }
 
+/// An idle writer sends the pong the peer's ping asked for at once, and a ping of its own
+/// every ping interval.
 impl<W: AsyncWrite + Unpin + Send> super::wire::Keepalive for WsWriter<W> {
     async fn keepalive_due(&mut self) {
-        self.ping_due().await;
+        let pong = Arc::clone(&self.pong);
+        tokio::select! {
+            () = self.ping_due() => {}
+            () = pong.posted.notified() => {}
+        }
     }
 
     async fn send_keepalive(&mut self) -> io::Result<()> {
-        self.ping().await
+        if self.ping_elapsed() {
+            return self.ping().await;
+        }
+        // Only a pong (it may have left with data already: then this flushes nothing).
+        self.flush().await
     }
 }
 
@@ -1343,6 +1361,29 @@ mod tests {
         writer.inner.clear();
         writer.ping().await.unwrap();
         assert!(writer.inner.is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_idle_writer_sends_an_owed_pong_at_once() {
+        use super::super::wire::Keepalive;
+        let (_, mut writer) = framed(Script::new([]), Vec::new(), Role::Server);
+        let pong = Arc::clone(&writer.pong);
+        let started = tokio::time::Instant::now();
+        let wait = async {
+            writer.keepalive_due().await;
+            writer.send_keepalive().await.unwrap();
+        };
+        let post = async {
+            tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+            pong.post(b"now");
+        };
+        tokio::join!(wait, post);
+        assert_eq!(started.elapsed(), std::time::Duration::from_secs(1));
+        assert_eq!(
+            writer.inner,
+            frame(FIN | OP_PONG, b"now", None),
+            "the pong alone"
+        );
     }
 
     #[tokio::test]
