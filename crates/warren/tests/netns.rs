@@ -365,6 +365,19 @@ async fn start_fallback(
     (NsTunnel { ns, server, client }, started)
 }
 
+/// Waits (up to `within`) for the tunnel to work; returns how long that took from
+/// `started` and the client's `transport_chosen` event.
+async fn chosen_after(
+    tunnel: &mut NsTunnel,
+    started: Instant,
+    within: Duration,
+) -> (Duration, serde_json::Value) {
+    tunnel.ready(within).await;
+    let took = started.elapsed();
+    let chosen = client_event(tunnel, "transport_chosen", Duration::from_secs(1)).await;
+    (took, chosen)
+}
+
 /// The fields of the client's last `event` log line, waiting up to `within` for it.
 async fn client_event(tunnel: &mut NsTunnel, event: &str, within: Duration) -> serde_json::Value {
     let needle = format!("\"event\":\"{event}\"");
@@ -390,9 +403,7 @@ async fn udp_blackholed_the_client_is_on_noise_within_2_5_s() {
     let (target, mut served) = hashing_target(100_000).await;
     let drop_udp = format!("-A INPUT -p udp --dport {SERVER_PORT} -j DROP");
     let (mut tunnel, started) = start_fallback(Netns::new(), &dir, target, "", &[&drop_udp]).await;
-    tunnel.ready(Duration::from_secs(5)).await;
-    let took = started.elapsed();
-    let chosen = client_event(&mut tunnel, "transport_chosen", Duration::from_secs(1)).await;
+    let (took, chosen) = chosen_after(&mut tunnel, started, Duration::from_secs(5)).await;
     eprintln!(
         "netns: UDP blackholed -> on {} in {took:?} ({chosen})",
         chosen["transport"]
@@ -413,9 +424,7 @@ async fn only_tcp_443_open_the_client_is_on_wss_within_4_s() {
     let drop_tcp = format!("-A INPUT -p tcp --dport {SERVER_PORT} -j DROP");
     let (mut tunnel, started) =
         start_fallback(Netns::new(), &dir, target, "", &[&drop_udp, &drop_tcp]).await;
-    tunnel.ready(Duration::from_secs(8)).await;
-    let took = started.elapsed();
-    let chosen = client_event(&mut tunnel, "transport_chosen", Duration::from_secs(1)).await;
+    let (took, chosen) = chosen_after(&mut tunnel, started, Duration::from_secs(8)).await;
     eprintln!(
         "netns: only TCP 443 -> on {} in {took:?} ({chosen})",
         chosen["transport"]
@@ -456,9 +465,7 @@ async fn eperm_on_udp_falls_back_in_under_300_ms() {
     // This host's own firewall refuses UDP to the server: `sendmsg` says EPERM.
     let _rule = HostRule::insert(format!("OUTPUT -p udp -d {} -j DROP", ns.inner));
     let (mut tunnel, started) = start_fallback(ns, &dir, target, "", &[]).await;
-    tunnel.ready(Duration::from_secs(5)).await;
-    let took = started.elapsed();
-    let chosen = client_event(&mut tunnel, "transport_chosen", Duration::from_secs(1)).await;
+    let (took, chosen) = chosen_after(&mut tunnel, started, Duration::from_secs(5)).await;
     let elapsed = chosen["elapsed_ms"].as_u64().expect("elapsed_ms");
     eprintln!(
         "netns: EPERM on UDP -> on {} after {elapsed} ms of racing ({took:?} from spawn; {chosen})",
@@ -482,7 +489,7 @@ async fn udp_coming_back_moves_the_client_to_quic_while_a_transfer_flows() {
     let (target, mut served) = hashing_target(100_000).await;
     let drop_udp = format!("INPUT -p udp --dport {SERVER_PORT} -j DROP");
     // 12 MB up at 4 MB/s: about 3 s of transfer.
-    let (mut tunnel, _) = start_fallback(
+    let (mut tunnel, started) = start_fallback(
         Netns::new(),
         &dir,
         target,
@@ -490,8 +497,7 @@ async fn udp_coming_back_moves_the_client_to_quic_while_a_transfer_flows() {
         &[&format!("-A {drop_udp}")],
     )
     .await;
-    tunnel.ready(Duration::from_secs(5)).await;
-    let chosen = client_event(&mut tunnel, "transport_chosen", Duration::from_secs(1)).await;
+    let (_, chosen) = chosen_after(&mut tunnel, started, Duration::from_secs(5)).await;
     assert_eq!(chosen["transport"], "noise", "{chosen}");
 
     let web = tunnel.ns.addr(WEB_PORT);
