@@ -169,13 +169,16 @@ pub struct SessionInfo {
     pub quic: Option<crate::session::quic::QuicPath>,
 }
 
-/// The transport name of a session, from what carries it and its record cipher.
+/// The transport name of a session on the server, from what carries it and its keys: a
+/// `tls` session has no record cipher either, but is not plaintext. (`ws` and `wss` carry
+/// Noise records and show as `noise`; the client knows its transport and says it.)
 pub fn transport_name(
     quic: Option<&crate::session::quic::QuicPath>,
     keys: &crate::crypto::keys::SessionKeys,
 ) -> &'static str {
     match (quic, keys.record_cipher()) {
         (Some(_), _) => "quic",
+        (None, _) if keys.is_on_tls() => "tls",
         (None, Some(warren_proto::CipherSuite::None)) => "tcp",
         (None, _) => "noise",
     }

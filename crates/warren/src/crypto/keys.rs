@@ -186,6 +186,11 @@ impl SessionKeys {
         }
     }
 
+    /// Whether the session is bound to a `tls` transport's TLS session.
+    pub fn is_on_tls(&self) -> bool {
+        self.tls
+    }
+
     /// How the cipher was chosen, with both sides' figures.
     pub fn negotiation(&self) -> &Negotiation {
         &self.negotiation
