@@ -1,6 +1,6 @@
 //! `transports = [...]` (issue 19), in process on loopback: the client races its transports
 //! happy-eyeballs style, falls back past one that is silent after the stagger and past one
-//! that is refused at once, remembers nothing it should not, and moves back to an earlier
+//! that is refused at once, keeps the first when it works, and moves back to an earlier
 //! transport when it works again while a transfer keeps flowing (bytes checked). The
 //! network-namespace versions with the real binary are in `tests/netns.rs`.
 
