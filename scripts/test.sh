@@ -109,6 +109,17 @@ cargo clippy --all-targets --locked -- -D warnings
 banner "4/9 cargo test --locked (debug: unit, integration, doc tests)"
 cargo test --locked
 
+# The transfer tests write ~5 GiB of payloads at once (a 1 GiB file sent and received, a
+# tree of 1000 MiB, ...) into the temp dir: say so up front instead of failing with
+# "No space left on device" in the middle of a transfer.
+tmp_dir="${TMPDIR:-/tmp}"
+free_kib=$(df -Pk "$tmp_dir" | awk 'NR == 2 { print $4 }')
+if [ "${free_kib:-0}" -lt $((6 * 1024 * 1024)) ]; then
+    echo "error: the end-to-end tests need 6 GiB free in $tmp_dir; it has $((free_kib / 1024)) MiB." >&2
+    echo "       Free some space (e.g. cargo clean in old checkouts) or point TMPDIR at a larger disk." >&2
+    exit 1
+fi
+
 banner "5/9 release build and end-to-end tests (real binary with iperf3, dnsmasq, dig, microsocks, tinyproxy, haproxy; two servers and two clients behind haproxy; send/receive and p2p tunnels)"
 cargo build --release --locked
 WARREN_E2E_REQUIRE_TOOLS=1 cargo test --release --locked -p warren --test e2e --test e2e_dns --test e2e_ops --test e2e_proxy --test e2e_ha --test e2e_http --test e2e_files --test e2e_p2p

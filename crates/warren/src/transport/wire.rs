@@ -126,7 +126,8 @@ pub struct BaseReader {
 
 enum BaseIo {
     Tcp(OwnedReadHalf),
-    Tls(TlsReader),
+    /// Boxed: the TLS half (keys, buffer state) is several times a TCP half.
+    Tls(Box<TlsReader>),
 }
 
 impl BaseReader {
@@ -270,7 +271,7 @@ pub fn tcp_halves(stream: TcpStream) -> (BaseReader, BaseWriter) {
 /// The base halves of TLS on TCP, after its handshake.
 pub fn tls_halves(reader: TlsReader, writer: TlsWriter) -> (BaseReader, BaseWriter) {
     (
-        BaseReader::new(BaseIo::Tls(reader)),
+        BaseReader::new(BaseIo::Tls(Box::new(reader))),
         BaseWriter::Tls(writer),
     )
 }

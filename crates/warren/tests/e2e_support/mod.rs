@@ -68,11 +68,34 @@ impl TestDir {
 impl Drop for TestDir {
     fn drop(&mut self) {
         if std::thread::panicking() {
-            eprintln!("test files kept in {}", self.path.display());
+            // Keep the configs and logs to read, not the payloads: a failed transfer test
+            // would otherwise leave gigabytes behind on every run until the disk is full.
+            let dropped = remove_large_files(&self.path, 1 << 20);
+            eprintln!(
+                "test files kept in {} ({dropped} payload files over 1 MiB removed)",
+                self.path.display()
+            );
         } else {
             let _ = std::fs::remove_dir_all(&self.path);
         }
     }
+}
+
+/// Removes every file larger than `limit` bytes under `dir`; returns how many.
+fn remove_large_files(dir: &Path, limit: u64) -> usize {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    let mut removed = 0;
+    for entry in entries.flatten() {
+        let Ok(meta) = entry.metadata() else { continue };
+        if meta.is_dir() {
+            removed += remove_large_files(&entry.path(), limit);
+        } else if meta.len() > limit && std::fs::remove_file(entry.path()).is_ok() {
+            removed += 1;
+        }
+    }
+    removed
 }
 
 #[path = "../support/ports.rs"]
