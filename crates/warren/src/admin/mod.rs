@@ -170,8 +170,8 @@ pub struct SessionInfo {
 }
 
 /// The transport name of a session on the server, from what carries it and its keys: a
-/// `tls` session has no record cipher either, but is not plaintext. (`ws` and `wss` carry
-/// Noise records and show as `noise`; the client knows its transport and says it.)
+/// `tls` session has no record cipher either, but is not plaintext; `ws` and `wss` carry
+/// records of their own cipher inside WebSocket frames.
 pub fn transport_name(
     quic: Option<&crate::session::quic::QuicPath>,
     keys: &crate::crypto::keys::SessionKeys,
@@ -179,6 +179,7 @@ pub fn transport_name(
     match (quic, keys.record_cipher()) {
         (Some(_), _) => "quic",
         (None, _) if keys.is_on_tls() => "tls",
+        (None, _) if let Some(websocket) = keys.websocket() => websocket,
         (None, Some(warren_proto::CipherSuite::None)) => "tcp",
         (None, _) => "noise",
     }

@@ -104,6 +104,8 @@ pub struct SessionKeys {
     quic: bool,
     /// A `tls` session: TLS 1.3 encrypts, the records inside use `none`.
     tls: bool,
+    /// `ws` or `wss` when the session rides WebSocket frames (for the admin API).
+    websocket: Option<&'static str>,
     /// How the cipher was chosen and both sides' figures: shown, never used for keys.
     negotiation: Negotiation,
     session_id: SessionId,
@@ -132,6 +134,7 @@ impl SessionKeys {
             cipher: established.cipher,
             quic: false,
             tls: false,
+            websocket: None,
             negotiation: established.negotiation.clone(),
             session_id: established.session_id,
             handshake_hash: established.handshake_hash,
@@ -151,6 +154,7 @@ impl SessionKeys {
             cipher: CipherSuite::None,
             quic: true,
             tls: false,
+            websocket: None,
             negotiation: Negotiation {
                 decided_by: warren_proto::CipherChoice::Ordered,
                 client_speeds: Vec::new(),
@@ -231,6 +235,17 @@ impl SessionKeys {
     pub fn on_tls(mut self, bound: bool) -> Self {
         self.tls = bound;
         self
+    }
+
+    /// Marks the session as carried in WebSocket frames: `ws`, `wss`, or `None`.
+    pub fn on_websocket(mut self, label: Option<&'static str>) -> Self {
+        self.websocket = label;
+        self
+    }
+
+    /// `ws` or `wss` for a session in WebSocket frames.
+    pub fn websocket(&self) -> Option<&'static str> {
+        self.websocket
     }
 
     /// The keys a data channel on a `tls` connection proves itself with: its MACs are

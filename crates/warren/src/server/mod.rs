@@ -1257,6 +1257,7 @@ async fn accept_control_channel(
     // On `tls` the handshake is bound to the TLS session, which already encrypts: the
     // records inside need no cipher of their own.
     let psk = keys::bound_noise_psk(&live.noise_psk, binding.as_ref());
+    let websocket = stream.websocket();
     let ciphers = match binding {
         Some(_) => &live.tls_ciphers,
         None => &live.ciphers,
@@ -1272,7 +1273,9 @@ async fn accept_control_channel(
     .map_err(|e| Rejected::Io(e.into()))?;
     let established = outcome.result.map_err(Rejected::Refused)?;
     let version = established.version;
-    let keys = SessionKeys::new(&established).on_tls(binding.is_some());
+    let keys = SessionKeys::new(&established)
+        .on_tls(binding.is_some())
+        .on_websocket(websocket);
     let (sealer, opener) = keys.control_channel(Side::Server);
     let mut channel = Stream::tcp(Channel::new(stream, sealer, opener));
     // From here on the peer has proven the PSK: a refusal says why before it closes.

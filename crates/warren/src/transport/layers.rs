@@ -81,7 +81,7 @@ impl ClientLayers {
     pub async fn wrap(&self, stream: TcpStream) -> io::Result<Connected> {
         let peer = stream.peer_addr()?;
         let ((mut reader, mut writer), binding) = match &self.tls {
-            Some((client, name)) => tls_base(client.connect(stream, name).await?)?,
+            Some((client, name)) => tls_base(client.connect(stream, name).await?),
             None => (tcp_halves(stream), None),
         };
         let Some((host, path)) = &self.ws else {
@@ -138,7 +138,7 @@ impl ServerLayers {
                     "a TLS client, but this server has no certificate: set transport = \"tls\" or \"wss\", or add [server.tls]",
                 ));
             };
-            tls_base(tls.accept(stream).await?)?
+            tls_base(tls.accept(stream).await?)
         } else {
             (tcp_halves(stream), None)
         };
@@ -181,10 +181,10 @@ impl ServerLayers {
 type Base = ((BaseReader, BaseWriter), Option<[u8; 32]>);
 
 /// The base halves of a finished TLS session, with its exporter for the binding.
-fn tls_base(session: TlsSession) -> io::Result<Base> {
-    let binding = session.binding()?;
+fn tls_base(session: TlsSession) -> Base {
+    let binding = session.binding();
     let (reader, writer) = session.split();
-    Ok((tls_halves(reader, writer), Some(binding)))
+    (tls_halves(reader, writer), Some(binding))
 }
 
 /// The first byte of a TLS record carrying a handshake (the ClientHello).

@@ -139,6 +139,11 @@ impl BaseReader {
         }
     }
 
+    /// Whether TLS runs below.
+    pub fn is_tls(&self) -> bool {
+        matches!(self.io, BaseIo::Tls(_))
+    }
+
     /// Puts `bytes` back in front of what is still to be read.
     pub fn unread(&mut self, bytes: &[u8]) {
         if bytes.is_empty() {
@@ -308,6 +313,15 @@ impl Wire {
     /// The two halves.
     pub fn into_split(self) -> (WireReader, WireWriter) {
         (self.reader, self.writer)
+    }
+
+    /// `ws` or `wss` when the bytes ride WebSocket frames (on TCP or on TLS).
+    pub fn websocket(&self) -> Option<&'static str> {
+        match &self.reader {
+            WireReader::Ws(ws) if ws.get_ref().is_tls() => Some("wss"),
+            WireReader::Ws(_) => Some("ws"),
+            WireReader::Base(_) => None,
+        }
     }
 }
 

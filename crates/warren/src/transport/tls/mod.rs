@@ -408,10 +408,9 @@ impl TlsSession {
     /// 32 bytes both ends of *this* TLS connection compute and nobody else can: what the
     /// `tls` transport binds its PSK proof to.
     ///
-    /// # Errors
-    /// None any more (the exporter ran during the handshake); kept for the callers.
-    pub fn binding(&self) -> io::Result<[u8; 32]> {
-        Ok(self.binding)
+    /// (Computed when the handshake ended, before rustls was let go.)
+    pub fn binding(&self) -> [u8; 32] {
+        self.binding
     }
 
     /// The two halves.
@@ -423,6 +422,7 @@ impl TlsSession {
                 inbox: self.inbox,
                 plain: 0..0,
                 closed: false,
+                idle_records: 0,
             },
             TlsWriter {
                 shared: self.shared,
@@ -466,7 +466,13 @@ pub struct TlsReader {
     plain: std::ops::Range<usize>,
     /// The peer's `close_notify` came.
     closed: bool,
+    /// Records in a row that carried no data (empty ones, tickets, key updates): bounded,
+    /// so a peer cannot keep a worker opening them without ever handing anything out.
+    idle_records: u8,
 }
+
+/// Records in a row without data before the connection is dropped (as rustls does).
+const MAX_IDLE_RECORDS: u8 = 32;
 
 impl TlsReader {
     /// Ready when plaintext or a whole record is buffered, the peer closed, or the socket
@@ -544,9 +550,20 @@ impl TlsReader {
             self.shared.update_owed.store(true, Ordering::Release);
         }
         match opened {
-            Opened::Data(n) => self.plain = at + HEADER_LEN..at + HEADER_LEN + n,
+            Opened::Data(n) if n > 0 => {
+                self.plain = at + HEADER_LEN..at + HEADER_LEN + n;
+                self.idle_records = 0;
+            }
             Opened::Closed => self.closed = true,
-            Opened::Nothing => {}
+            Opened::Data(_) | Opened::Nothing => {
+                self.idle_records += 1;
+                if self.idle_records > MAX_IDLE_RECORDS {
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidData,
+                        "more than 32 TLS records in a row without data",
+                    ));
+                }
+            }
         }
         if self.plain.is_empty() {
             self.inbox.release_if_empty();
@@ -623,19 +640,52 @@ impl AsyncWrite for TlsWriter {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
+        self.poll_write_vectored(cx, &[io::IoSlice::new(buf)])
+    }
+
+    /// Gathers the slices into records (a record may span slices): a WebSocket frame's
+    /// header and payload go out without being joined first.
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
         ready!(this.poll_drain(cx))?;
-        let n = buf.len().min(WRITE_BATCH);
+        let total = bufs.iter().map(|b| b.len()).sum::<usize>().min(WRITE_BATCH);
         this.seal(|sealer, out| {
-            for chunk in buf[..n].chunks(MAX_CONTENT) {
-                let start = out.len();
-                out.extend_from_slice(&[0; HEADER_LEN]);
-                out.extend_from_slice(chunk);
+            let mut left = total;
+            // Where the record being filled starts, and the content it still takes.
+            let mut open: Option<(usize, usize)> = None;
+            for slice in bufs {
+                let mut slice = &slice[..slice.len().min(left)];
+                left -= slice.len();
+                while !slice.is_empty() {
+                    let (start, room) = *open.get_or_insert_with(|| {
+                        let start = out.len();
+                        out.extend_from_slice(&[0; HEADER_LEN]);
+                        (start, MAX_CONTENT)
+                    });
+                    let take = room.min(slice.len());
+                    out.extend_from_slice(&slice[..take]);
+                    slice = &slice[take..];
+                    open = Some((start, room - take));
+                    if room == take {
+                        sealer.seal(out, start)?;
+                        open = None;
+                    }
+                }
+            }
+            if let Some((start, _)) = open {
                 sealer.seal(out, start)?;
             }
             Ok(())
         })?;
-        Poll::Ready(Ok(n))
+        Poll::Ready(Ok(total))
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        true
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -859,6 +909,78 @@ mod tests {
         }
     }
 
+    /// A peer that sends record after record with nothing in them is cut off, not served
+    /// forever.
+    #[tokio::test]
+    async fn endless_empty_records_end_the_connection() {
+        let (chain, key) = cert();
+        let server = TlsServer::new(chain, key).unwrap();
+        let client = TlsClient::new(None, None).unwrap();
+        let (client_tcp, server_tcp) = pair().await;
+        let (a, b) = tokio::join!(
+            client.connect(client_tcp, "localhost"),
+            server.accept(server_tcp)
+        );
+        let (_, mut a_writer) = a.unwrap().split();
+        let (mut b_reader, _) = b.unwrap().split();
+        a_writer.write_all(b"data first").await.unwrap();
+        let mut wire = Vec::new();
+        for _ in 0..=MAX_IDLE_RECORDS {
+            let start = wire.len();
+            wire.extend_from_slice(&[0; HEADER_LEN]);
+            a_writer.sealer.seal(&mut wire, start).unwrap();
+        }
+        let socket = &a_writer.shared.socket;
+        socket.writable().await.unwrap();
+        assert_eq!(socket.try_write(&wire).unwrap(), wire.len());
+        let mut buf = [0u8; 64];
+        let mut read = tokio::io::ReadBuf::new(&mut buf);
+        let mut result = Ok(());
+        // The data record sent first is handed out; then the empty ones end it.
+        for _ in 0..2 {
+            result = tokio::time::timeout(
+                LIMIT,
+                std::future::poll_fn(|cx| poll_read_source(&mut b_reader, cx, &mut read)),
+            )
+            .await
+            .expect("in time");
+            if result.is_err() {
+                break;
+            }
+        }
+        let error = result.expect_err("an error");
+        assert!(error.to_string().contains("without data"), "{error}");
+    }
+
+    /// One vectored write of slices of odd sizes becomes full records spanning them.
+    #[tokio::test]
+    async fn a_vectored_write_fills_records_across_slices() {
+        let (chain, key) = cert();
+        let server = TlsServer::new(chain, key).unwrap();
+        let client = TlsClient::new(None, None).unwrap();
+        let (client_tcp, server_tcp) = pair().await;
+        let (a, b) = tokio::join!(
+            client.connect(client_tcp, "localhost"),
+            server.accept(server_tcp)
+        );
+        let (_, mut a_writer) = a.unwrap().split();
+        let (mut b_reader, _) = b.unwrap().split();
+        let bytes = payload(70_003);
+        let slices = [
+            io::IoSlice::new(&bytes[..3]),
+            io::IoSlice::new(&bytes[3..20_003]),
+            io::IoSlice::new(&[]),
+            io::IoSlice::new(&bytes[20_003..]),
+        ];
+        assert!(a_writer.is_write_vectored());
+        assert_eq!(a_writer.write_vectored(&slices).await.unwrap(), bytes.len());
+        a_writer.flush().await.unwrap();
+        let got = tokio::time::timeout(LIMIT, read_exact(&mut b_reader, bytes.len()))
+            .await
+            .expect("in time");
+        assert_eq!(got, bytes);
+    }
+
     /// Our client and our server agree on the exporter and on every byte.
     #[tokio::test]
     async fn our_two_ends_share_the_binding_and_the_bytes() {
@@ -872,7 +994,7 @@ mod tests {
                 server.accept(server_tcp)
             );
             let (a, b) = (a.unwrap(), b.unwrap());
-            assert_eq!(a.binding().unwrap(), b.binding().unwrap());
+            assert_eq!(a.binding(), b.binding());
             let (_, mut a_writer) = a.split();
             let (mut b_reader, _) = b.split();
             let bytes = payload(1 << 20);
