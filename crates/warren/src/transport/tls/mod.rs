@@ -768,11 +768,36 @@ mod tests {
     /// bytes checked, then `close_notify` both ways.
     #[tokio::test]
     async fn our_server_talks_to_a_rustls_client_across_key_updates() {
+        use rustls::crypto::aws_lc_rs::cipher_suite::{
+            TLS13_AES_128_GCM_SHA256, TLS13_AES_256_GCM_SHA384, TLS13_CHACHA20_POLY1305_SHA256,
+        };
+        // Each suite: the key schedule's hash (SHA-384 for AES-256) and AEAD must match.
+        for suite in [
+            TLS13_AES_128_GCM_SHA256,
+            TLS13_AES_256_GCM_SHA384,
+            TLS13_CHACHA20_POLY1305_SHA256,
+        ] {
+            let mut only = (*provider()).clone();
+            only.cipher_suites = vec![suite];
+            let mut config = rustls::ClientConfig::builder_with_provider(Arc::new(only))
+                .with_protocol_versions(&[&rustls::version::TLS13])
+                .unwrap()
+                .dangerous()
+                .with_custom_certificate_verifier(Arc::new(PinVerifier::new(CertPin::Any)))
+                .with_no_client_auth();
+            config.alpn_protocols = vec![ALPN.to_vec()];
+            talk_to_a_rustls_client(Arc::new(config), suite.suite()).await;
+        }
+    }
+
+    async fn talk_to_a_rustls_client(
+        config: Arc<rustls::ClientConfig>,
+        suite: rustls::CipherSuite,
+    ) {
         tokio::time::timeout(LIMIT, async {
             let (chain, key) = cert();
             let server = TlsServer::new(chain, key).unwrap();
             let (client_tcp, server_tcp) = pair().await;
-            let config = TlsClient::new(None, None).unwrap().config;
             let connector = tokio_rustls::TlsConnector::from(config);
             let name = ServerName::try_from("localhost").unwrap();
             let (ours, theirs) = tokio::join!(
@@ -781,6 +806,8 @@ mod tests {
             );
             let (mut reader, mut writer) = ours.unwrap().split();
             let mut theirs = theirs.unwrap();
+            let negotiated = theirs.get_ref().1.negotiated_cipher_suite().unwrap();
+            assert_eq!(negotiated.suite(), suite);
 
             let up = payload(200_000);
             let down = payload(300_000);
