@@ -120,7 +120,18 @@ impl TlsClient {
             .map_err(|e| tls_failure("the TLS handshake with the server failed", e))?;
         handshake(stream, rustls::Connection::Client(conn), &keys)
             .await
-            .map_err(|e| io_failure("the TLS handshake with the server failed", e))
+            .map_err(|e| {
+                let what = match e.kind() {
+                    // What a Warren server without a certificate does to a ClientHello.
+                    io::ErrorKind::ConnectionReset | io::ErrorKind::UnexpectedEof => {
+                        "the server closed the connection during the TLS handshake (does it \
+                         take TLS? its transport, or one of its transports, must be \
+                         \"tls\" or \"wss\")"
+                    }
+                    _ => "the TLS handshake with the server failed",
+                };
+                io_failure(what, e)
+            })
     }
 }
 
@@ -1006,6 +1017,31 @@ mod tests {
             .await
             .expect("in time");
         assert_eq!(got, bytes);
+    }
+
+    /// A server that drops a ClientHello (a Warren server without a certificate does)
+    /// gets an error that says what to check.
+    #[tokio::test]
+    async fn a_server_that_refuses_tls_gets_a_hint() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = tokio::spawn(async move {
+            let (socket, _) = listener.accept().await.unwrap();
+            socket.readable().await.unwrap();
+            drop(socket);
+        });
+        let stream = TcpStream::connect(addr).await.unwrap();
+        let client = TlsClient::new(None, None).unwrap();
+        let error = tokio::time::timeout(LIMIT, client.connect(stream, "localhost"))
+            .await
+            .expect("in time")
+            .err()
+            .expect("an error");
+        assert!(
+            error.to_string().contains("must be \"tls\" or \"wss\""),
+            "{error}"
+        );
+        server.await.unwrap();
     }
 
     /// Our client and our server agree on the exporter and on every byte.
