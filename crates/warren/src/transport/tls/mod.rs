@@ -269,25 +269,18 @@ struct Inbox {
 }
 
 impl Inbox {
-    /// The length of the whole record at `pos` (header and body), if it is all here.
-    ///
-    /// # Errors
-    /// A header announcing more than TLS 1.3 allows.
-    fn complete_record(&self) -> io::Result<Option<usize>> {
-        let Some(header) = self.buf.get(self.pos..self.pos + HEADER_LEN) else {
+    /// The length of the whole record at `pos` (header and body), if it is all here;
+    /// `body_len` checks the header as soon as it is in and returns the body's length.
+    fn complete_record(
+        &self,
+        body_len: impl FnOnce([u8; HEADER_LEN]) -> io::Result<usize>,
+    ) -> io::Result<Option<usize>> {
+        let buffered = &self.buf[self.pos..self.end];
+        let Some(header) = buffered.first_chunk::<HEADER_LEN>() else {
             return Ok(None);
         };
-        if self.end - self.pos < HEADER_LEN {
-            return Ok(None);
-        }
-        let len = usize::from(u16::from_be_bytes([header[3], header[4]]));
-        if len > MAX_BODY {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                format!("a TLS record of {len} bytes, more than TLS allows"),
-            ));
-        }
-        Ok((self.end - self.pos >= HEADER_LEN + len).then_some(HEADER_LEN + len))
+        let len = HEADER_LEN + body_len(*header)?;
+        Ok((buffered.len() >= len).then_some(len))
     }
 
     /// Reads more of the socket after what is buffered (moving a partial record to the
@@ -326,6 +319,18 @@ impl Drop for Inbox {
     }
 }
 
+/// The body length of a handshake-time record (any content type: rustls checks the rest).
+fn handshake_body_len(header: [u8; HEADER_LEN]) -> io::Result<usize> {
+    let len = usize::from(u16::from_be_bytes([header[3], header[4]]));
+    if len > MAX_BODY {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("a TLS record of {len} bytes, more than TLS allows"),
+        ));
+    }
+    Ok(len)
+}
+
 /// Runs the handshake on `socket`, feeding rustls one whole record at a time so that it
 /// holds nothing of what follows, then takes the traffic secrets out of `keys`.
 async fn handshake(
@@ -346,7 +351,7 @@ async fn handshake(
             break;
         }
         let len = loop {
-            if let Some(len) = inbox.complete_record()? {
+            if let Some(len) = inbox.complete_record(handshake_body_len)? {
                 break len;
             }
             match inbox.fill(&socket) {
@@ -536,17 +541,9 @@ impl TlsReader {
     /// The length of the whole record at the inbox's front, if it is all here. Its header
     /// is checked as soon as it is: bytes that are not TLS fail at once, not at the end.
     fn next_record(&self) -> io::Result<Option<usize>> {
-        let inbox = &self.inbox;
-        let Some(header) = inbox.buf.get(inbox.pos..inbox.pos + HEADER_LEN) else {
-            return Ok(None);
-        };
-        if inbox.end - inbox.pos < HEADER_LEN {
-            return Ok(None);
-        }
-        let header = header.try_into().expect("HEADER_LEN bytes");
-        let len = Opener::parse_header(header)
-            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
-        Ok((inbox.end - inbox.pos >= HEADER_LEN + len).then_some(HEADER_LEN + len))
+        self.inbox.complete_record(|header| {
+            Opener::parse_header(header).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
+        })
     }
 
     /// Opens the whole record of `len` bytes at the inbox's front.
