@@ -136,6 +136,10 @@ pub struct Established {
     pub split: ([u8; 32], [u8; 32]),
     /// How the cipher was chosen and both sides' figures, for logs and diagnostics.
     pub negotiation: Negotiation,
+    /// The server found the client's TLS proof to match its own TLS session: the TLS
+    /// under the session is end to end and the cipher is `none` (see
+    /// [`crate::speed_ext`]). Data channels then prove their own TLS session too.
+    pub tls_bound: bool,
 }
 
 /// How the cipher of a session was chosen, as both sides know it after the handshake.
@@ -156,6 +160,7 @@ impl std::fmt::Debug for Established {
         f.debug_struct("Established")
             .field("cipher", &self.cipher)
             .field("negotiation", &self.negotiation)
+            .field("tls_bound", &self.tls_bound)
             .field("split", &"****")
             .finish_non_exhaustive()
     }
@@ -240,6 +245,7 @@ fn established(
     cipher: CipherSuite,
     session_id: SessionId,
     negotiation: Negotiation,
+    tls_bound: bool,
 ) -> Result<Established, HandshakeError> {
     if !state.is_handshake_finished() {
         return Err(HandshakeError::Internal("handshake not finished".into()));
@@ -253,6 +259,7 @@ fn established(
         handshake_hash,
         split: state.dangerously_get_raw_split(),
         negotiation,
+        tls_bound,
     })
 }
 
@@ -265,6 +272,9 @@ pub struct ClientHandshake {
     offered: Vec<CipherSuite>,
     /// The figures sent, for [`Negotiation::client_speeds`].
     speeds: Vec<SuiteSpeed>,
+    /// A TLS proof was sent: the server may answer `none` (and so says the TLS is end
+    /// to end).
+    proved: bool,
 }
 
 impl ClientHandshake {
@@ -278,10 +288,28 @@ impl ClientHandshake {
         psk: &[u8; 32],
         policy: &CipherPolicy,
     ) -> Result<(Self, Vec<u8>), HandshakeError> {
+        Self::start_proving(psk, policy, None)
+    }
+
+    /// [`ClientHandshake::start_with`], adding a `wss` client's TLS proof (see
+    /// [`crate::speed_ext`]) when there is one. A server that verifies it answers `none`,
+    /// which this client then takes though it did not offer it; one that does not chooses
+    /// from the offer as usual.
+    ///
+    /// # Errors
+    /// Only [`HandshakeError::Internal`].
+    pub fn start_proving(
+        psk: &[u8; 32],
+        policy: &CipherPolicy,
+        tls_proof: Option<[u8; 32]>,
+    ) -> Result<(Self, Vec<u8>), HandshakeError> {
+        // `none` is never offered beside a proof: only the proof may make it the choice,
+        // so a `none` answer always means the server verified it.
         let offered: Vec<CipherSuite> = policy
             .suites
             .iter()
             .copied()
+            .filter(|&suite| tls_proof.is_none() || suite != CipherSuite::None)
             .take(MAX_EXT_ENTRIES)
             .collect();
         let speeds: Vec<SuiteSpeed> = match policy.choice {
@@ -302,10 +330,13 @@ impl ClientHandshake {
                 choice: policy.choice,
                 offer: offered.clone(),
                 speeds: speeds.clone(),
+                tls_proof,
             }
             .encode(),
         );
-        Self::begin(psk, &init, PROTOCOL_VERSION, offered, speeds)
+        let (mut handshake, frame) = Self::begin(psk, &init, PROTOCOL_VERSION, offered, speeds)?;
+        handshake.proved = tls_proof.is_some();
+        Ok((handshake, frame))
     }
 
     /// Starts a handshake the way clients of the first protocol version did: version 1,
@@ -359,6 +390,7 @@ impl ClientHandshake {
             version,
             offered,
             speeds,
+            proved: false,
         };
         Ok((handshake, frame(&body)))
     }
@@ -380,7 +412,8 @@ impl ClientHandshake {
             postcard::take_from_bytes(&payload[..n]).map_err(|_| HandshakeError::Malformed)?;
         match init {
             ServerInit::Accept { cipher, session_id } => {
-                if !self.offered.contains(&cipher) {
+                let tls_bound = self.proved && cipher == CipherSuite::None;
+                if !self.offered.contains(&cipher) && !tls_bound {
                     return Err(HandshakeError::Malformed);
                 }
                 // An older server sends no extension: it followed our order.
@@ -399,6 +432,7 @@ impl ClientHandshake {
                     cipher,
                     session_id,
                     negotiation,
+                    tls_bound,
                 )
             }
             ServerInit::Refuse(refusal) => Err(HandshakeError::Refused(refusal)),
@@ -430,6 +464,22 @@ pub fn server_handshake(
     policy: &CipherPolicy,
     session_id: SessionId,
 ) -> Result<ServerHandshakeOutcome, HandshakeError> {
+    server_handshake_bound(psk, message1, policy, session_id, |_| false)
+}
+
+/// [`server_handshake`] on a connection inside TLS (`wss`): `proof_matches` checks a
+/// client's TLS proof against this side's TLS session. When it does, the TLS is end to end
+/// and the answer is `none` whatever the policy, as on `tls` ([`Established::tls_bound`]).
+///
+/// # Errors
+/// As [`server_handshake`].
+pub fn server_handshake_bound(
+    psk: &[u8; 32],
+    message1: &[u8],
+    policy: &CipherPolicy,
+    session_id: SessionId,
+    proof_matches: impl FnOnce(&[u8; 32]) -> bool,
+) -> Result<ServerHandshakeOutcome, HandshakeError> {
     let mut state = noise_builder(psk)?
         .build_responder()
         .map_err(|e| HandshakeError::Internal(e.to_string()))?;
@@ -454,9 +504,18 @@ pub fn server_handshake(
         ),
         None => (&init.ciphers[..], None),
     };
+    let tls_bound = ext
+        .as_ref()
+        .and_then(|ext| ext.tls_proof.as_ref())
+        .is_some_and(proof_matches);
     let decision = if !(MIN_PROTOCOL_VERSION..=PROTOCOL_VERSION).contains(&init.version) {
         Err(Refusal::Version {
             server: PROTOCOL_VERSION,
+        })
+    } else if tls_bound {
+        Ok(cipher::Choice {
+            suite: CipherSuite::None,
+            by: policy.choice,
         })
     } else {
         cipher::choose(offered, client_speeds, policy).ok_or_else(|| Refusal::NoCommonCipher {
@@ -512,6 +571,7 @@ pub fn server_handshake(
                 choice.suite,
                 session_id,
                 negotiation,
+                tls_bound,
             )?)
         }
         Err(refusal) => Err(refusal),
@@ -761,6 +821,56 @@ mod tests {
             DataAccept::from_bytes(body_of(&accept.to_frame())).unwrap(),
             accept
         );
+    }
+
+    #[test]
+    fn a_matching_tls_proof_makes_none_the_choice_and_both_sides_know_it() {
+        use CipherSuite::{Aegis128L, Aes128Gcm};
+        let policy = ordered(&[Aes128Gcm, Aegis128L]);
+        let proof = [5u8; 32];
+        // The server's TLS session gives the same proof: end to end, `none`.
+        let (client, preamble) =
+            ClientHandshake::start_proving(&PSK, &policy, Some(proof)).unwrap();
+        let out = server_handshake_bound(&PSK, control(&preamble), &policy, SID, |p| *p == proof)
+            .unwrap();
+        let server = out.result.unwrap();
+        let client = client.handle_reply(body_of(&out.reply)).unwrap();
+        assert_eq!(
+            (server.cipher, client.cipher),
+            (CipherSuite::None, CipherSuite::None)
+        );
+        assert!(server.tls_bound && client.tls_bound);
+        assert_eq!(server.split, client.split);
+
+        // Something ended the TLS in between (a CDN): the proof does not match, the
+        // offer decides and nobody is bound.
+        let (client, preamble) =
+            ClientHandshake::start_proving(&PSK, &policy, Some(proof)).unwrap();
+        let out =
+            server_handshake_bound(&PSK, control(&preamble), &policy, SID, |_| false).unwrap();
+        let server = out.result.unwrap();
+        let client = client.handle_reply(body_of(&out.reply)).unwrap();
+        assert_eq!((server.cipher, client.cipher), (Aes128Gcm, Aes128Gcm));
+        assert!(!server.tls_bound && !client.tls_bound);
+
+        // A server that allows `none` for `tcp` clients still never picks it from the
+        // offer of a client that proves: only the proof can make it the choice.
+        let lenient = ordered(&[CipherSuite::None, Aes128Gcm]);
+        let offers_none = ordered(&[CipherSuite::None, Aes128Gcm]);
+        let (client, preamble) =
+            ClientHandshake::start_proving(&PSK, &offers_none, Some(proof)).unwrap();
+        let out = server_handshake(&PSK, control(&preamble), &lenient, SID).unwrap();
+        assert_eq!(out.result.unwrap().cipher, Aes128Gcm);
+        assert_eq!(
+            client.handle_reply(body_of(&out.reply)).unwrap().cipher,
+            Aes128Gcm
+        );
+
+        // No proof, nothing to match, whatever the server's side would say.
+        let (client, preamble) = ClientHandshake::start_with(&PSK, &policy).unwrap();
+        let out = server_handshake_bound(&PSK, control(&preamble), &policy, SID, |_| true).unwrap();
+        assert!(!out.result.unwrap().tls_bound);
+        assert!(!client.handle_reply(body_of(&out.reply)).unwrap().tls_bound);
     }
 
     #[test]

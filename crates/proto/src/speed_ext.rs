@@ -7,9 +7,16 @@
 //!
 //! ```text
 //! message 1 payload: ClientInit (v1) || ClientExt        (ClientExt only from newer clients)
+//!                       [|| 'T' || tls_proof[32]]          (`wss` clients, see below)
 //! message 2 payload: ServerInit (v1) || AcceptExt        (only after an Accept, and only to
 //!                                                          a client that sent a ClientExt)
 //! ```
+//!
+//! The TLS proof ([`ClientExt::tls_proof`]) is sent by a client whose WebSocket runs inside
+//! TLS (`wss`): a MAC of its TLS session's exporter under the PSK. A server that computes
+//! the same MAC from its own side of the TLS session knows nothing between them ended the
+//! TLS (a CDN or reverse proxy that terminates TLS makes two sessions with two exporters),
+//! so the records inside need no cipher of their own, as on `tls`. Older servers ignore it.
 //!
 //! A newer decoder reads the v1 value with `postcard::take_from_bytes` and, if bytes remain,
 //! the extension; a malformed extension is a malformed message. Bytes after the extension
@@ -45,7 +52,12 @@ pub struct ClientExt {
     pub offer: Vec<CipherSuite>,
     /// The client's measured speeds (empty under `ordered`).
     pub speeds: Vec<SuiteSpeed>,
+    /// On `wss`: the MAC of the client's TLS exporter (see the module docs).
+    pub tls_proof: Option<[u8; 32]>,
 }
+
+/// The tag before [`ClientExt::tls_proof`]'s 32 bytes.
+const TLS_PROOF_TAG: u8 = b'T';
 
 /// What a newer server appends to `ServerInit::Accept`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -113,7 +125,7 @@ fn from_wire(speeds: Vec<WireSpeed>) -> Vec<SuiteSpeed> {
 impl ClientExt {
     /// The extension's bytes (at most [`MAX_EXT_ENTRIES`] of each list are sent).
     pub fn encode(&self) -> Vec<u8> {
-        crate::message::encode(&ClientExtWire {
+        let mut bytes = crate::message::encode(&ClientExtWire {
             choice: self.choice,
             offer: self
                 .offer
@@ -122,18 +134,29 @@ impl ClientExt {
                 .map(|suite| suite.wire_id())
                 .collect(),
             speeds: to_wire(&self.speeds),
-        })
+        });
+        if let Some(proof) = &self.tls_proof {
+            bytes.push(TLS_PROOF_TAG);
+            bytes.extend_from_slice(proof);
+        }
+        bytes
     }
 
-    /// Decodes the bytes after `ClientInit`; unknown suites are dropped.
+    /// Decodes the bytes after `ClientInit`; unknown suites are dropped, and so are bytes
+    /// after the extension that are not a TLS proof (a later extension).
     ///
     /// # Errors
     /// [`MalformedExt`] for bytes that are not an extension or a list over
     /// [`MAX_EXT_ENTRIES`].
     pub fn decode(bytes: &[u8]) -> Result<Self, MalformedExt> {
-        let (wire, _later_extensions) =
+        let (wire, later) =
             postcard::take_from_bytes::<ClientExtWire>(bytes).map_err(|_| MalformedExt)?;
+        let tls_proof = match later.split_first() {
+            Some((&TLS_PROOF_TAG, rest)) => rest.get(..32).and_then(|p| p.try_into().ok()),
+            _ => None,
+        };
         Ok(ClientExt {
+            tls_proof,
             choice: wire.choice,
             offer: wire
                 .offer
@@ -223,8 +246,20 @@ mod tests {
                 speed(CipherSuite::Aegis128X2, 20_000, 19_000),
                 speed(CipherSuite::Aes128Gcm, u32::MAX, 0),
             ],
+            tls_proof: None,
         };
         assert_eq!(ClientExt::decode(&ext.encode()), Ok(ext.clone()));
+        let proven = ClientExt {
+            tls_proof: Some([7; 32]),
+            ..ext.clone()
+        };
+        assert_eq!(ClientExt::decode(&proven.encode()), Ok(proven.clone()));
+        // A cut proof is no proof.
+        let encoded = proven.encode();
+        assert_eq!(
+            ClientExt::decode(&encoded[..encoded.len() - 1]),
+            Ok(ext.clone())
+        );
         let accept = AcceptExt {
             decided_by: CipherChoice::Ordered,
             speeds: vec![speed(CipherSuite::ChaCha20Poly1305, 2_500, 2_400)],
@@ -301,6 +336,7 @@ mod tests {
             choice: CipherChoice::Fastest,
             offer: vec![CipherSuite::Aes128Gcm; 40],
             speeds: vec![speed(CipherSuite::Aes128Gcm, 1, 1); 40],
+            tls_proof: None,
         };
         let decoded = ClientExt::decode(&many.encode()).unwrap();
         assert_eq!(decoded.offer.len(), MAX_EXT_ENTRIES);

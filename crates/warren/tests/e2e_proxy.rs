@@ -745,7 +745,8 @@ fn nginx_websocket_proxy(
 
 /// Issue 19: a `ws` client and a `wss` client reach a `ws` Warren server through nginx
 /// (`proxy_pass` with `Upgrade`; for `wss` nginx terminates the TLS, as a CDN would, and
-/// sees only Noise records). Bytes hash checked on several streams each.
+/// sees only Noise records: the client's TLS proof does not match, so the records keep
+/// their cipher). Bytes hash checked on several streams each.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ws_and_wss_through_nginx_as_a_websocket_reverse_proxy() {
     if !have_tool("nginx", "nginx", "ws_and_wss_through_nginx") {
@@ -780,6 +781,10 @@ async fn ws_and_wss_through_nginx_as_a_websocket_reverse_proxy() {
         for _ in 0..3 {
             check_hashes(loopback(web), &mut served, &mut client).await;
         }
+        // nginx ended the client's TLS: its proof cannot match, the cipher stays.
+        let logs = client.logs();
+        assert!(logs.contains("session_started"), "{logs}");
+        assert!(!logs.contains("tls1.3"), "records left unencrypted: {logs}");
         client.terminate();
     }
     nginx.kill();

@@ -2,7 +2,8 @@
 //! reverse service (bytes hash checked both ways); the server port still takes `noise`
 //! beside them; ordinary HTTP gets the decoy page; and a relay that terminates TLS with a
 //! certificate of its own cannot pass a `tls` session on (the PSK proof is bound to the
-//! TLS session), while `wss` through such a relay works, as through a CDN.
+//! TLS session), while `wss` through such a relay works, as through a CDN, with a cipher
+//! of its own inside (and none when it reaches the server's TLS directly).
 
 mod support;
 
@@ -213,7 +214,47 @@ async fn a_tls_terminating_relay_cannot_pass_a_tls_session_on_but_carries_wss() 
         "a relayed tls session must not authenticate: {refused:?}"
     );
 
-    // `wss` through the same relay (a CDN): the Noise records inside are end to end.
+    // `wss`: the client proves its TLS session. Straight to the server the proof
+    // matches and TLS is the only encryption; through the relay (a CDN) it cannot match,
+    // and the records inside keep a cipher of their own, end to end.
+    let layers = ClientLayers::new(
+        Transport::Wss,
+        TlsClient::new(None, None).unwrap(),
+        "localhost".to_owned(),
+        ("localhost".to_owned(), "/warren".to_owned()),
+    );
+    let policy = warren_proto::CipherPolicy {
+        suites: vec![warren::CipherSuite::Aes128Gcm],
+        ..policy
+    };
+    for (to, expected) in [
+        (server.addr, warren::CipherSuite::None),
+        (relay, warren::CipherSuite::Aes128Gcm),
+    ] {
+        let dial = async {
+            let stream = TcpStream::connect(to).await?;
+            layers.wrap(stream).await
+        };
+        let session = warren::client::establish::establish(
+            dial,
+            "server",
+            &psk,
+            &policy,
+            &[],
+            warren_proto::message::HelloMode::Probe,
+            Duration::from_secs(5),
+        )
+        .await
+        .expect("a wss session");
+        assert_eq!(session.keys.cipher(), expected, "wss to {to}");
+        assert_eq!(
+            session.keys.is_on_tls(),
+            expected == warren::CipherSuite::None
+        );
+        warren::client::establish::goodbye(session.channel, "test done").await;
+    }
+
+    // A whole `wss` client through the relay: its data channels are not bound either.
     let setup = Setup {
         transport: Transport::Wss,
         ..Setup::default()

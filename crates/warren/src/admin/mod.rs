@@ -171,15 +171,16 @@ pub struct SessionInfo {
 
 /// The transport name of a session on the server, from what carries it and its keys: a
 /// `tls` session has no record cipher either, but is not plaintext; `ws` and `wss` carry
-/// records of their own cipher inside WebSocket frames.
+/// records inside WebSocket frames (of their own cipher, or none on a `wss` whose TLS is
+/// end to end).
 pub fn transport_name(
     quic: Option<&crate::session::quic::QuicPath>,
     keys: &crate::crypto::keys::SessionKeys,
 ) -> &'static str {
     match (quic, keys.record_cipher()) {
         (Some(_), _) => "quic",
-        (None, _) if keys.is_on_tls() => "tls",
         (None, _) if let Some(websocket) = keys.websocket() => websocket,
+        (None, _) if keys.is_on_tls() => "tls",
         (None, Some(warren_proto::CipherSuite::None)) => "tcp",
         (None, _) => "noise",
     }

@@ -153,13 +153,19 @@ pub async fn establish(
     })?;
     let connect_time = started.elapsed();
     let server_addr = connected.peer;
-    let bound = connected.binding.is_some();
-    let noise_psk = keys::bound_noise_psk(&keys::noise_psk(psk), connected.binding.as_ref());
+    // `tls` binds the handshake to the TLS session; `wss` proves it, in case nothing
+    // between here and the server ends the TLS (see `warren_proto::speed_ext`).
     let mut stream = connected.wire;
+    let tls = connected.binding.filter(|_| stream.websocket().is_none());
+    let noise_psk = keys::bound_noise_psk(&keys::noise_psk(psk), tls.as_ref());
+    let tls_proof = connected
+        .binding
+        .filter(|_| tls.is_none())
+        .map(|exporter| keys::tls_proof(&noise_psk, &exporter));
     let started = Instant::now();
     let established = match tokio::time::timeout(
         deadline,
-        preamble::client_handshake(&mut stream, &noise_psk, ciphers),
+        preamble::client_handshake(&mut stream, &noise_psk, ciphers, tls_proof),
     )
     .await
     {
@@ -186,7 +192,7 @@ pub async fn establish(
         Ok(Err(e)) => return Err(EstablishError::Handshake(e)),
     };
     let handshake_time = started.elapsed();
-    let keys = SessionKeys::new(&established).on_tls(bound);
+    let keys = SessionKeys::new(&established).on_tls(tls.is_some());
     let (sealer, opener) = keys.control_channel(Side::Client);
     let channel = Stream::tcp(Channel::new(stream, sealer, opener));
     let up = Authenticated {

@@ -20,6 +20,11 @@
 //! binding    = TLS exporter("EXPORTER-warren-session", 32 bytes)
 //! session id = first 16 bytes of HKDF(binding, "warren quic session id")
 //! ```
+//!
+//! Inside TLS (`tls`, and `wss` when the TLS proof matched: [`SessionKeys::is_on_tls`])
+//! the records use `none`, and every data channel's MACs are bound to its own TLS session
+//! ([`SessionKeys::bound_to`]), so no channel of such a session crosses a hop that ended
+//! the TLS.
 
 use warren_proto::CipherSuite;
 use warren_proto::handshake::{Established, MAC_LEN, NONCE_LEN, Negotiation, SessionId};
@@ -41,6 +46,7 @@ const TOKEN_PROOF: &[u8] = b"warren token proof";
 const NOISE_PSK: &[u8] = b"warren noise psk v1";
 const RELAY_AUTH: &[u8] = b"warren relay auth v1";
 const TLS_BINDING: &[u8] = b"warren tls binding v1";
+const TLS_PROOF: &[u8] = b"warren tls proof v1";
 
 /// HKDF-SHA256 into 32 bytes.
 fn derive32(ikm: &[u8], salt: &[u8], info: &[u8]) -> [u8; 32] {
@@ -49,6 +55,18 @@ fn derive32(ikm: &[u8], salt: &[u8], info: &[u8]) -> [u8; 32] {
     // does not fail otherwise.
     kdf::hkdf_expand(ikm, salt, &[info], &mut out).expect("32-byte HKDF output");
     out
+}
+
+/// A `wss` client's TLS proof ([`warren_proto::speed_ext`]): a MAC of its TLS session's
+/// exporter under the Noise PSK. The server computes the same from its side of the TLS
+/// session; the two match only if nothing in between terminated the TLS.
+pub fn tls_proof(noise_psk: &[u8; 32], exporter: &[u8; 32]) -> [u8; 32] {
+    kdf::hmac_sha256(noise_psk, &[TLS_PROOF, exporter])
+}
+
+/// Checks a [`tls_proof`] against this side's `exporter` in constant time.
+pub fn verify_tls_proof(noise_psk: &[u8; 32], exporter: &[u8; 32], proof: &[u8; 32]) -> bool {
+    kdf::verify_hmac_sha256(noise_psk, &[TLS_PROOF, exporter], proof)
 }
 
 /// Turns the configured PSK (any length) into the 32 bytes Noise wants.
@@ -102,7 +120,8 @@ pub struct SessionKeys {
     cipher: CipherSuite,
     /// A QUIC session: TLS 1.3 encrypts, there are no data channels.
     quic: bool,
-    /// A `tls` session: TLS 1.3 encrypts, the records inside use `none`.
+    /// A session on an end-to-end TLS session (`tls`, or `wss` with a matching TLS
+    /// proof): TLS 1.3 encrypts, the records inside use `none`.
     tls: bool,
     /// `ws` or `wss` when the session rides WebSocket frames (for the admin API).
     websocket: Option<&'static str>,
@@ -133,7 +152,7 @@ impl SessionKeys {
         SessionKeys {
             cipher: established.cipher,
             quic: false,
-            tls: false,
+            tls: established.tls_bound,
             websocket: None,
             negotiation: established.negotiation.clone(),
             session_id: established.session_id,
@@ -190,7 +209,8 @@ impl SessionKeys {
         }
     }
 
-    /// Whether the session is bound to a `tls` transport's TLS session.
+    /// Whether the session is bound to its TLS session (`tls`, or `wss` with a matching
+    /// TLS proof).
     pub fn is_on_tls(&self) -> bool {
         self.tls
     }
@@ -231,9 +251,10 @@ impl SessionKeys {
     }
 
     /// Marks the session as one of the `tls` transport (bound to its TLS session), for
-    /// [`SessionKeys::cipher_label`].
+    /// [`SessionKeys::cipher_label`] and [`SessionKeys::bound_to`]. A `wss` session
+    /// whose TLS proof matched is marked by its handshake already.
     pub fn on_tls(mut self, bound: bool) -> Self {
-        self.tls = bound;
+        self.tls |= bound;
         self
     }
 
@@ -248,17 +269,23 @@ impl SessionKeys {
         self.websocket
     }
 
-    /// The keys a data channel on a `tls` connection proves itself with: its MACs are
-    /// bound to that TLS session as the control channel's handshake is
-    /// ([`bound_noise_psk`]). `None` keeps these keys.
-    pub fn bound_to(&self, binding: Option<&[u8; 32]>) -> std::borrow::Cow<'_, SessionKeys> {
-        match binding {
-            Some(binding) => {
+    /// The keys a data channel on a connection with TLS exporter `binding` proves itself
+    /// with. A session bound to its TLS ([`SessionKeys::is_on_tls`]) binds each channel's
+    /// MACs to that channel's own TLS session, as the control channel's handshake is, and
+    /// has no keys for a channel without TLS (`None`: its records would be plaintext on
+    /// the wire). Other sessions keep these keys.
+    pub fn bound_to(
+        &self,
+        binding: Option<&[u8; 32]>,
+    ) -> Option<std::borrow::Cow<'_, SessionKeys>> {
+        match (self.tls, binding) {
+            (false, _) => Some(std::borrow::Cow::Borrowed(self)),
+            (true, None) => None,
+            (true, Some(binding)) => {
                 let mut keys = self.clone();
                 keys.channel_auth = derive32(&self.channel_auth, binding, TLS_BINDING);
-                std::borrow::Cow::Owned(keys)
+                Some(std::borrow::Cow::Owned(keys))
             }
-            None => std::borrow::Cow::Borrowed(self),
         }
     }
 

@@ -429,7 +429,11 @@ pub(super) async fn accept_open_channel(
             "data channel for a session on another transport",
         ));
     }
-    let keys = session.keys.bound_to(binding.as_ref());
+    let Some(keys) = session.keys.bound_to(binding.as_ref()) else {
+        return Err(Rejected::Silent(
+            "data channel without TLS for a TLS session",
+        ));
+    };
     if !keys.verify_data_hello(&hello.client_nonce, &hello.mac) {
         return Err(Rejected::Silent("data channel MAC did not verify"));
     }

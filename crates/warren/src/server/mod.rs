@@ -1235,7 +1235,11 @@ async fn accept_data_channel(
             "data channel for a session on another transport",
         ));
     };
-    let keys = session.keys.bound_to(binding.as_ref());
+    let Some(keys) = session.keys.bound_to(binding.as_ref()) else {
+        return Err(Rejected::Silent(
+            "data channel without TLS for a TLS session",
+        ));
+    };
     if !keys.verify_data_hello(&hello.client_nonce, &hello.mac) {
         return Err(Rejected::Silent("data channel MAC did not verify"));
     }
@@ -1255,15 +1259,21 @@ async fn accept_control_channel(
     rand::rng().fill_bytes(&mut session_id);
     let live = shared.live();
     // On `tls` the handshake is bound to the TLS session, which already encrypts: the
-    // records inside need no cipher of their own.
-    let psk = keys::bound_noise_psk(&live.noise_psk, binding.as_ref());
+    // records inside need no cipher of their own. On `wss` the client proves its side of
+    // the TLS session; if it matches ours, nothing ended the TLS in between and the same
+    // holds (see `warren_proto::speed_ext`).
     let websocket = stream.websocket();
-    let ciphers = match binding {
+    let tls = binding.filter(|_| websocket.is_none());
+    let psk = keys::bound_noise_psk(&live.noise_psk, tls.as_ref());
+    let ciphers = match tls {
         Some(_) => &live.tls_ciphers,
         None => &live.ciphers,
     };
-    let outcome = proto_handshake::server_handshake(&psk, message1, ciphers, session_id)
-        .map_err(|e| Rejected::from(PreambleError::Handshake(e)))?;
+    let proof_matches =
+        |proof: &[u8; 32]| binding.is_some_and(|b| keys::verify_tls_proof(&psk, &b, proof));
+    let outcome =
+        proto_handshake::server_handshake_bound(&psk, message1, ciphers, session_id, proof_matches)
+            .map_err(|e| Rejected::from(PreambleError::Handshake(e)))?;
     use tokio::io::AsyncWriteExt;
     async {
         stream.write_all(&outcome.reply).await?;
@@ -1274,7 +1284,7 @@ async fn accept_control_channel(
     let established = outcome.result.map_err(Rejected::Refused)?;
     let version = established.version;
     let keys = SessionKeys::new(&established)
-        .on_tls(binding.is_some())
+        .on_tls(tls.is_some())
         .on_websocket(websocket);
     let (sealer, opener) = keys.control_channel(Side::Server);
     let mut channel = Stream::tcp(Channel::new(stream, sealer, opener));

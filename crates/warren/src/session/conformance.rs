@@ -218,7 +218,7 @@ async fn tcp_harness(suite: CipherSuite, transport: Transport) -> Harness {
                     let Ok(Accepted::Warren(connected)) = layers.accept(socket, peer).await else {
                         return;
                     };
-                    let keys = keys.bound_to(connected.binding.as_ref());
+                    let keys = keys.bound_to(connected.binding.as_ref()).expect("TLS");
                     let mut socket = connected.wire;
                     let (hello, pooled) = match preamble::server_read_preamble(&mut socket).await {
                         Ok(Incoming::Data(hello)) => (hello, true),

@@ -170,7 +170,10 @@ impl Dialer {
             .await
             .map_err(|e| e.to_string())?;
             let connected = self.layers.wrap(stream).await.map_err(|e| e.to_string())?;
-            let keys = self.keys.bound_to(connected.binding.as_ref());
+            let keys = self
+                .keys
+                .bound_to(connected.binding.as_ref())
+                .ok_or("the connection lost its TLS layer")?;
             preamble::client_data_channel_of_kind(connected.wire, &keys, kind)
                 .await
                 .map_err(|e| e.to_string())

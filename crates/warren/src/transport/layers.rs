@@ -8,9 +8,11 @@
 //! test tells `wss` from `tls`.
 //!
 //! On `tls` the TLS session is end to end, so the PSK proof inside is bound to it
-//! ([`Connected::binding`]) and the records inside are not encrypted a second time. `ws`
-//! and `wss` are not bound: reverse proxies and CDNs terminate them, and the records inside
-//! stay encrypted with the negotiated cipher.
+//! ([`Connected::binding`]) and the records inside are not encrypted a second time. `wss`
+//! may be ended by a reverse proxy or a CDN, so its handshake is not bound: the client
+//! proves its TLS exporter instead, and only if the server's matches (nothing ended the
+//! TLS) do the records go without a cipher of their own; otherwise they keep the
+//! negotiated one. Plain `ws` always keeps it.
 
 use std::io;
 use std::net::SocketAddr;
@@ -27,7 +29,7 @@ use super::ws::{self, Role, Upgrade, WsServer};
 pub struct Connected {
     /// The bytes below the records.
     pub wire: Wire,
-    /// The TLS exporter to bind the PSK proof to (`tls` only).
+    /// The exporter of the TLS session under the connection (`tls` and `wss`).
     pub binding: Option<[u8; 32]>,
     /// The TCP peer (a proxy's address when there is one).
     pub peer: SocketAddr,
@@ -98,7 +100,7 @@ impl ClientLayers {
         writer.set_ping_interval(self.ping_interval);
         Ok(Connected {
             wire: Wire::ws(reader, writer),
-            binding: None,
+            binding,
             peer,
         })
     }
@@ -166,10 +168,11 @@ impl ServerLayers {
             Upgrade::WebSocket => {
                 let (reader, mut writer) = ws::framed(reader, writer, Role::Server);
                 writer.set_ping_interval(ws_server.ping_interval);
-                // Not bound, even inside TLS: whoever proxies WebSocket may end the TLS.
+                // Whoever proxies WebSocket may end the TLS: the handshake checks the
+                // client's proof of this exporter before it counts on it.
                 Ok(Accepted::Warren(Connected {
                     wire: Wire::ws(reader, writer),
-                    binding: None,
+                    binding: tls_binding,
                     peer,
                 }))
             }

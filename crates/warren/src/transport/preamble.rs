@@ -44,7 +44,8 @@ pub async fn read_frame(stream: &mut Wire) -> Result<Vec<u8>, PreambleError> {
     Ok(body)
 }
 
-/// Client: runs the control-channel handshake on a fresh connection.
+/// Client: runs the control-channel handshake on a fresh connection, with a `wss`
+/// client's `tls_proof` ([`crate::crypto::keys::tls_proof`]) when it has one.
 ///
 /// # Errors
 /// [`PreambleError::Io`] with `UnexpectedEof` when the server closed in silence (the usual
@@ -53,8 +54,9 @@ pub async fn client_handshake(
     stream: &mut Wire,
     noise_psk: &[u8; 32],
     ciphers: &CipherPolicy,
+    tls_proof: Option<[u8; 32]>,
 ) -> Result<Established, PreambleError> {
-    let (state, first) = ClientHandshake::start_with(noise_psk, ciphers)?;
+    let (state, first) = ClientHandshake::start_proving(noise_psk, ciphers, tls_proof)?;
     stream.write_all(&first).await?;
     stream.flush().await?;
     let reply = read_frame(stream).await?;
