@@ -105,7 +105,7 @@ LABELS = {
     "warren-aegis256": "Warren noise aegis-256",
     "warren-tcp": "Warren tcp (plaintext)",
     "warren-tls": "Warren tls (TLS 1.3 on TCP, PSK bound inside)",
-    "warren-wss": "Warren wss (WebSocket on TLS, Noise records inside)",
+    "warren-wss": "Warren wss (WebSocket on TLS; straight to the server, so TLS alone encrypts)",
     "warren-quic": "Warren quic, 1452-byte packets",
     "warren-quic-loopback": "Warren quic, loopback packets",
     "warren-p2p": "Warren p2p tunnel, direct (no server hop)",

@@ -5,8 +5,8 @@
 //! generic framing or Noise transport: each record is sealed and opened *in place* in a
 //! buffer the caller reuses, with up to 64 KiB per record, an implicit counter nonce, no
 //! allocation and no copy beyond appending the tag. AES-GCM and ChaCha20-Poly1305 come from
-//! aws-lc-rs (`LessSafeKey`), AEGIS-128L, AEGIS-128X2 and AEGIS-256 from the `aegis`
-//! crate's C backend.
+//! aws-lc-rs or ring, whichever is faster here ([`crate::crypto::aead`]), AEGIS-128L,
+//! AEGIS-128X2 and AEGIS-256 from the `aegis` crate's C backend.
 //! Nothing here does IO; the transport reads and writes the bytes.
 //!
 //! # Wire format
@@ -66,9 +66,9 @@ use std::fmt;
 use aegis::aegis128l::Aegis128L;
 use aegis::aegis128x2::Aegis128X2;
 use aegis::aegis256::Aegis256;
-use aws_lc_rs::aead::{self, Aad, LessSafeKey, Nonce, UnboundKey};
 use warren_proto::CipherSuite;
 
+use crate::crypto::aead::{self, Algorithm};
 use crate::crypto::kdf;
 
 /// Bytes of the record header: the kind and the 24-bit body length.
@@ -283,15 +283,15 @@ fn iv_len(suite: CipherSuite) -> usize {
         CipherSuite::Aegis128L | CipherSuite::Aegis128X2 => 16,
         CipherSuite::Aegis256 => 32,
         CipherSuite::None => 0,
-        // AES-GCM, ChaCha20-Poly1305 and any suite added later through aws-lc.
+        // AES-GCM, ChaCha20-Poly1305 and any suite added later through `aead`.
         _ => aead::NONCE_LEN,
     }
 }
 
 /// The keyed primitive of one direction.
 enum Cipher {
-    /// AES-GCM or ChaCha20-Poly1305; aws-lc precomputes the key schedule once per key.
-    AwsLc(LessSafeKey),
+    /// AES-GCM or ChaCha20-Poly1305; the key schedule is computed once per key.
+    Aead(aead::Key),
     /// AEGIS-128L key; the AEGIS state is initialised from key and nonce per record anyway,
     /// so nothing is gained by keeping more than the key.
     Aegis128L([u8; 16]),
@@ -308,16 +308,16 @@ enum Cipher {
 
 impl Cipher {
     fn new(suite: CipherSuite, key: &[u8; MAX_KEY_LEN]) -> Self {
-        let aws = |alg: &'static aead::Algorithm, len: usize| {
-            // Invariant: `len` is the algorithm's key length (16 or 32), within `key`.
-            let unbound =
-                UnboundKey::new(alg, &key[..len]).expect("key length matches the algorithm");
-            Cipher::AwsLc(LessSafeKey::new(unbound))
+        let aead = |algorithm: Algorithm| {
+            // Invariant: the key length (16 or 32) is within `key`.
+            let key = aead::Key::new(algorithm, &key[..algorithm.key_len()])
+                .expect("key length matches the algorithm");
+            Cipher::Aead(key)
         };
         match suite {
-            CipherSuite::Aes128Gcm => aws(&aead::AES_128_GCM, 16),
-            CipherSuite::Aes256Gcm => aws(&aead::AES_256_GCM, 32),
-            CipherSuite::ChaCha20Poly1305 => aws(&aead::CHACHA20_POLY1305, 32),
+            CipherSuite::Aes128Gcm => aead(Algorithm::Aes128Gcm),
+            CipherSuite::Aes256Gcm => aead(Algorithm::Aes256Gcm),
+            CipherSuite::ChaCha20Poly1305 => aead(Algorithm::ChaCha20Poly1305),
             CipherSuite::Aegis128L => Cipher::Aegis128L(key16(key)),
             CipherSuite::Aegis128X2 => Cipher::Aegis128X2(key16(key)),
             CipherSuite::Aegis256 => Cipher::Aegis256(*key),
@@ -480,7 +480,7 @@ impl Sealer {
     /// - [`RecordError::NoHeaderRoom`] if `buf` is shorter than [`HEADER_LEN`];
     /// - [`RecordError::TooLarge`] if the payload exceeds [`MAX_PAYLOAD`];
     /// - [`RecordError::NonEmptyEnd`] if `kind` is [`RecordKind::End`] with a payload;
-    /// - [`RecordError::Seal`] if aws-lc refuses (not expected; the record number is then
+    /// - [`RecordError::Seal`] if the AEAD refuses (not expected; the record number is then
     ///   spent and `buf` is unspecified).
     ///
     /// On the first three `buf` is untouched and no record number is used.
@@ -500,11 +500,11 @@ impl Sealer {
         let header = encode_header(kind, payload_len + self.tag_len());
         let payload = &mut buf[HEADER_LEN..];
         let sealed = match &self.dir.cipher {
-            Cipher::AwsLc(key) => {
-                let nonce = Nonce::assume_unique_for_key(self.dir.nonce::<{ aead::NONCE_LEN }>());
-                match key.seal_in_place_separate_tag(nonce, Aad::from(header), payload) {
+            Cipher::Aead(key) => {
+                let nonce = self.dir.nonce::<{ aead::NONCE_LEN }>();
+                match key.seal_in_place_separate_tag(nonce, &header, payload) {
                     Ok(tag) => {
-                        buf.extend_from_slice(tag.as_ref());
+                        buf.extend_from_slice(&tag);
                         Ok(())
                     }
                     Err(_) => Err(RecordError::Seal),
@@ -636,11 +636,10 @@ impl Opener {
             });
         }
         let payload_len = match &self.dir.cipher {
-            Cipher::AwsLc(key) => {
-                let nonce = Nonce::assume_unique_for_key(self.dir.nonce::<{ aead::NONCE_LEN }>());
-                key.open_in_place(nonce, Aad::from(header), body)
+            Cipher::Aead(key) => {
+                let nonce = self.dir.nonce::<{ aead::NONCE_LEN }>();
+                key.open_in_place(nonce, &header, body)
                     .map_err(|_| RecordError::Decrypt)?
-                    .len()
             }
             Cipher::Aegis128L(key) => {
                 let (ciphertext, tag) = body

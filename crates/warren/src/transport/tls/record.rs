@@ -6,7 +6,8 @@
 //! records are Warren's fast path, and rustls's buffered API copies each record's plaintext
 //! twice more than needed (into a fresh `Vec` per record, then into the caller's buffer),
 //! which on this project's machines cost a third of the receiver's CPU (see the module doc
-//! of [`super`]). The AEAD itself is aws-lc's, as in rustls.
+//! of [`super`]). The AEAD is aws-lc's, as in rustls, or ring's where that measures faster
+//! ([`crate::crypto::aead`]).
 //!
 //! What the peer sees is ordinary TLS 1.3: `application_data` records of at most 2^14
 //! bytes of content, `close_notify` at the end, `KeyUpdate` before a key nears its limit
@@ -15,8 +16,9 @@
 //!
 //! Nothing here does IO.
 
-use aws_lc_rs::aead::{self, Aad, LessSafeKey, Nonce, UnboundKey};
 use aws_lc_rs::hkdf;
+
+use crate::crypto::aead::{self, Algorithm};
 
 /// Bytes of a record header: type, legacy version, length.
 pub const HEADER_LEN: usize = 5;
@@ -31,7 +33,7 @@ pub const MAX_BODY: usize = MAX_CONTENT + 256;
 /// What [`Sealer::seal`] adds to the content: the header, the inner content type and the tag.
 pub const OVERHEAD: usize = HEADER_LEN + 1 + TAG_LEN;
 
-const TAG_LEN: usize = 16;
+const TAG_LEN: usize = aead::TAG_LEN;
 const NONCE_LEN: usize = aead::NONCE_LEN;
 
 /// Records sealed under one key before a `KeyUpdate`: 2^23, below AES-GCM's limit of
@@ -69,11 +71,11 @@ impl Suite {
         }
     }
 
-    fn aead(self) -> &'static aead::Algorithm {
+    fn aead(self) -> Algorithm {
         match self {
-            Suite::Aes128Gcm => &aead::AES_128_GCM,
-            Suite::Aes256Gcm => &aead::AES_256_GCM,
-            Suite::ChaCha20Poly1305 => &aead::CHACHA20_POLY1305,
+            Suite::Aes128Gcm => Algorithm::Aes128Gcm,
+            Suite::Aes256Gcm => Algorithm::Aes256Gcm,
+            Suite::ChaCha20Poly1305 => Algorithm::ChaCha20Poly1305,
         }
     }
 
@@ -154,7 +156,7 @@ pub enum RecordError {
 /// The key, IV and record number of one direction, and the secret the next key comes from.
 struct TrafficKeys {
     suite: Suite,
-    key: LessSafeKey,
+    key: aead::Key,
     iv: [u8; NONCE_LEN],
     /// The current traffic secret (the hash's length, at most 48 bytes).
     secret: [u8; 48],
@@ -178,12 +180,12 @@ impl TrafficKeys {
         expand_label(&prk, b"key", key)?;
         let mut iv = [0u8; NONCE_LEN];
         expand_label(&prk, b"iv", &mut iv)?;
-        let key = UnboundKey::new(alg, key).map_err(|_| RecordError::Seal)?;
+        let key = aead::Key::new(alg, key).map_err(|_| RecordError::Seal)?;
         let mut stored = [0u8; 48];
         stored[..secret.len()].copy_from_slice(secret);
         Ok(TrafficKeys {
             suite,
-            key: LessSafeKey::new(key),
+            key,
             iv,
             secret: stored,
             seq: 0,
@@ -201,7 +203,7 @@ impl TrafficKeys {
     }
 
     /// `IV XOR seq`, the record number big-endian in the last 8 bytes.
-    fn nonce(&self) -> Nonce {
+    fn nonce(&self) -> [u8; NONCE_LEN] {
         let mut nonce = self.iv;
         for (byte, count) in nonce[NONCE_LEN - 8..]
             .iter_mut()
@@ -209,7 +211,7 @@ impl TrafficKeys {
         {
             *byte ^= count;
         }
-        Nonce::assume_unique_for_key(nonce)
+        nonce
     }
 }
 
@@ -273,7 +275,7 @@ impl Sealer {
     /// (in front of the record, moving it) when the key has sealed its share.
     ///
     /// # Errors
-    /// [`RecordError::Seal`] if aws-lc refuses (not expected).
+    /// [`RecordError::Seal`] if the AEAD refuses (not expected).
     pub fn seal(&mut self, buf: &mut Vec<u8>, start: usize) -> Result<(), RecordError> {
         debug_assert!(buf.len() - start - HEADER_LEN <= MAX_CONTENT);
         if self.keys.seq >= RECORDS_PER_KEY {
@@ -293,7 +295,7 @@ impl Sealer {
     /// to the next key.
     ///
     /// # Errors
-    /// [`RecordError::Seal`] if aws-lc refuses (not expected).
+    /// [`RecordError::Seal`] if the AEAD refuses (not expected).
     pub fn key_update(&mut self, buf: &mut Vec<u8>, request: bool) -> Result<(), RecordError> {
         let start = buf.len();
         buf.extend_from_slice(&[0; HEADER_LEN]);
@@ -305,7 +307,7 @@ impl Sealer {
     /// Appends a `close_notify` alert record.
     ///
     /// # Errors
-    /// [`RecordError::Seal`] if aws-lc refuses (not expected).
+    /// [`RecordError::Seal`] if the AEAD refuses (not expected).
     pub fn close_notify(&mut self, buf: &mut Vec<u8>) -> Result<(), RecordError> {
         let start = buf.len();
         buf.extend_from_slice(&[0; HEADER_LEN]);
@@ -323,9 +325,9 @@ impl Sealer {
         let tag = self
             .keys
             .key
-            .seal_in_place_separate_tag(nonce, Aad::from(header), &mut buf[start + HEADER_LEN..])
+            .seal_in_place_separate_tag(nonce, &header, &mut buf[start + HEADER_LEN..])
             .map_err(|_| RecordError::Seal)?;
-        buf.extend_from_slice(tag.as_ref());
+        buf.extend_from_slice(&tag);
         buf[start..start + HEADER_LEN].copy_from_slice(&header);
         Ok(())
     }
@@ -408,11 +410,12 @@ impl Opener {
         body: &mut [u8],
     ) -> Result<Opened, RecordError> {
         let nonce = self.keys.nonce();
-        let plain = self
+        let plain_len = self
             .keys
             .key
-            .open_in_place(nonce, Aad::from(header), body)
+            .open_in_place(nonce, &header, body)
             .map_err(|_| RecordError::Decrypt)?;
+        let plain = &body[..plain_len];
         self.keys.seq += 1;
         // The content type is the last non-zero byte; zeros after it are padding.
         let Some(end) = plain.iter().rposition(|&b| b != 0) else {
