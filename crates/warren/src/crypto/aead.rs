@@ -33,6 +33,13 @@ pub const NONCE_LEN: usize = 12;
 pub const TAG_LEN: usize = 16;
 
 impl Algorithm {
+    /// Every algorithm.
+    pub const ALL: [Algorithm; 3] = [
+        Algorithm::Aes128Gcm,
+        Algorithm::Aes256Gcm,
+        Algorithm::ChaCha20Poly1305,
+    ];
+
     /// Bytes of key.
     pub fn key_len(self) -> usize {
         match self {
@@ -80,14 +87,29 @@ impl Backend {
     /// kept for the process (a few milliseconds per algorithm, once); aws-lc when
     /// `OPENSSL_ia32cap` masks CPU features (see the module docs).
     pub fn of(algorithm: Algorithm) -> Backend {
-        static CHOSEN: [OnceLock<Backend>; 3] = [OnceLock::new(), OnceLock::new(), OnceLock::new()];
-        *CHOSEN[algorithm.index()].get_or_init(|| {
+        *chosen(algorithm).get_or_init(|| {
             if std::env::var_os("OPENSSL_ia32cap").is_some() {
                 Backend::AwsLc
             } else {
                 faster(algorithm)
             }
         })
+    }
+
+    /// Whether every algorithm's implementation is chosen already, so that no key made
+    /// from now on measures on the calling thread.
+    pub fn all_chosen() -> bool {
+        Algorithm::ALL
+            .iter()
+            .all(|&algorithm| chosen(algorithm).get().is_some())
+    }
+
+    /// Chooses for every algorithm now (~12 ms each, once): call it on a blocking thread
+    /// at start-up, before the first connection needs a key.
+    pub fn choose_all() {
+        for algorithm in Algorithm::ALL {
+            Backend::of(algorithm);
+        }
     }
 
     /// Its name, for diagnostics.
@@ -97,6 +119,12 @@ impl Backend {
             Backend::Ring => "ring",
         }
     }
+}
+
+/// The process's choice for `algorithm`, empty until first needed.
+fn chosen(algorithm: Algorithm) -> &'static OnceLock<Backend> {
+    static CHOSEN: [OnceLock<Backend>; 3] = [const { OnceLock::new() }; 3];
+    &CHOSEN[algorithm.index()]
 }
 
 /// The sealing or opening failed: a wrong tag (or a key of the wrong length).
@@ -257,11 +285,7 @@ fn bytes_sealed_in(key: &Key, buf: &mut [u8], budget: Duration) -> u64 {
 mod tests {
     use super::*;
 
-    const ALL: [Algorithm; 3] = [
-        Algorithm::Aes128Gcm,
-        Algorithm::Aes256Gcm,
-        Algorithm::ChaCha20Poly1305,
-    ];
+    const ALL: [Algorithm; 3] = Algorithm::ALL;
 
     /// The two implementations are interchangeable: each opens what the other sealed, and
     /// both produce the same bytes and tag.
@@ -309,6 +333,8 @@ mod tests {
 
     #[test]
     fn the_choice_is_made_once_and_kept() {
+        Backend::choose_all();
+        assert!(Backend::all_chosen());
         for algorithm in ALL {
             assert_eq!(Backend::of(algorithm), Backend::of(algorithm));
         }

@@ -359,3 +359,65 @@ impl SessionKeys {
         )
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn keys(tls_bound: bool) -> SessionKeys {
+        SessionKeys::new(&Established {
+            version: 2,
+            cipher: CipherSuite::None,
+            session_id: [1; 16],
+            handshake_hash: [2; 32],
+            split: ([3; 32], [4; 32]),
+            negotiation: Negotiation {
+                decided_by: warren_proto::CipherChoice::Ordered,
+                client_speeds: Vec::new(),
+                server_speeds: Vec::new(),
+            },
+            tls_bound,
+        })
+    }
+
+    #[test]
+    fn tls_proofs_match_only_for_the_same_exporter_and_psk() {
+        let proof = tls_proof(&[7; 32], &[9; 32]);
+        assert!(verify_tls_proof(&[7; 32], &[9; 32], &proof));
+        assert!(
+            !verify_tls_proof(&[7; 32], &[8; 32], &proof),
+            "another TLS session"
+        );
+        assert!(!verify_tls_proof(&[6; 32], &[9; 32], &proof), "another PSK");
+    }
+
+    /// A session bound to its TLS binds each data channel to the channel's own TLS session
+    /// and has no keys for a channel without TLS; an unbound one ignores TLS altogether.
+    #[test]
+    fn data_channels_of_a_bound_session_prove_their_own_tls() {
+        let nonce = [5; NONCE_LEN];
+        let unbound = keys(false);
+        assert!(!unbound.is_on_tls());
+        let mac = unbound.data_hello_mac(&nonce);
+        for binding in [None, Some(&[9; 32])] {
+            let keys = unbound
+                .bound_to(binding)
+                .expect("unbound sessions take any channel");
+            assert!(keys.verify_data_hello(&nonce, &mac));
+        }
+
+        let bound = keys(true);
+        assert!(bound.is_on_tls());
+        assert_eq!(bound.cipher_label(), "tls1.3");
+        assert!(bound.bound_to(None).is_none(), "a channel without TLS");
+        let here = bound.bound_to(Some(&[9; 32])).unwrap();
+        let there = bound.bound_to(Some(&[8; 32])).unwrap();
+        let mac = here.data_hello_mac(&nonce);
+        assert!(here.verify_data_hello(&nonce, &mac));
+        assert!(
+            !there.verify_data_hello(&nonce, &mac),
+            "a TLS session ended on the way"
+        );
+        assert!(!bound.verify_data_hello(&nonce, &mac));
+    }
+}

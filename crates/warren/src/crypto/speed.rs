@@ -163,10 +163,14 @@ fn all_measured(suites: &[CipherSuite]) -> bool {
 }
 
 /// Measures, on a blocking thread, whichever of `suites` has no figure yet, so that
-/// [`figures`] and [`policy`] return at once afterwards. Nothing to do under `ordered`.
-/// Servers call it before accepting and before applying a reload; clients before their
-/// first handshake.
+/// [`figures`] and [`policy`] return at once afterwards (nothing to do under `ordered`),
+/// and chooses the AEAD implementations first ([`crate::crypto::aead::Backend`]), which
+/// `tls` and `wss` records need whatever the cipher list. Servers call it before
+/// accepting and before applying a reload; clients before their first handshake.
 pub async fn prepare(suites: &[CipherSuite], choice: CipherChoice) {
+    if !crate::crypto::aead::Backend::all_chosen() {
+        let _ = tokio::task::spawn_blocking(crate::crypto::aead::Backend::choose_all).await;
+    }
     if choice == CipherChoice::Ordered || all_measured(suites) {
         return;
     }
