@@ -147,6 +147,35 @@ async fn tls_terminating_relay(server: SocketAddr) -> SocketAddr {
     addr
 }
 
+/// A probe session (no claims) on `transport` to `to`, offering `policy`.
+async fn probe_session(
+    transport: Transport,
+    to: SocketAddr,
+    policy: &warren_proto::CipherPolicy,
+) -> Result<warren::client::establish::EstablishedSession, warren::client::establish::EstablishError>
+{
+    let layers = ClientLayers::new(
+        transport,
+        TlsClient::new(None, None).unwrap(),
+        "localhost".to_owned(),
+        ("localhost".to_owned(), "/warren".to_owned()),
+    );
+    let dial = async {
+        let stream = TcpStream::connect(to).await?;
+        layers.wrap(stream).await
+    };
+    warren::client::establish::establish(
+        dial,
+        "server",
+        &warren::crypto::secret::Secret::new(PSK),
+        policy,
+        &[],
+        warren_proto::message::HelloMode::Probe,
+        Duration::from_secs(5),
+    )
+    .await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tls_terminating_relay_cannot_pass_a_tls_session_on_but_carries_wss() {
     let target = echo_target().await;
@@ -159,53 +188,20 @@ async fn a_tls_terminating_relay_cannot_pass_a_tls_session_on_but_carries_wss() 
 
     // `tls`: the handshake inside is bound to the client's TLS session with the relay,
     // which is not the relay's session with the server.
-    let psk = warren::crypto::secret::Secret::new(PSK);
     let policy = warren_proto::CipherPolicy {
         suites: vec![warren::CipherSuite::None],
         choice: warren::CipherChoice::Ordered,
         speeds: Vec::new(),
     };
-    let layers = ClientLayers::new(
-        Transport::Tls,
-        TlsClient::new(None, None).unwrap(),
-        "localhost".to_owned(),
-        ("localhost".to_owned(), "/warren".to_owned()),
-    );
     // Straight to the server, the same session authenticates, with TLS as its only
     // encryption.
-    let dial = async {
-        let stream = TcpStream::connect(server.addr).await?;
-        layers.wrap(stream).await
-    };
-    let direct = warren::client::establish::establish(
-        dial,
-        "server",
-        &psk,
-        &policy,
-        &[],
-        warren_proto::message::HelloMode::Probe,
-        Duration::from_secs(5),
-    )
-    .await
-    .expect("a direct tls session");
+    let direct = probe_session(Transport::Tls, server.addr, &policy)
+        .await
+        .expect("a direct tls session");
     assert_eq!(direct.keys.cipher(), warren::CipherSuite::None);
     assert_eq!(direct.keys.cipher_label(), "tls1.3");
     warren::client::establish::goodbye(direct.channel, "test done").await;
-
-    let dial = async {
-        let stream = TcpStream::connect(relay).await?;
-        layers.wrap(stream).await
-    };
-    let refused = warren::client::establish::establish(
-        dial,
-        "relay",
-        &psk,
-        &policy,
-        &[],
-        warren_proto::message::HelloMode::Probe,
-        Duration::from_secs(5),
-    )
-    .await;
+    let refused = probe_session(Transport::Tls, relay, &policy).await;
     assert!(
         matches!(
             refused,
@@ -217,12 +213,6 @@ async fn a_tls_terminating_relay_cannot_pass_a_tls_session_on_but_carries_wss() 
     // `wss`: the client proves its TLS session. Straight to the server the proof
     // matches and TLS is the only encryption; through the relay (a CDN) it cannot match,
     // and the records inside keep a cipher of their own, end to end.
-    let layers = ClientLayers::new(
-        Transport::Wss,
-        TlsClient::new(None, None).unwrap(),
-        "localhost".to_owned(),
-        ("localhost".to_owned(), "/warren".to_owned()),
-    );
     let policy = warren_proto::CipherPolicy {
         suites: vec![warren::CipherSuite::Aes128Gcm],
         ..policy
@@ -231,21 +221,9 @@ async fn a_tls_terminating_relay_cannot_pass_a_tls_session_on_but_carries_wss() 
         (server.addr, warren::CipherSuite::None),
         (relay, warren::CipherSuite::Aes128Gcm),
     ] {
-        let dial = async {
-            let stream = TcpStream::connect(to).await?;
-            layers.wrap(stream).await
-        };
-        let session = warren::client::establish::establish(
-            dial,
-            "server",
-            &psk,
-            &policy,
-            &[],
-            warren_proto::message::HelloMode::Probe,
-            Duration::from_secs(5),
-        )
-        .await
-        .expect("a wss session");
+        let session = probe_session(Transport::Wss, to, &policy)
+            .await
+            .expect("a wss session");
         assert_eq!(session.keys.cipher(), expected, "wss to {to}");
         assert_eq!(
             session.keys.is_on_tls(),
