@@ -1033,13 +1033,14 @@ async fn aead_speed(report: &mut Report) {
         ),
     );
     use crate::crypto::aead::{Algorithm, Backend};
-    let implementations = [
-        ("aes-128-gcm", Algorithm::Aes128Gcm),
-        ("aes-256-gcm", Algorithm::Aes256Gcm),
-        ("chacha20-poly1305", Algorithm::ChaCha20Poly1305),
-    ]
-    .map(|(name, algorithm)| format!("{name} {}", Backend::of(algorithm).name()))
-    .join(", ");
+    let implementations: Vec<String> = CipherSuite::ENCRYPTING
+        .iter()
+        .filter_map(|&suite| {
+            let algorithm = Algorithm::of_suite(suite)?;
+            Some(format!("{suite} {}", Backend::of(algorithm).name()))
+        })
+        .collect();
+    let implementations = implementations.join(", ");
     report.push(
         Status::Ok,
         "aead implementation",

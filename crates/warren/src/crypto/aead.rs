@@ -40,6 +40,17 @@ impl Algorithm {
         Algorithm::ChaCha20Poly1305,
     ];
 
+    /// The algorithm of a Warren record suite, if it is one of these.
+    pub fn of_suite(suite: warren_proto::CipherSuite) -> Option<Algorithm> {
+        use warren_proto::CipherSuite;
+        match suite {
+            CipherSuite::Aes128Gcm => Some(Algorithm::Aes128Gcm),
+            CipherSuite::Aes256Gcm => Some(Algorithm::Aes256Gcm),
+            CipherSuite::ChaCha20Poly1305 => Some(Algorithm::ChaCha20Poly1305),
+            _ => None,
+        }
+    }
+
     /// Bytes of key.
     pub fn key_len(self) -> usize {
         match self {
@@ -217,7 +228,8 @@ impl Key {
                     aws_lc_rs::aead::Aad::from(aad),
                     in_out,
                 )
-                .map(|plain| plain.len()),
+                .map(|plain| plain.len())
+                .map_err(|_| AeadError),
             Key::Ring(key) => key
                 .open_in_place(
                     ring::aead::Nonce::assume_unique_for_key(nonce),
@@ -225,9 +237,8 @@ impl Key {
                     in_out,
                 )
                 .map(|plain| plain.len())
-                .map_err(|_| aws_lc_rs::error::Unspecified),
+                .map_err(|_| AeadError),
         }
-        .map_err(|_| AeadError)
     }
 }
 

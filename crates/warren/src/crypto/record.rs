@@ -308,16 +308,13 @@ enum Cipher {
 
 impl Cipher {
     fn new(suite: CipherSuite, key: &[u8; MAX_KEY_LEN]) -> Self {
-        let aead = |algorithm: Algorithm| {
+        if let Some(algorithm) = Algorithm::of_suite(suite) {
             // Invariant: the key length (16 or 32) is within `key`.
             let key = aead::Key::new(algorithm, &key[..algorithm.key_len()])
                 .expect("key length matches the algorithm");
-            Cipher::Aead(key)
-        };
+            return Cipher::Aead(key);
+        }
         match suite {
-            CipherSuite::Aes128Gcm => aead(Algorithm::Aes128Gcm),
-            CipherSuite::Aes256Gcm => aead(Algorithm::Aes256Gcm),
-            CipherSuite::ChaCha20Poly1305 => aead(Algorithm::ChaCha20Poly1305),
             CipherSuite::Aegis128L => Cipher::Aegis128L(key16(key)),
             CipherSuite::Aegis128X2 => Cipher::Aegis128X2(key16(key)),
             CipherSuite::Aegis256 => Cipher::Aegis256(*key),

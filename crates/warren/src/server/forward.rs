@@ -44,8 +44,8 @@ use crate::metrics::Meter;
 use crate::relay;
 use crate::session::link::{Replenish, StreamHandler};
 use crate::session::stream::Stream;
+use crate::transport::tcp;
 use crate::transport::wire::Wire;
-use crate::transport::{preamble, tcp};
 
 /// How long dialing a forward service's target may take.
 const TARGET_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -421,23 +421,8 @@ pub(super) async fn accept_open_channel(
     hello: &DataHello,
     binding: Option<[u8; 32]>,
 ) -> Result<Authenticated, Rejected> {
-    let Some(session) = shared.session(&hello.session_id) else {
-        return Err(Rejected::Silent("data channel for an unknown session"));
-    };
-    if session.link.tcp_pool().is_none() {
-        return Err(Rejected::Silent(
-            "data channel for a session on another transport",
-        ));
-    }
-    let Some(keys) = session.keys.bound_to(binding.as_ref()) else {
-        return Err(Rejected::Silent(
-            "data channel without TLS for a TLS session",
-        ));
-    };
-    if !keys.verify_data_hello(&hello.client_nonce, &hello.mac) {
-        return Err(Rejected::Silent("data channel MAC did not verify"));
-    }
-    let channel = preamble::server_accept_data_channel(stream, &keys, hello).await?;
+    let (session, channel) =
+        super::accept_channel_of_session(shared, stream, hello, binding).await?;
     let mut channel = Stream::tcp(channel);
     let (open, forward) = accept_forward(&session, &mut channel).await?;
     Ok(Authenticated::Forward {

@@ -1226,15 +1226,30 @@ async fn accept_data_channel(
     hello: &DataHello,
     binding: Option<[u8; 32]>,
 ) -> Result<Authenticated, Rejected> {
+    let (session, channel) = accept_channel_of_session(shared, stream, hello, binding).await?;
+    if let Some(pool) = session.link.tcp_pool() {
+        pool.add_idle(channel);
+    }
+    Ok(Authenticated::Data)
+}
+
+/// Checks a data channel's hello against the session it names — known, on a TCP transport
+/// (only those have data channels), on this connection's own TLS if the session is bound
+/// to its TLS, the MAC right — and answers it. Both kinds of data channel come through here.
+async fn accept_channel_of_session(
+    shared: &Arc<Shared>,
+    stream: Wire,
+    hello: &DataHello,
+    binding: Option<[u8; 32]>,
+) -> Result<(Arc<ServerSession>, Channel), Rejected> {
     let Some(session) = shared.session(&hello.session_id) else {
         return Err(Rejected::Silent("data channel for an unknown session"));
     };
-    // Only a session on a TCP transport keeps a pool of data channels.
-    let Some(pool) = session.link.tcp_pool() else {
+    if session.link.tcp_pool().is_none() {
         return Err(Rejected::Silent(
             "data channel for a session on another transport",
         ));
-    };
+    }
     let Some(keys) = session.keys.bound_to(binding.as_ref()) else {
         return Err(Rejected::Silent(
             "data channel without TLS for a TLS session",
@@ -1244,8 +1259,7 @@ async fn accept_data_channel(
         return Err(Rejected::Silent("data channel MAC did not verify"));
     }
     let channel = preamble::server_accept_data_channel(stream, &keys, hello).await?;
-    pool.add_idle(channel);
-    Ok(Authenticated::Data)
+    Ok((session, channel))
 }
 
 async fn accept_control_channel(
