@@ -3,7 +3,9 @@
 //! `warren send` / `warren receive` through the same NATs): a "public" namespace with a
 //! bridge on two addresses (203.0.113.1 and .2), two NAT routers (203.0.113.11 and .12)
 //! and a peer behind each (198.51.100.2/25 and 198.51.100.130/25), or both peers behind
-//! the first router ([`Layout::Shared`]).
+//! the first router ([`Layout::Shared`]). [`Lab::with_peers`] builds up to four peers,
+//! each behind its own router (WAN 203.0.113.1I; the third and fourth LANs are
+//! 192.0.2.0/25 and 192.0.2.128/25).
 //!
 //! Each cell builds a lab afresh and sets each router's NAT type. Processes started in it
 //! (the including test binary as a child, [`Lab::spawn`], or any program,
@@ -192,10 +194,13 @@ impl LabChild {
     }
 }
 
-/// One lab: five namespaces, deleted on drop (with their veths and rules); children
-/// started in it are killed on drop too.
+/// One lab: the public namespace, a router per NAT and a namespace per peer, deleted on
+/// drop (with their veths and rules); children started in it are killed on drop too.
 pub struct Lab {
     prefix: String,
+    /// How many `natN` and `peerN` namespaces it made (named from 1): the cleanup's list.
+    routers: usize,
+    peers: usize,
     children: Vec<LabChild>,
     pub dir: PathBuf,
 }
@@ -203,18 +208,63 @@ pub struct Lab {
 pub const REFLECTOR: &str = "203.0.113.1:3478";
 pub const REFLECTOR2: &str = "203.0.113.2:3478";
 
+/// The most peers a lab holds: one LAN block each in [`LANS`].
+pub const MAX_PEERS: usize = 4;
+
+/// Peer `i`'s LAN (from 1), documentation ranges only: (router's address, peer's
+/// address, network), each a /25.
+const LANS: [(&str, &str, &str); MAX_PEERS] = [
+    ("198.51.100.1", "198.51.100.2", "198.51.100.0/25"),
+    ("198.51.100.129", "198.51.100.130", "198.51.100.128/25"),
+    ("192.0.2.1", "192.0.2.2", "192.0.2.0/25"),
+    ("192.0.2.129", "192.0.2.130", "192.0.2.128/25"),
+];
+
+/// Router `natI`'s public (WAN) address: 203.0.113.1I.
+pub fn wan(i: usize) -> String {
+    format!("203.0.113.1{i}")
+}
+
 impl Lab {
     /// Two peers, each behind its own router (`Shared`: both behind the first router,
     /// on two LAN ports, `right` ignored).
     pub fn new(left: Nat, right: Nat, layout: Layout) -> Lab {
+        match layout {
+            Layout::Separate => Lab::with_peers(&[left, right]),
+            Layout::Shared => Lab::build(&[left, left], Layout::Shared),
+        }
+    }
+
+    /// One peer per entry of `nats` (`peer1`, `peer2`, …), each behind its own router
+    /// (`nat1`, `nat2`, …, WAN 203.0.113.11, .12, …) of that NAT kind; at most
+    /// [`MAX_PEERS`].
+    pub fn with_peers(nats: &[Nat]) -> Lab {
+        Lab::build(nats, Layout::Separate)
+    }
+
+    /// `Separate`: peer `i` behind router `i` of kind `nats[i - 1]`. `Shared`: every
+    /// peer behind router 1 (of kind `nats[0]`), peer `i` on its LAN port `eth{i}`.
+    fn build(nats: &[Nat], layout: Layout) -> Lab {
+        assert!(
+            (1..=MAX_PEERS).contains(&nats.len()),
+            "a lab holds 1 to {MAX_PEERS} peers, not {}",
+            nats.len()
+        );
         static NEXT: AtomicU32 = AtomicU32::new(0);
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
         let prefix = format!("wp{}x{n}", std::process::id() % 100_000);
         let dir = std::env::temp_dir().join(format!("warren-lab-{prefix}"));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
+        // Made before the first namespace: a failing step below still deletes them all.
         let lab = Lab {
             prefix,
+            routers: if layout == Layout::Shared {
+                1
+            } else {
+                nats.len()
+            },
+            peers: nats.len(),
             children: Vec::new(),
             dir,
         };
@@ -235,21 +285,19 @@ impl Lab {
         );
         lab.exec(&public, &["ip", "link", "set", "br0", "up"]);
         let mut public_lans = Vec::new();
-        for (i, nat) in [(1, left), (2, right)] {
-            // The second peer on the first router's second LAN port.
-            let second_port = layout == Layout::Shared && i == 2;
-            let router = lab.ns(&format!("nat{}", if second_port { 1 } else { i }));
-            let lan_if = if second_port { "eth2" } else { "eth1" };
+        for (i, &nat) in (1..).zip(nats) {
+            // Behind one router, the later peers on its further LAN ports.
+            let shared_port = layout == Layout::Shared && i > 1;
+            let r = if layout == Layout::Shared { 1 } else { i };
+            let router = lab.ns(&format!("nat{r}"));
+            let lan_if = format!("eth{}", if layout == Layout::Shared { i } else { 1 });
+            let lan_if = lan_if.as_str();
             let peer = lab.ns(&format!("peer{i}"));
-            let wan = format!("203.0.113.1{i}");
-            let (lan_gw, lan_peer, lan_net) = if i == 1 {
-                ("198.51.100.1", "198.51.100.2", "198.51.100.0/25")
-            } else {
-                ("198.51.100.129", "198.51.100.130", "198.51.100.128/25")
-            };
+            let wan = wan(i);
+            let (lan_gw, lan_peer, lan_net) = LANS[i - 1];
             // WAN: a veth from the bridge to the router's eth0.
             let up = format!("up{i}");
-            if !second_port {
+            if !shared_port {
                 lab.exec(
                     &public,
                     &[
@@ -264,7 +312,7 @@ impl Lab {
                 );
                 lab.exec(&router, &["ip", "link", "set", "eth0", "up"]);
             }
-            // LAN: router's eth1 (or eth2) to the peer's eth0.
+            // LAN: router's eth1 (or ethI behind a shared router) to the peer's eth0.
             lab.exec(
                 &router,
                 &[
@@ -291,26 +339,36 @@ impl Lab {
             );
             lab.exec(&peer, &["ip", "link", "set", "eth0", "up"]);
             lab.exec(&peer, &["ip", "route", "add", "default", "via", lan_gw]);
-            if second_port {
+            if shared_port {
                 continue;
             }
             lab.set_nat(&router, nat, &wan);
             if nat == Nat::None {
-                public_lans.push((lan_net, wan, lab.ns(&format!("nat{}", 3 - i))));
+                public_lans.push((i, lan_net, wan));
             }
         }
-        // A public LAN: the others route to it through its router.
-        for (lan_net, wan, other) in public_lans {
+        // A public LAN: the public namespace and every other router route to it through
+        // its router.
+        for (i, lan_net, wan) in public_lans {
             lab.exec(&public, &["ip", "route", "add", lan_net, "via", &wan]);
-            lab.exec(&other, &["ip", "route", "add", lan_net, "via", &wan]);
+            for other in (1..=lab.routers).filter(|&r| r != i) {
+                lab.exec(
+                    &lab.ns(&format!("nat{other}")),
+                    &["ip", "route", "add", lan_net, "via", &wan],
+                );
+            }
         }
         lab
     }
 
+    /// Every namespace this lab made: `pub`, `nat1..`, `peer1..`.
     fn all(&self) -> Vec<String> {
-        ["pub", "nat1", "nat2", "peer1", "peer2"]
-            .iter()
-            .map(|n| self.ns(n))
+        let routers = (1..=self.routers).map(|i| format!("nat{i}"));
+        let peers = (1..=self.peers).map(|i| format!("peer{i}"));
+        std::iter::once("pub".to_owned())
+            .chain(routers)
+            .chain(peers)
+            .map(|n| self.ns(&n))
             .collect()
     }
 
@@ -371,7 +429,7 @@ impl Lab {
         run_stdin(&["ip", "netns", "exec", router, "nft", "-f", "-"], &script);
     }
 
-    /// Router `nat` (1 or 2) forwards no UDP at all, either way (a network that allows
+    /// Router `nat` (from 1) forwards no UDP at all, either way (a network that allows
     /// only TCP): its own table, ahead of the NAT's filter.
     pub fn block_udp(&self, nat: u8) {
         let router = self.ns(&format!("nat{nat}"));
@@ -386,7 +444,7 @@ impl Lab {
         );
     }
 
-    /// Router `nat` (1 or 2) drops every packet from and to `addr` (the other router's
+    /// Router `nat` (from 1) drops every packet from and to `addr` (the other router's
     /// public address: the direct path) until [`Lab::unblock_direct`]; the server's relay
     /// still gets through.
     pub fn block_direct(&self, nat: u8, addr: &str) {
@@ -569,8 +627,8 @@ impl Lab {
         i
     }
 
-    /// The mapping behaviour (`eim` or `edm`) of the NAT in front of `peer` (`peer1` or
-    /// `peer2`), RFC 5780 style against the two reflector addresses, from a fresh socket;
+    /// The mapping behaviour (`eim` or `edm`) of the NAT in front of `peer` (`peer1`,
+    /// `peer2`, …), RFC 5780 style against the two reflector addresses, from a fresh socket;
     /// an `Err` with the child's output when it could not tell.
     pub fn classify(&mut self, peer: &str) -> Result<&'static str, String> {
         let i = self.spawn(&self.ns(peer), &[("WARREN_LAB_SIDE", "classify".into())]);
@@ -705,14 +763,20 @@ pub struct Side {
     pub moved: bool,
 }
 
+/// A listener's stdout holds every connection it served: a `moved` counts only for the
+/// peer of the last `connected` (an earlier run's connection, its visitor killed, moves
+/// to the relay when its direct path stops answering).
 pub fn side_events(stdout: &str) -> Side {
     let mut side = Side::default();
+    let mut peer = Value::Null;
     for line in stdout.lines() {
         let Ok(event) = serde_json::from_str::<Value>(line) else {
             continue;
         };
         match event["event"].as_str() {
+            Some("moved") if event["peer"] != peer => {}
             Some("connected") => {
+                peer = event["peer"].clone();
                 side.route = event["route"].as_str().map(str::to_owned);
                 side.address = event["address"].as_str().map(str::to_owned);
                 side.connect_ms = Some(
@@ -804,16 +868,22 @@ impl Lab {
     /// Starts the reflectors and checks each router maps as the cell says (a rule typo
     /// must not pass as "relayed"); the problems found, named by `cell`.
     pub fn check_nats(&mut self, left: Nat, right: Nat, layout: Layout) -> Vec<String> {
-        let cell = cell_name(left, right, layout);
-        self.start_reflectors();
         let right_nat = if layout == Layout::Shared {
             left
         } else {
             right
         };
+        self.check_mappings(&cell_name(left, right, layout), &[left, right_nat])
+    }
+
+    /// Starts the reflectors and checks that the NAT in front of peer `i` maps as a
+    /// `nats[i - 1]` NAT does, for every peer; the problems found, named by `cell`.
+    pub fn check_mappings(&mut self, cell: &str, nats: &[Nat]) -> Vec<String> {
+        self.start_reflectors();
         let mut problems = Vec::new();
-        for (peer, nat) in [("peer1", left), ("peer2", right_nat)] {
-            match self.classify(peer) {
+        for (i, &nat) in (1..).zip(nats) {
+            let peer = format!("peer{i}");
+            match self.classify(&peer) {
                 Ok(mapping) if mapping == nat.mapping() => {}
                 Ok(mapping) => problems.push(format!(
                     "{cell}: {peer}'s NAT maps {mapping}, a {} NAT maps {}",
