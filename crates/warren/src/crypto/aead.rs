@@ -107,6 +107,12 @@ impl Backend {
         })
     }
 
+    /// The implementation chosen for `algorithm`, if the measurement is done (never waits
+    /// for it nor measures).
+    pub fn chosen(algorithm: Algorithm) -> Option<Backend> {
+        chosen(algorithm).get().copied()
+    }
+
     /// Whether every algorithm's implementation is chosen already, so that no key made
     /// from now on measures on the calling thread.
     pub fn all_chosen() -> bool {

@@ -60,6 +60,22 @@ pub(crate) async fn write_all(
     .await
 }
 
+/// Writes `chunks` to `stream` within [`WRITE_TIMEOUT`], handing quinn the buffers
+/// themselves (no copy).
+pub(crate) async fn write_chunks(
+    stream: &mut SendStream,
+    chunks: &mut [bytes::Bytes],
+    during: &'static str,
+) -> Result<(), TransferError> {
+    timed(WRITE_TIMEOUT, during, async {
+        stream
+            .write_all_chunks(chunks)
+            .await
+            .map_err(|e| lost(during)(e.to_string()))
+    })
+    .await
+}
+
 /// Writes one control message.
 pub(crate) async fn write_message(
     stream: &mut SendStream,

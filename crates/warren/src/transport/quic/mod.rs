@@ -54,6 +54,7 @@ pub mod auth;
 pub mod certs;
 pub mod endpoint;
 pub mod error;
+pub(crate) mod packet_key;
 pub mod settings;
 pub mod tls;
 

@@ -1,5 +1,6 @@
 //! rustls configurations for Warren's QUIC: TLS 1.3 only, ALPN `warren/1`, aws-lc-rs as the
-//! only crypto provider, session tickets on, 0-RTT off.
+//! crypto provider (QUIC packets sealed by the faster AEAD: [`super::packet_key`]), session
+//! tickets on, 0-RTT off.
 //!
 //! Two authentication modes, each a pair of [`ServerTls`] / [`ClientTls`]:
 //!
@@ -302,13 +303,14 @@ impl ClientTls {
 /// fastest here: rustls puts AES-256-GCM first, but AES-128-GCM gives the same protection
 /// for a session key and seals ~10 % faster (`warren doctor` shows both); without AES
 /// instructions ChaCha20-Poly1305 goes first. The client's order decides (rustls servers
-/// follow it), and both sides offer all three.
+/// follow it), and both sides offer all three. QUIC packets are sealed by the faster AEAD
+/// implementation of this machine ([`super::packet_key`]).
 pub(crate) fn provider() -> Arc<CryptoProvider> {
     use rustls::crypto::aws_lc_rs::cipher_suite::{
         TLS13_AES_128_GCM_SHA256, TLS13_AES_256_GCM_SHA384, TLS13_CHACHA20_POLY1305_SHA256,
     };
     let mut provider = rustls::crypto::aws_lc_rs::default_provider();
-    provider.cipher_suites = if crate::config::has_aes_hardware() {
+    let suites = if crate::config::has_aes_hardware() {
         vec![
             TLS13_AES_128_GCM_SHA256,
             TLS13_AES_256_GCM_SHA384,
@@ -321,6 +323,10 @@ pub(crate) fn provider() -> Arc<CryptoProvider> {
             TLS13_AES_256_GCM_SHA384,
         ]
     };
+    provider.cipher_suites = suites
+        .into_iter()
+        .map(super::packet_key::with_fast_packets)
+        .collect();
     Arc::new(provider)
 }
 
