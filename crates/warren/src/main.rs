@@ -226,9 +226,10 @@ enum Command {
         command: cli::cert::CertCommand,
     },
     /// Send files and folders to another machine, peer to peer through NATs: prints a code
-    /// to give the receiver. Needs a Warren server with [server.p2p] and its PSK.
+    /// to give the receiver. Needs a Warren server with [server.p2p] and its PSK, or --lan
+    /// when both machines are on one local network.
     #[command(
-        after_help = "Examples:\n  WARREN_PSK=... warren send photos/ notes.txt --server tunnel.example.com:7000\n  warren send big.iso --max-receivers 3 --exclude '*.tmp'\n\nWARREN_SERVER and WARREN_PSK stand in for --server and the PSK."
+        after_help = "Examples:\n  WARREN_PSK=... warren send photos/ notes.txt --server tunnel.example.com:7000\n  warren send big.iso --max-receivers 3 --exclude '*.tmp'\n  warren send photos/ --lan     # no server: the receiver runs `warren receive --lan`\n\nWARREN_SERVER and WARREN_PSK stand in for --server and the PSK (--lan ignores them)."
     )]
     Send {
         #[command(flatten)]
@@ -236,7 +237,7 @@ enum Command {
     },
     /// Receive what `warren send` offers: type the code it printed.
     #[command(
-        after_help = "Examples:\n  WARREN_PSK=... warren receive --server tunnel.example.com:7000     # then type the code\n  WARREN_CODE=1234-acid-acorn-acre warren receive --out downloads --yes\n\nRunning the same transfer again resumes it."
+        after_help = "Examples:\n  WARREN_PSK=... warren receive --server tunnel.example.com:7000     # then type the code\n  WARREN_CODE=1234-acid-acorn-acre warren receive --out downloads --yes\n  warren receive --lan     # the sender ran `warren send --lan` on this network\n\nRunning the same transfer again resumes it."
     )]
     Receive {
         #[command(flatten)]
@@ -299,7 +300,15 @@ enum Outcome {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    if let Err(message) = init_logging(&cli.log_level, cli.log_format) {
+    // `warren send --lan` runs the server's mailbox in process: its start, stop and
+    // session lines are not news to the user at the default level.
+    let log_level = match &cli.command {
+        Command::Send { args } if args.lan && cli.log_level == "info" => {
+            "info,warren::server=warn".to_owned()
+        }
+        _ => cli.log_level.clone(),
+    };
+    if let Err(message) = init_logging(&log_level, cli.log_format) {
         eprintln!("error: {message}");
         return ExitCode::from(2);
     }

@@ -18,7 +18,8 @@ use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 use warren::p2p::code::Code;
-use warren::p2p::mailbox::MailboxServer;
+use warren::p2p::lan::{self, LanMailbox};
+use warren::p2p::mailbox::{MailboxError, MailboxServer};
 use warren::p2p::session::{self, Connected, Offering, Options, SessionError};
 use warren::p2p::transfer::{
     self, Event, Events, Offer, ReceiveOptions, Sources, Summary, TransferError,
@@ -37,9 +38,10 @@ const MAX_RECEIVERS: u32 = 64;
 /// Where the server is and how to prove we may use it (both commands).
 #[derive(Debug, Clone, Args)]
 pub struct ServerArgs {
-    /// The Warren server with a [server.p2p] section, HOST:PORT.
-    #[arg(long, short = 'r', env = "WARREN_SERVER", value_name = "HOST:PORT")]
-    pub server: String,
+    /// The Warren server with a [server.p2p] section, HOST:PORT. Default: WARREN_SERVER.
+    // Not clap's `env`: a WARREN_SERVER in the environment must not conflict with --lan.
+    #[arg(long, short = 'r', value_name = "HOST:PORT")]
+    pub server: Option<String>,
     /// Read the server's PSK from this file (first line). Default: WARREN_PSK.
     #[arg(long, value_name = "FILE")]
     pub psk_file: Option<PathBuf>,
@@ -73,6 +75,10 @@ pub struct SendArgs {
     /// Ask before sending to each receiver (shows its fingerprint).
     #[arg(long)]
     pub confirm: bool,
+    /// No server: be the mailbox on this machine and announce the code's number on the
+    /// local network with mDNS (the receiver uses --lan too).
+    #[arg(long, conflicts_with_all = ["server", "psk_file", "relay"])]
+    pub lan: bool,
     #[command(flatten)]
     pub server: ServerArgs,
 }
@@ -94,6 +100,9 @@ pub struct ReceiveArgs {
     /// Replace files that already exist (never done without this).
     #[arg(long)]
     pub overwrite: bool,
+    /// No server: find the sender (`warren send --lan`) on the local network with mDNS.
+    #[arg(long, conflicts_with_all = ["server", "psk_file", "relay"])]
+    pub lan: bool,
     #[command(flatten)]
     pub server: ServerArgs,
 }
@@ -138,7 +147,44 @@ pub async fn send(args: SendArgs) -> Result<(), Failure> {
         }
     }
     let out = Output::new(args.server.json);
-    let options = options(&args.server)?;
+    let mut lan = None;
+    let options = if args.lan {
+        let mailbox = LanMailbox::start()
+            .await
+            .map_err(|e| Failure::Failed(e.to_string()))?;
+        let options = lan_sender_options(mailbox.mailbox());
+        lan = Some(mailbox);
+        options
+    } else {
+        options(&args.server)?
+    };
+    let result = serve(&args, &out, options, lan.as_mut()).await;
+    if let Some(lan) = lan {
+        lan.close().await;
+    }
+    result
+}
+
+/// The sender's options at its own `--lan` mailbox: the peer socket on every interface
+/// (the mailbox is reached on loopback, which would otherwise bind the socket there).
+fn lan_sender_options(mailbox: MailboxServer) -> Options {
+    let mut options = Options::new(mailbox);
+    options.bind = Some(std::net::SocketAddr::from((
+        std::net::Ipv4Addr::UNSPECIFIED,
+        0,
+    )));
+    options
+}
+
+/// `warren send` once the mailbox is known: the code, then up to `--max-receivers`.
+async fn serve(
+    args: &SendArgs,
+    out: &Output,
+    options: Options,
+    lan: Option<&mut LanMailbox>,
+) -> Result<(), Failure> {
+    let stdin = args.paths.iter().any(|p| p.as_os_str() == "-");
+    let out = out.clone();
     // The walk (or the spooling of stdin) runs while the code is shown and the receiver
     // types it.
     let walking = {
@@ -162,11 +208,24 @@ pub async fn send(args: SendArgs) -> Result<(), Failure> {
     let mut offering = Offering::open(options)
         .await
         .map_err(|e| Failure::Failed(e.to_string()))?;
+    if let (Some(lan), Some(code)) = (lan, offering.code())
+        && let Err(error) = lan.advertise(code.nameplate())
+    {
+        offering.close().await;
+        return Err(Failure::Failed(format!(
+            "cannot announce the code on the local network: {error}"
+        )));
+    }
     // Invariant: `Offering::open` always makes a code.
     let code = offering.code().map(Code::reveal).unwrap_or_default();
+    let receive = if args.lan {
+        "warren receive --lan"
+    } else {
+        "warren receive"
+    };
     out.event(json!({"event": "code", "code": code}));
     out.say(&format!(
-        "Code: {code}\nOn the other machine: warren receive   (then type the code; or WARREN_CODE={code} warren receive)"
+        "Code: {code}\nOn the other machine: {receive}   (then type the code; or WARREN_CODE={code} {receive})"
     ));
     // `_scratch` holds stdin's spool file until every transfer is done.
     let (payload, _scratch) = match walking.await {
@@ -281,7 +340,11 @@ pub async fn receive(args: ReceiveArgs) -> Result<(), Failure> {
         ));
     }
     let out = Output::new(args.server.json);
-    let options = options(&args.server)?;
+    let options = if args.lan {
+        None
+    } else {
+        Some(options(&args.server)?)
+    };
     // With `--out -` the file lands in a scratch folder first (the writer's guarantees
     // need a folder), then goes to stdout.
     let scratch = if to_stdout {
@@ -300,9 +363,12 @@ pub async fn receive(args: ReceiveArgs) -> Result<(), Failure> {
     let out_dir = scratch
         .as_ref()
         .map_or_else(|| args.out.clone(), |s| s.path().to_owned());
-    let connected = session::join(&code, &options)
-        .await
-        .map_err(|e| Failure::Failed(e.to_string()))?;
+    let connected = match &options {
+        Some(options) => session::join(&code, options)
+            .await
+            .map_err(|e| Failure::Failed(e.to_string()))?,
+        None => join_lan(&code, &out).await?,
+    };
     out.connected(&connected);
     let who = connected.peer.short();
     let receive_options = ReceiveOptions {
@@ -367,6 +433,28 @@ pub async fn receive(args: ReceiveArgs) -> Result<(), Failure> {
     Ok(())
 }
 
+/// `warren receive --lan`: finds the sender's mailbox with mDNS and joins it there, trying
+/// its addresses in turn until one answers.
+async fn join_lan(code: &Code, out: &Output) -> Result<Connected, Failure> {
+    out.say("Looking for the sender on the local network...");
+    let found = lan::find(code.nameplate(), lan::FIND_WAIT)
+        .await
+        .map_err(|e| Failure::Failed(e.to_string()))?;
+    let mut unreachable = Vec::new();
+    for addr in &found.addrs {
+        match session::join(code, &Options::new(found.mailbox(*addr))).await {
+            Err(SessionError::Mailbox(error @ MailboxError::Connect(_))) => {
+                unreachable.push(format!("{addr}: {error}"));
+            }
+            joined => return joined.map_err(|e| Failure::Failed(e.to_string())),
+        }
+    }
+    Err(Failure::Failed(format!(
+        "found the sender on the local network but could not reach its mailbox ({}): a firewall on the sender may block it",
+        unreachable.join("; ")
+    )))
+}
+
 /// Shows a received text: on stdout, raw when it goes to a file or pipe, with control
 /// characters escaped on a terminal (the sender chose the bytes); in `--json`, as an event.
 fn print_text(text: &str, out: &Output) {
@@ -425,7 +513,18 @@ fn copy_single_file_to_stdout(dir: &std::path::Path) -> Result<(), String> {
 
 /// The session options from the command line.
 pub(crate) fn options(args: &ServerArgs) -> Result<Options, Failure> {
-    let server = crate::cli::server_addr(&args.server).map_err(Failure::Usage)?;
+    let server = match &args.server {
+        Some(server) => server.clone(),
+        None => match std::env::var("WARREN_SERVER") {
+            Ok(server) if !server.trim().is_empty() => server,
+            _ => {
+                return Err(Failure::Usage(
+                    "no server: give --server HOST:PORT (or WARREN_SERVER), or --lan when both machines are on one local network".into(),
+                ));
+            }
+        },
+    };
+    let server = crate::cli::server_addr(&server).map_err(Failure::Usage)?;
     let psk = crate::cli::psk(args.psk_file.as_deref()).map_err(Failure::Usage)?;
     let mut options = Options::new(MailboxServer {
         server,

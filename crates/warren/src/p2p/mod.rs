@@ -9,6 +9,7 @@
 //! * [`chunks`]: BLAKE3 per 1 MiB chunk, computed as bytes go by.
 //! * [`resume`]: the sidecar of a partial file, and what of it can be trusted on resume.
 //! * [`mailbox`]: the client's side of the server's mailbox, where the two peers meet.
+//! * [`lan`]: `--lan`: the sender's own mailbox, advertised and found with mDNS.
 //! * [`net`]: connectivity: the shared UDP socket, address discovery, hole punching.
 //! * [`write`](mod@write): creating files and folders strictly beneath the output folder, without
 //!   following links; temporary names, renamed into place when complete.
@@ -23,6 +24,7 @@
 
 pub mod chunks;
 pub mod code;
+pub mod lan;
 #[cfg(unix)]
 pub mod listen;
 pub mod mailbox;

@@ -59,6 +59,11 @@ impl Candidates {
         } else if usable(local.ip(), true) {
             push(CandidateKind::Host, local);
         }
+        // A loopback reflexive address (the server is on this machine: `--lan`'s own
+        // mailbox) says nothing the host addresses do not, and names another host to a
+        // peer elsewhere.
+        let reflexive =
+            reflexive.filter(|addr| local.ip().is_loopback() || !addr.ip().is_loopback());
         if let Some(addr) = reflexive {
             push(CandidateKind::ServerReflexive, addr);
         }
@@ -134,6 +139,18 @@ mod tests {
                 .iter()
                 .all(|a| !a.ip().is_loopback() && a.port() == 5000)
         );
+    }
+
+    #[test]
+    fn a_loopback_reflexive_address_is_kept_only_for_a_loopback_socket() {
+        let reflexive: SocketAddr = "127.0.0.1:6000".parse().unwrap();
+        let c = Candidates::gather("0.0.0.0:5000".parse().unwrap(), Some(reflexive));
+        assert!(!c.list.iter().any(|c| c.addr == reflexive), "{c:?}");
+        let c = Candidates::gather("127.0.0.1:5000".parse().unwrap(), Some(reflexive));
+        assert!(c.list.iter().any(|c| c.addr == reflexive), "{c:?}");
+        let public: SocketAddr = "203.0.113.7:6000".parse().unwrap();
+        let c = Candidates::gather("0.0.0.0:5000".parse().unwrap(), Some(public));
+        assert!(c.list.iter().any(|c| c.addr == public), "{c:?}");
     }
 
     #[test]
