@@ -45,19 +45,14 @@ fn lost(during: &'static str) -> impl FnOnce(String) -> TransferError {
     move |reason| TransferError::Lost { during, reason }
 }
 
-/// Writes `bytes` to `stream` within [`WRITE_TIMEOUT`].
+/// Writes `bytes` to `stream` within [`WRITE_TIMEOUT`] (copied once, as quinn's own
+/// `write_all` would).
 pub(crate) async fn write_all(
     stream: &mut SendStream,
     bytes: &[u8],
     during: &'static str,
 ) -> Result<(), TransferError> {
-    timed(WRITE_TIMEOUT, during, async {
-        stream
-            .write_all(bytes)
-            .await
-            .map_err(|e| lost(during)(e.to_string()))
-    })
-    .await
+    write_chunks(stream, &mut [bytes::Bytes::copy_from_slice(bytes)], during).await
 }
 
 /// Writes `chunks` to `stream` within [`WRITE_TIMEOUT`], handing quinn the buffers

@@ -20,58 +20,46 @@ use rustls::quic::{self, HeaderProtectionKey, Tag};
 use rustls::{SupportedCipherSuite, Tls13CipherSuite};
 
 use crate::crypto::aead::{self, Backend, NONCE_LEN, TAG_LEN};
+use crate::transport::tls::record::Suite;
 
 /// The TLS 1.3 suite `aws_lc` with its QUIC packet AEAD on [`aead::Key`]; suites that are
-/// not TLS 1.3 or not QUIC-capable are returned as they are.
+/// not one of aws-lc's three TLS 1.3 suites are returned as they are.
 pub(crate) fn with_fast_packets(aws_lc: SupportedCipherSuite) -> SupportedCipherSuite {
     start_choosing();
-    // Refutable only in a build where some crate turns on rustls's `tls12`.
-    #[allow(irrefutable_let_patterns)]
-    let SupportedCipherSuite::Tls13(suite) = aws_lc else {
-        return aws_lc;
-    };
-    let fast: &'static Tls13CipherSuite = match suite.common.suite {
-        rustls::CipherSuite::TLS13_AES_128_GCM_SHA256 => &AES_128_GCM,
-        rustls::CipherSuite::TLS13_AES_256_GCM_SHA384 => &AES_256_GCM,
-        rustls::CipherSuite::TLS13_CHACHA20_POLY1305_SHA256 => &CHACHA20_POLY1305,
-        _ => return aws_lc,
-    };
-    SupportedCipherSuite::Tls13(fast)
+    match FAST_SUITES
+        .iter()
+        .find(|fast| fast.common.suite == aws_lc.suite())
+    {
+        Some(fast) => SupportedCipherSuite::Tls13(fast),
+        None => aws_lc,
+    }
 }
 
-static AES_128_GCM: LazyLock<Tls13CipherSuite> = LazyLock::new(|| {
-    wrap(
-        rustls::crypto::aws_lc_rs::cipher_suite::TLS13_AES_128_GCM_SHA256,
-        aead::Algorithm::Aes128Gcm,
-    )
-});
-static AES_256_GCM: LazyLock<Tls13CipherSuite> = LazyLock::new(|| {
-    wrap(
-        rustls::crypto::aws_lc_rs::cipher_suite::TLS13_AES_256_GCM_SHA384,
-        aead::Algorithm::Aes256Gcm,
-    )
-});
-static CHACHA20_POLY1305: LazyLock<Tls13CipherSuite> = LazyLock::new(|| {
-    wrap(
-        rustls::crypto::aws_lc_rs::cipher_suite::TLS13_CHACHA20_POLY1305_SHA256,
-        aead::Algorithm::ChaCha20Poly1305,
-    )
+/// aws-lc's three TLS 1.3 suites, each with [`PacketAlgorithm`] as its QUIC algorithm.
+static FAST_SUITES: LazyLock<Vec<Tls13CipherSuite>> = LazyLock::new(|| {
+    use rustls::crypto::aws_lc_rs::cipher_suite::{
+        TLS13_AES_128_GCM_SHA256, TLS13_AES_256_GCM_SHA384, TLS13_CHACHA20_POLY1305_SHA256,
+    };
+    [
+        TLS13_AES_128_GCM_SHA256,
+        TLS13_AES_256_GCM_SHA384,
+        TLS13_CHACHA20_POLY1305_SHA256,
+    ]
+    .into_iter()
+    .filter_map(|suite| suite.tls13().and_then(wrap))
+    .collect()
 });
 
-/// aws-lc's suite with [`PacketAlgorithm`] as its QUIC algorithm.
-fn wrap(aws_lc: SupportedCipherSuite, algorithm: aead::Algorithm) -> Tls13CipherSuite {
-    #[allow(irrefutable_let_patterns)]
-    let SupportedCipherSuite::Tls13(inner) = aws_lc else {
-        unreachable!("the aws-lc TLS 1.3 suites are TLS 1.3 suites")
-    };
-    let quic = inner.quic.map(|quic| {
-        let packets: &'static PacketAlgorithm = Box::leak(Box::new(PacketAlgorithm {
-            inner: quic,
-            algorithm,
-        }));
-        packets as &'static dyn quic::Algorithm
-    });
-    Tls13CipherSuite {
+/// `inner` with [`PacketAlgorithm`] as its QUIC algorithm, if it has one and its AEAD is
+/// one of [`aead::Algorithm`]'s.
+fn wrap(inner: &'static Tls13CipherSuite) -> Option<Tls13CipherSuite> {
+    let algorithm = Suite::from_rustls(inner.common.suite)?.aead();
+    // Made once per suite for the life of the process (rustls wants `&'static`).
+    let packets: &'static PacketAlgorithm = Box::leak(Box::new(PacketAlgorithm {
+        inner: inner.quic?,
+        algorithm,
+    }));
+    Some(Tls13CipherSuite {
         common: rustls::crypto::CipherSuiteCommon {
             suite: inner.common.suite,
             hash_provider: inner.common.hash_provider,
@@ -79,8 +67,8 @@ fn wrap(aws_lc: SupportedCipherSuite, algorithm: aead::Algorithm) -> Tls13Cipher
         },
         hkdf_provider: inner.hkdf_provider,
         aead_alg: inner.aead_alg,
-        quic,
-    }
+        quic: Some(packets),
+    })
 }
 
 /// Chooses the AEAD implementations on a thread of its own, once per process, so that no
@@ -227,10 +215,7 @@ mod tests {
             AeadKey::from(bytes)
         };
         let iv = || Iv::from([7u8; NONCE_LEN]);
-        let algorithm = match inner.common.suite {
-            rustls::CipherSuite::TLS13_AES_256_GCM_SHA384 => aead::Algorithm::Aes256Gcm,
-            _ => aead::Algorithm::ChaCha20Poly1305,
-        };
+        let algorithm = Suite::from_rustls(inner.common.suite).unwrap().aead();
         let ours = |backend| -> Box<dyn quic::PacketKey> {
             Box::new(PacketKey {
                 key: aead::Key::with_backend(backend, algorithm, key().as_ref()).unwrap(),

@@ -71,7 +71,8 @@ impl Suite {
         }
     }
 
-    fn aead(self) -> Algorithm {
+    /// Its AEAD.
+    pub(crate) fn aead(self) -> Algorithm {
         match self {
             Suite::Aes128Gcm => Algorithm::Aes128Gcm,
             Suite::Aes256Gcm => Algorithm::Aes256Gcm,
