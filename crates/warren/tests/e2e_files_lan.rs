@@ -19,6 +19,9 @@
 //! `WARREN_NETNS_TESTS=1` (`scripts/test.sh` sets it). The namespaces, with the pair, are
 //! deleted on drop, also when the test fails.
 
+#[path = "support/netns_tools.rs"]
+mod netns_tools;
+
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
 use std::net::{Ipv4Addr, SocketAddr, UdpSocket};
@@ -27,6 +30,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
+use netns_tools::{hash_tree, run};
 use rand::RngCore;
 use serde_json::Value;
 use tokio::time::Instant;
@@ -40,48 +44,6 @@ const SNIFF_ENV: &str = "WARREN_LAN_SNIFF_OUT";
 const SNIFF_FOR: Duration = Duration::from_secs(60);
 /// Every child exits within this, or the test fails.
 const EXIT_WITHIN: Duration = Duration::from_secs(25);
-
-/// Whether the namespace test can run here; if not, why.
-fn unavailable() -> Option<String> {
-    let uid = Command::new("id").arg("-u").output().ok()?;
-    if String::from_utf8_lossy(&uid.stdout).trim() != "0" {
-        return Some("not root".into());
-    }
-    let found = Command::new("sh")
-        .args(["-c", "command -v ip"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !found {
-        return Some("`ip` not on PATH (apt-get install iproute2)".into());
-    }
-    None
-}
-
-/// Skips (returns `true`) when unavailable, unless `WARREN_NETNS_TESTS=1`.
-fn skip(test: &str) -> bool {
-    match unavailable() {
-        None => false,
-        Some(why) if std::env::var("WARREN_NETNS_TESTS").as_deref() == Ok("1") => {
-            panic!("{test}: WARREN_NETNS_TESTS=1 but {why}")
-        }
-        Some(why) => {
-            eprintln!("SKIPPED {test}: {why} (set WARREN_NETNS_TESTS=1 to make this a failure)");
-            true
-        }
-    }
-}
-
-fn run(args: &[&str]) {
-    let out = Command::new(args[0])
-        .args(&args[1..])
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {args:?}: {e}"));
-    assert!(
-        out.status.success(),
-        "{args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
 
 /// Two namespaces, the sender's and the receiver's, joined by a veth pair and nothing
 /// else. Deleted (with the pair) on drop.
@@ -275,32 +237,6 @@ fn make_tree(root: &Path) -> BTreeMap<String, blake3::Hash> {
     hashes
 }
 
-/// Every file under `dir`, by its `/`-separated path relative to `dir`.
-fn hash_tree(dir: &Path) -> BTreeMap<String, blake3::Hash> {
-    fn walk(base: &Path, dir: &Path, into: &mut BTreeMap<String, blake3::Hash>) {
-        let Ok(entries) = std::fs::read_dir(dir) else {
-            return;
-        };
-        for entry in entries.flatten() {
-            let path = entry.path();
-            if path.is_dir() {
-                walk(base, &path, into);
-            } else {
-                let rel = path.strip_prefix(base).unwrap();
-                let rel = rel
-                    .components()
-                    .map(|c| c.as_os_str().to_string_lossy().into_owned())
-                    .collect::<Vec<_>>()
-                    .join("/");
-                into.insert(rel, blake3::hash(&std::fs::read(&path).unwrap()));
-            }
-        }
-    }
-    let mut hashes = BTreeMap::new();
-    walk(dir, dir, &mut hashes);
-    hashes
-}
-
 /// The sniffer, run by the parent as a child of this binary inside the receiver's
 /// namespace: records every mDNS datagram on the link into the file named by
 /// [`SNIFF_ENV`] until a file of that name plus `.stop` appears (or [`SNIFF_FOR`]), then
@@ -382,7 +318,7 @@ fn contains(haystack: &[u8], needle: &[u8]) -> bool {
 
 #[test]
 fn lan_send_and_receive_without_a_server() {
-    if skip("lan_send_and_receive_without_a_server") {
+    if netns_tools::skip("lan_send_and_receive_without_a_server", &["ip"]) {
         return;
     }
     let started = Instant::now();

@@ -14,12 +14,15 @@
 
 #[path = "support/nat_lab.rs"]
 mod nat_lab;
+#[path = "support/netns_tools.rs"]
+mod netns_tools;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use nat_lab::{Lab, Layout, Nat, PSK, SERVER, Side, WARREN, expected, side_events, start_server};
+use netns_tools::hash_tree;
 use rand::RngCore;
 use serde_json::Value;
 use tokio::time::Instant;
@@ -73,33 +76,6 @@ impl Tree {
             hashes,
         }
     }
-}
-
-/// Every file under `dir`, by its `/`-separated path relative to `dir`.
-fn hash_tree(dir: &Path) -> BTreeMap<String, blake3::Hash> {
-    fn walk(base: &Path, dir: &Path, into: &mut BTreeMap<String, blake3::Hash>) {
-        let Ok(entries) = std::fs::read_dir(dir) else {
-            return;
-        };
-        for entry in entries.flatten() {
-            let path = entry.path();
-            if path.is_dir() {
-                walk(base, &path, into);
-            } else {
-                let rel = path.strip_prefix(base).unwrap();
-                let rel = rel
-                    .components()
-                    .map(|c| c.as_os_str().to_string_lossy().into_owned())
-                    .collect::<Vec<_>>()
-                    .join("/");
-                let bytes = std::fs::read(&path).unwrap_or_default();
-                into.insert(rel, blake3::hash(&bytes));
-            }
-        }
-    }
-    let mut hashes = BTreeMap::new();
-    walk(dir, dir, &mut hashes);
-    hashes
 }
 
 /// Where the tree received into `out_dir` differs from `tree`, if it does.

@@ -14,6 +14,8 @@
 
 #[path = "support/nat_lab.rs"]
 mod nat_lab;
+#[path = "support/netns_tools.rs"]
+mod netns_tools;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;

@@ -8,6 +8,8 @@
 
 mod e2e_support;
 mod harden;
+#[path = "support/netns_tools.rs"]
+mod netns_tools;
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::process::Command;
@@ -16,6 +18,7 @@ use std::time::Duration;
 
 use e2e_support::*;
 use harden::time_until_echo;
+use netns_tools::run;
 use tokio::time::Instant;
 
 const MIB: usize = 1024 * 1024;
@@ -23,51 +26,9 @@ const SERVER_PORT: u16 = 7000;
 const WEB_PORT: u16 = 8080;
 const PROBE_PORT: u16 = 8081;
 
-/// Whether the namespace tests can run here; if not, why.
-fn unavailable() -> Option<String> {
-    // The effective uid, through `id -u` (no unsafe `geteuid`).
-    let uid = Command::new("id").arg("-u").output().ok()?;
-    if String::from_utf8_lossy(&uid.stdout).trim() != "0" {
-        return Some("not root".into());
-    }
-    for tool in ["ip", "iptables"] {
-        let found = Command::new("sh")
-            .args(["-c", &format!("command -v {tool}")])
-            .output()
-            .is_ok_and(|o| o.status.success());
-        if !found {
-            return Some(format!(
-                "`{tool}` not on PATH (apt-get install iproute2 iptables)"
-            ));
-        }
-    }
-    None
-}
-
 /// Skips (returns `true`) when unavailable, unless `WARREN_NETNS_TESTS=1`.
 fn skip(test: &str) -> bool {
-    match unavailable() {
-        None => false,
-        Some(why) if std::env::var("WARREN_NETNS_TESTS").as_deref() == Ok("1") => {
-            panic!("{test}: WARREN_NETNS_TESTS=1 but {why}")
-        }
-        Some(why) => {
-            eprintln!("SKIPPED {test}: {why} (set WARREN_NETNS_TESTS=1 to make this a failure)");
-            true
-        }
-    }
-}
-
-fn run(args: &[&str]) {
-    let out = Command::new(args[0])
-        .args(&args[1..])
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {args:?}: {e}"));
-    assert!(
-        out.status.success(),
-        "{args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    netns_tools::skip(test, &["ip", "iptables"])
 }
 
 /// A namespace holding `inner` (10.231.N.2), linked to this namespace's `outer`

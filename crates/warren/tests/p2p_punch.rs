@@ -393,6 +393,8 @@ async fn the_demux_drops_datagrams_that_are_neither_stun_nor_quic() {
 /// (default 3; P2P.md's full protocol is 5).
 #[path = "support/nat_lab.rs"]
 mod nat_lab;
+#[path = "support/netns_tools.rs"]
+mod netns_tools;
 
 /// One lab peer (runs only as a child of `nat_lab`, inside a peer namespace). Side `a` is
 /// the QUIC client, `b` the server. Prints `MAPPING eim|edm`, then `RESULT direct MS REMOTE`

@@ -31,6 +31,8 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
+use crate::netns_tools::run;
+
 use serde_json::Value;
 use tokio::net::UdpSocket;
 use tokio::time::Instant;
@@ -90,42 +92,11 @@ pub fn cell_name(left: Nat, right: Nat, layout: Layout) -> String {
     }
 }
 
-fn unavailable() -> Option<String> {
-    let uid = Command::new("id").arg("-u").output().ok()?;
-    if String::from_utf8_lossy(&uid.stdout).trim() != "0" {
-        return Some("not root".into());
-    }
-    for tool in ["ip", "nft", "iptables"] {
-        let found = Command::new("sh")
-            .args(["-c", &format!("command -v {tool}")])
-            .output()
-            .is_ok_and(|o| o.status.success());
-        if !found {
-            return Some(format!(
-                "`{tool}` not on PATH (apt-get install iproute2 nftables iptables)"
-            ));
-        }
-    }
-    let netns = Command::new("ip").args(["netns", "list"]).output();
-    if !netns.is_ok_and(|o| o.status.success()) {
-        return Some("`ip netns` does not work here".into());
-    }
-    None
-}
-
 /// Whether `test` must be skipped (printed with the reason); a failure instead when
-/// `WARREN_NETNS_TESTS=1`.
+/// `WARREN_NETNS_TESTS=1`. Every file that includes this one includes
+/// `support/netns_tools.rs` as `netns_tools` too.
 pub fn skip(test: &str) -> bool {
-    match unavailable() {
-        None => false,
-        Some(why) if std::env::var("WARREN_NETNS_TESTS").as_deref() == Ok("1") => {
-            panic!("{test}: WARREN_NETNS_TESTS=1 but {why}")
-        }
-        Some(why) => {
-            eprintln!("SKIPPED {test}: {why} (set WARREN_NETNS_TESTS=1 to make this a failure)");
-            true
-        }
-    }
+    crate::netns_tools::skip(test, &["ip", "nft", "iptables"])
 }
 
 /// Runs per cell: `WARREN_LAB_RUNS`, else `default`.
@@ -134,18 +105,6 @@ pub fn runs(default: usize) -> usize {
         .ok()
         .and_then(|r| r.parse().ok())
         .unwrap_or(default)
-}
-
-fn run(args: &[&str]) {
-    let out = Command::new(args[0])
-        .args(&args[1..])
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {args:?}: {e}"));
-    assert!(
-        out.status.success(),
-        "{args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
 }
 
 fn run_stdin(args: &[&str], input: &str) {
