@@ -28,6 +28,7 @@ use rand::RngCore;
 use subtle::ConstantTimeEq;
 
 use super::ApiError;
+use crate::crypto::hex;
 use crate::crypto::secret::Secret;
 
 /// The dashboard's login cookie.
@@ -307,10 +308,6 @@ fn cookie<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
         .filter_map(|pair| pair.trim().split_once('='))
         .find(|(key, _)| *key == name)
         .map(|(_, value)| value)
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 fn now_seconds() -> u64 {

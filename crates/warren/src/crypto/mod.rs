@@ -16,3 +16,14 @@ pub mod secret;
 pub mod speed;
 
 pub use secret::Secret;
+
+/// Lower-case hex, the form fingerprints, PSKs and tokens are shown and written in.
+pub(crate) fn hex(bytes: &[u8]) -> String {
+    use std::fmt::Write as _;
+    bytes
+        .iter()
+        .fold(String::with_capacity(bytes.len() * 2), |mut s, b| {
+            let _ = write!(s, "{b:02x}");
+            s
+        })
+}

@@ -44,6 +44,7 @@ use super::code::Nameplate;
 use super::mailbox::MailboxServer;
 use crate::config::HostPort;
 use crate::config::p2p::P2pConfig;
+use crate::crypto::hex;
 use crate::crypto::secret::Secret;
 
 /// The DNS-SD service type of a sender's mailbox (`_tcp`: the advertised port is the
@@ -467,11 +468,6 @@ impl Drop for LanMailbox {
         // The advertisement's daemon stops in its own drop.
         self.stop.cancel();
     }
-}
-
-/// Lower-case hex.
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 #[cfg(test)]

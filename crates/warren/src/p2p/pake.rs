@@ -129,7 +129,7 @@ impl CertFingerprint {
 
     /// All 32 bytes as lowercase hex: the form `peer = "..."` pins.
     pub fn hex(&self) -> String {
-        self.0.iter().map(|b| format!("{b:02x}")).collect()
+        crate::crypto::hex(&self.0)
     }
 
     /// Reads the [`CertFingerprint::hex`] form (colons allowed).

@@ -22,6 +22,7 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 
 use super::error::QuicError;
+use crate::crypto::hex;
 
 /// File names `warren cert ca` writes into its directory.
 pub const CA_CERT_FILE: &str = "ca.pem";
@@ -501,14 +502,6 @@ pub fn parse_sha256_pin(text: &str) -> Result<[u8; 32], String> {
         out[i] = u8::from_str_radix(text, 16).map_err(|_| wrong())?;
     }
     Ok(out)
-}
-
-fn hex(bytes: &[u8]) -> String {
-    use std::fmt::Write as _;
-    bytes.iter().fold(String::new(), |mut s, b| {
-        let _ = write!(s, "{b:02x}");
-        s
-    })
 }
 
 /// The CA's parameters, rebuilt the same way from its key every time (see the module doc).

@@ -35,6 +35,7 @@ use subtle::ConstantTimeEq;
 use super::certs;
 use super::error::QuicError;
 use super::settings::QuicSettings;
+use crate::crypto::hex;
 use crate::crypto::secret::Secret;
 
 /// The ALPN protocol of Warren over QUIC, version 1. A peer speaking anything else fails the
@@ -348,10 +349,6 @@ fn root_store(cas: Vec<CertificateDer<'static>>) -> Result<rustls::RootCertStore
             .map_err(|e| QuicError::Tls(format!("a CA certificate is unusable: {e}")))?;
     }
     Ok(roots)
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// What a [`PinVerifier`] accepts.
