@@ -175,9 +175,11 @@ pub struct OutputDir {
     options: WriteOptions,
     /// How each component is opened; probed once when the folder is opened.
     walk: Walk,
-    /// The folder of the last file opened, so a tree of many files in one folder is not
-    /// walked again for each (files arrive in manifest order, grouped by folder).
-    last_parent: Option<(String, Arc<OwnedFd>)>,
+    /// The folder of the last name looked up or opened, or `None` if a folder on its way
+    /// was missing when it was looked up, so a tree of many files in one folder is not
+    /// walked again for each (manifests list files grouped by folder): 10,000 files in
+    /// 100 folders cost 100 walks, not 10,000, when planning and when writing.
+    last_parent: Option<(String, Option<Arc<OwnedFd>>)>,
 }
 
 /// A file being received: open under its temporary name in its folder.
@@ -289,18 +291,11 @@ impl OutputDir {
     /// # Errors
     ///
     /// The [`WriteError`] the write would meet.
-    pub fn preflight(&self, entry: &Entry) -> Result<Target, WriteError> {
+    pub fn preflight(&mut self, entry: &Entry) -> Result<Target, WriteError> {
         check_reserved(&entry.name)?;
-        let mut dir: Arc<OwnedFd> = Arc::clone(&self.root);
-        let mut at = String::new();
-        for component in parent_components(&entry.name) {
-            push_component(&mut at, component);
-            match open_dir(self.walk, dir.as_fd(), component) {
-                Ok(fd) => dir = Arc::new(fd),
-                Err(Errno::NOENT) => return Ok(Target::Free),
-                Err(e) => return Err(classify(e, dir.as_fd(), component, &entry.name, &at)),
-            }
-        }
+        let Some(dir) = self.find_parent(&entry.name)? else {
+            return Ok(Target::Free);
+        };
         let file_name = entry.name.file_name();
         match rfs::statat(dir.as_fd(), file_name, AtFlags::SYMLINK_NOFOLLOW) {
             Err(Errno::NOENT) => Ok(Target::Free),
@@ -345,17 +340,10 @@ impl OutputDir {
     ///
     /// [`WriteError`] if something that is not a folder is on the path (as
     /// [`OutputDir::preflight`]).
-    pub fn has_partial(&self, name: &SafeName) -> Result<bool, WriteError> {
-        let mut dir: Arc<OwnedFd> = Arc::clone(&self.root);
-        let mut at = String::new();
-        for component in parent_components(name) {
-            push_component(&mut at, component);
-            match open_dir(self.walk, dir.as_fd(), component) {
-                Ok(fd) => dir = Arc::new(fd),
-                Err(Errno::NOENT) => return Ok(false),
-                Err(e) => return Err(classify(e, dir.as_fd(), component, name, &at)),
-            }
-        }
+    pub fn has_partial(&mut self, name: &SafeName) -> Result<bool, WriteError> {
+        let Some(dir) = self.find_parent(name)? else {
+            return Ok(false);
+        };
         let part = temp_name(name.file_name(), PART_SUFFIX);
         match rfs::statat(dir.as_fd(), part.as_str(), AtFlags::SYMLINK_NOFOLLOW) {
             Ok(_) => Ok(true),
@@ -375,6 +363,10 @@ impl OutputDir {
         let parent = self.parent_of(name)?;
         let component = name.file_name();
         make_dir(self.walk, parent.as_fd(), component, name, name.as_str())?;
+        // A folder found missing may be there now.
+        if matches!(self.last_parent, Some((_, None))) {
+            self.last_parent = None;
+        }
         Ok(())
     }
 
@@ -427,7 +419,7 @@ impl OutputDir {
     /// The folder that holds `name`, created as needed, walked without following links.
     fn parent_of(&mut self, name: &SafeName) -> Result<Arc<OwnedFd>, WriteError> {
         let parent_path = name.ancestors().last().unwrap_or("");
-        if let Some((path, fd)) = &self.last_parent
+        if let Some((path, Some(fd))) = &self.last_parent
             && path == parent_path
         {
             return Ok(Arc::clone(fd));
@@ -438,8 +430,36 @@ impl OutputDir {
             push_component(&mut at, component);
             dir = Arc::new(make_dir(self.walk, dir.as_fd(), component, name, &at)?);
         }
-        self.last_parent = Some((parent_path.to_owned(), Arc::clone(&dir)));
+        self.last_parent = Some((parent_path.to_owned(), Some(Arc::clone(&dir))));
         Ok(dir)
+    }
+
+    /// The folder that holds `name` if every folder on the way is there (`None` if one is
+    /// missing), walked without following links and creating nothing.
+    fn find_parent(&mut self, name: &SafeName) -> Result<Option<Arc<OwnedFd>>, WriteError> {
+        let parent_path = name.ancestors().last().unwrap_or("");
+        if let Some((path, found)) = &self.last_parent
+            && path == parent_path
+        {
+            return Ok(found.clone());
+        }
+        let mut dir = Arc::clone(&self.root);
+        let mut at = String::new();
+        let mut found = true;
+        for component in parent_components(name) {
+            push_component(&mut at, component);
+            match open_dir(self.walk, dir.as_fd(), component) {
+                Ok(fd) => dir = Arc::new(fd),
+                Err(Errno::NOENT) => {
+                    found = false;
+                    break;
+                }
+                Err(e) => return Err(classify(e, dir.as_fd(), component, name, &at)),
+            }
+        }
+        let found = found.then_some(dir);
+        self.last_parent = Some((parent_path.to_owned(), found.clone()));
+        Ok(found)
     }
 }
 
@@ -947,7 +967,7 @@ mod tests {
             .open(out.join("done.txt"))
             .and_then(|f| f.set_modified(when))
             .expect("mtime");
-        let dir = OutputDir::open(&out, WriteOptions::default()).expect("open");
+        let mut dir = OutputDir::open(&out, WriteOptions::default()).expect("open");
         let same = Entry::file(name("done.txt"), 3, Mode::Regular, 1_700_000_000);
         assert_eq!(dir.preflight(&same).expect("ok"), Target::Same);
         assert!(!dir.has_partial(&name("done.txt")).expect("ok"));
@@ -963,6 +983,31 @@ mod tests {
                 Err(WriteError::Exists { .. })
             ));
         }
+    }
+
+    #[test]
+    fn a_folder_found_missing_is_looked_up_again_once_created() {
+        let (_tmp, out) = scratch();
+        let mut dir = OutputDir::open(&out, WriteOptions::default()).expect("open");
+        let entry = Entry::file(name("new/a.txt"), 3, Mode::Regular, 0);
+        assert_eq!(dir.preflight(&entry).expect("free"), Target::Free);
+        assert!(!dir.has_partial(&entry.name).expect("ok"));
+        dir.create_dir(&name("new")).expect("dir");
+        fs::write(out.join("new").join(temp_name("a.txt", PART_SUFFIX)), b"ab").expect("part");
+        assert!(dir.has_partial(&entry.name).expect("ok"));
+        fs::write(out.join("new/a.txt"), b"old").expect("old");
+        assert!(matches!(
+            dir.preflight(&entry),
+            Err(WriteError::Exists { .. })
+        ));
+        // A deeper missing folder, created by the write of a file beneath it.
+        let deep = Entry::file(name("x/y/b.txt"), 1, Mode::Regular, 0);
+        assert_eq!(dir.preflight(&deep).expect("free"), Target::Free);
+        write_file(&mut dir, "x/y/b.txt", b"b", Mode::Regular).expect("write");
+        assert!(matches!(
+            dir.preflight(&deep),
+            Err(WriteError::Exists { .. })
+        ));
     }
 
     #[test]
