@@ -631,6 +631,56 @@ async fn datagrams_up_to_the_udp_maximum_arrive_whole_and_larger_ones_are_refuse
 }
 
 #[tokio::test]
+async fn a_queued_burst_of_datagrams_arrives_whole_in_order_each_on_its_own() {
+    const BURST: u32 = 600;
+    /// Datagram `seq` of the burst: its number, then bytes that depend on it, of a size
+    /// that varies from 4 to 2,999 bytes.
+    fn datagram(seq: u32) -> Vec<u8> {
+        let len = 4 + (seq as usize * 37) % 2996;
+        let mut bytes = seq.to_be_bytes().to_vec();
+        bytes.extend((0..len - 4).map(|i| (seq as usize + i) as u8));
+        bytes
+    }
+    for kind in KINDS {
+        let mut harness = Harness::new(kind).await;
+        let (a, b) = harness.reverse("burst").await;
+        let (mut sender, _) = DatagramChannel::new(a).split();
+        let (_, mut receiver) = DatagramChannel::new(b).split();
+        // All queued before the sender starts: the TCP transports carry them in a few
+        // batched writes, which must still arrive as separate datagrams.
+        let (queue, mut queued) = mpsc::channel(BURST as usize);
+        for seq in 0..BURST {
+            queue.try_send((seq % 3, datagram(seq))).expect("queue");
+        }
+        drop(queue);
+        let receiving = async {
+            let mut last = [None::<u32>; 3];
+            let mut arrived = 0;
+            while arrived < BURST {
+                // QUIC datagrams may be lost, as UDP's are: what arrives is checked, and on
+                // QUIC the wait ends once the burst stops coming.
+                let next = tokio::time::timeout(Duration::from_secs(2), receiver.recv_datagram());
+                let Ok(received) = next.await else { break };
+                let (flow, bytes) = received.expect("recv").expect("a datagram");
+                let seq = u32::from_be_bytes(bytes[..4].try_into().expect("a number"));
+                assert_eq!(bytes, &datagram(seq)[..], "{kind:?}: datagram {seq}");
+                assert_eq!(flow, seq % 3, "{kind:?}: datagram {seq}'s flow");
+                let previous = last[flow as usize].replace(seq);
+                assert!(previous < Some(seq), "{kind:?}: {seq} after {previous:?}");
+                arrived += 1;
+            }
+            arrived
+        };
+        let (sent, arrived) =
+            within(async { tokio::join!(sender.send_queued(&mut queued), receiving) }).await;
+        sent.expect("send");
+        if !matches!(kind, Kind::Quic) {
+            assert_eq!(arrived, BURST, "{kind:?}");
+        }
+    }
+}
+
+#[tokio::test]
 async fn the_peer_vanishing_cuts_every_open_stream_never_ends_it() {
     const OPEN: usize = 20;
     for kind in KINDS {

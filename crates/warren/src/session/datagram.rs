@@ -174,6 +174,33 @@ impl DatagramSender {
         }
     }
 
+    /// Sends the datagrams `queue` brings until it closes. On TCP whatever is already
+    /// queued when one arrives goes out in the same write (up to [`BATCH_BYTES`]): a burst
+    /// of datagrams costs one system call and one wake-up of the peer, not one per
+    /// datagram, and each datagram is still its own record.
+    ///
+    /// # Errors
+    /// As [`DatagramSender::send_datagram`]; the batch that failed is lost.
+    pub async fn send_queued(
+        &mut self,
+        queue: &mut mpsc::Receiver<(FlowId, Vec<u8>)>,
+    ) -> Result<(), DatagramError> {
+        while let Some((flow, bytes)) = queue.recv().await {
+            let Sender::Tcp(writer) = &mut self.0 else {
+                self.send_datagram(flow, &bytes).await?;
+                continue;
+            };
+            stage_datagram(writer, flow, &bytes)?;
+            while writer.staged_len() < BATCH_BYTES
+                && let Ok((flow, bytes)) = queue.try_recv()
+            {
+                stage_datagram(writer, flow, &bytes)?;
+            }
+            writer.flush_staged().await?;
+        }
+        Ok(())
+    }
+
     /// Tells the peer the channel is closing, with a reason.
     ///
     /// # Errors
@@ -188,6 +215,23 @@ impl DatagramSender {
             Sender::Gone => Ok(()),
         }
     }
+}
+
+/// Staged bytes past which a batch of datagrams is written ([`DatagramSender::send_queued`]):
+/// about 90 datagrams of 1,400 bytes, few enough that the first waits little.
+pub const BATCH_BYTES: usize = 128 * 1024;
+
+/// Seals one datagram as a record waiting for the batch's write.
+fn stage_datagram(
+    writer: &mut RecordWriter<WireWriter>,
+    flow: FlowId,
+    bytes: &[u8],
+) -> Result<(), DatagramError> {
+    if bytes.len() > MAX_DATAGRAM_LEN {
+        return Err(DatagramError::TooLarge { len: bytes.len() });
+    }
+    writer.stage_prefixed(RecordKind::Datagram, &flow.to_be_bytes(), bytes)?;
+    Ok(())
 }
 
 fn quic_error(error: StreamError) -> DatagramError {

@@ -442,12 +442,32 @@ impl<W: AsyncWrite + Keepalive + Unpin> RecordWriter<W> {
     /// # Errors
     /// [`RecordError`] for an oversized payload.
     pub fn stage(&mut self, kind: RecordKind, payload: &[u8]) -> Result<(), RecordIoError> {
-        let mut record = Vec::with_capacity(HEADER_LEN + payload.len() + MAX_TAG_LEN);
+        self.stage_prefixed(kind, &[], payload)
+    }
+
+    /// [`RecordWriter::stage`] of `prefix || payload`, as [`RecordWriter::send_prefixed`].
+    ///
+    /// # Errors
+    /// [`RecordError`] for an oversized payload.
+    pub fn stage_prefixed(
+        &mut self,
+        kind: RecordKind,
+        prefix: &[u8],
+        payload: &[u8],
+    ) -> Result<(), RecordIoError> {
+        let mut record =
+            Vec::with_capacity(HEADER_LEN + prefix.len() + payload.len() + MAX_TAG_LEN);
         record.resize(HEADER_LEN, 0);
+        record.extend_from_slice(prefix);
         record.extend_from_slice(payload);
         self.sealer.seal(kind, &mut record)?;
         self.staged.extend_from_slice(&record);
         Ok(())
+    }
+
+    /// Bytes staged and not yet written.
+    pub fn staged_len(&self) -> usize {
+        self.staged.len()
     }
 
     /// Sends whatever [`RecordWriter::stage`] left waiting.

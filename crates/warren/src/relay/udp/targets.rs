@@ -86,12 +86,10 @@ pub async fn serve(side: TargetSide<'_>, channel: Stream) {
     debug!(event = "udp_channel_opened", service = %name, %target, "datagram channel opened");
 
     let up = async {
-        while let Some((flow, bytes)) = outgoing.recv().await {
-            if let Err(error) = sender.send_datagram(flow, &bytes).await {
-                return format!("send failed: {error}");
-            }
+        match sender.send_queued(&mut outgoing).await {
+            Ok(()) => "queue closed".to_owned(),
+            Err(error) => format!("send failed: {error}"),
         }
-        "queue closed".to_owned()
     };
     let down = async {
         let mut sweep = tokio::time::interval(sweep_interval(settings.idle_timeout));

@@ -337,12 +337,10 @@ fn open_link<S: ChannelSource>(
         debug!(event = "udp_channel_opened", service = %name, "datagram channel opened");
         let (mut sender, mut receiver) = DatagramChannel::new(channel).split();
         let up = async {
-            while let Some((flow, bytes)) = outgoing.recv().await {
-                if let Err(error) = sender.send_datagram(flow, &bytes).await {
-                    return format!("send failed: {error}");
-                }
+            match sender.send_queued(&mut outgoing).await {
+                Ok(()) => "replaced by a newer channel".to_owned(),
+                Err(error) => format!("send failed: {error}"),
             }
-            "replaced by a newer channel".to_owned()
         };
         let down = async {
             loop {
