@@ -482,8 +482,26 @@ impl Sealer {
     ///
     /// On the first three `buf` is untouched and no record number is used.
     pub fn seal(&mut self, kind: RecordKind, buf: &mut Vec<u8>) -> Result<(), RecordError> {
-        let Some(payload_len) = buf.len().checked_sub(HEADER_LEN) else {
-            return Err(RecordError::NoHeaderRoom { len: buf.len() });
+        self.seal_at(kind, buf, 0)
+    }
+
+    /// [`Sealer::seal`] of a record that starts at `start` in `buf`, after records already
+    /// sealed there: several small records are sealed back to back in one buffer, to go
+    /// out in one write, without a buffer and a copy each.
+    ///
+    /// # Errors
+    ///
+    /// As [`Sealer::seal`], counting from `start`.
+    pub fn seal_at(
+        &mut self,
+        kind: RecordKind,
+        buf: &mut Vec<u8>,
+        start: usize,
+    ) -> Result<(), RecordError> {
+        let Some(payload_len) = buf.len().checked_sub(start.saturating_add(HEADER_LEN)) else {
+            return Err(RecordError::NoHeaderRoom {
+                len: buf.len().saturating_sub(start),
+            });
         };
         if payload_len > MAX_PAYLOAD {
             return Err(RecordError::TooLarge {
@@ -495,7 +513,7 @@ impl Sealer {
             return Err(RecordError::NonEmptyEnd { len: payload_len });
         }
         let header = encode_header(kind, payload_len + self.tag_len());
-        let payload = &mut buf[HEADER_LEN..];
+        let payload = &mut buf[start + HEADER_LEN..];
         let sealed = match &self.dir.cipher {
             Cipher::Aead(key) => {
                 let nonce = self.dir.nonce::<{ aead::NONCE_LEN }>();
@@ -532,7 +550,7 @@ impl Sealer {
         // used again.
         self.dir.advance();
         sealed?;
-        buf[..HEADER_LEN].copy_from_slice(&header);
+        buf[start..start + HEADER_LEN].copy_from_slice(&header);
         Ok(())
     }
 }
@@ -962,6 +980,54 @@ mod tests {
             })
         );
         assert_eq!(opener.open(header, body), Ok(3));
+    }
+
+    #[test]
+    fn records_sealed_back_to_back_are_the_records_sealed_alone() {
+        for suite in ALL {
+            let (mut sealer, mut opener) = pair(suite);
+            let (mut alone, _) = pair(suite);
+            let payloads: [&[u8]; 3] = [b"first", b"", b"the third one"];
+            let mut buf = Vec::new();
+            let mut expected = Vec::new();
+            for payload in payloads {
+                let start = buf.len();
+                buf.resize(start + HEADER_LEN, 0);
+                buf.extend_from_slice(payload);
+                sealer
+                    .seal_at(RecordKind::Datagram, &mut buf, start)
+                    .expect("valid");
+                let mut rec = record(payload);
+                alone.seal(RecordKind::Datagram, &mut rec).expect("valid");
+                expected.extend_from_slice(&rec);
+            }
+            assert_eq!(buf, expected, "{suite:?}");
+            let mut rest = &mut buf[..];
+            for payload in payloads {
+                let len = HEADER_LEN + payload.len() + opener.tag_len();
+                let (rec, tail) = rest.split_at_mut(len);
+                assert_eq!(
+                    read(&mut opener, rec),
+                    Ok((RecordKind::Datagram, payload.to_vec())),
+                    "{suite:?}"
+                );
+                rest = tail;
+            }
+            let before = buf.clone();
+            let start = buf.len();
+            buf.extend_from_slice(&[0; HEADER_LEN - 1]);
+            assert_eq!(
+                sealer.seal_at(RecordKind::Data, &mut buf, start),
+                Err(RecordError::NoHeaderRoom {
+                    len: HEADER_LEN - 1
+                })
+            );
+            assert_eq!(
+                buf[..start],
+                before[..],
+                "{suite:?}: earlier records untouched"
+            );
+        }
     }
 
     #[test]

@@ -455,14 +455,19 @@ impl<W: AsyncWrite + Keepalive + Unpin> RecordWriter<W> {
         prefix: &[u8],
         payload: &[u8],
     ) -> Result<(), RecordIoError> {
-        let mut record =
-            Vec::with_capacity(HEADER_LEN + prefix.len() + payload.len() + MAX_TAG_LEN);
-        record.resize(HEADER_LEN, 0);
-        record.extend_from_slice(prefix);
-        record.extend_from_slice(payload);
-        self.sealer.seal(kind, &mut record)?;
-        self.staged.extend_from_slice(&record);
-        Ok(())
+        // Sealed in place after the records already staged: no buffer and no copy each.
+        let start = self.staged.len();
+        self.staged
+            .reserve(HEADER_LEN + prefix.len() + payload.len() + MAX_TAG_LEN);
+        self.staged.resize(start + HEADER_LEN, 0);
+        self.staged.extend_from_slice(prefix);
+        self.staged.extend_from_slice(payload);
+        let sealed = self.sealer.seal_at(kind, &mut self.staged, start);
+        if sealed.is_err() {
+            // What was staged before stays whole.
+            self.staged.truncate(start);
+        }
+        Ok(sealed?)
     }
 
     /// Bytes staged and not yet written.
