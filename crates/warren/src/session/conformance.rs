@@ -465,10 +465,16 @@ async fn stream_io_keeps_the_stream_semantics() {
             io.write_all(piece).await.expect("write");
         }
         io.shutdown().await.expect("half-close");
+        // Read back in pieces smaller than the chunks: each chunk is handed out piecewise.
         let mut back = Vec::new();
-        within(io.read_to_end(&mut back))
-            .await
-            .expect("read to EOF");
+        let mut piece = [0u8; 4093];
+        loop {
+            let n = within(io.read(&mut piece)).await.expect("read");
+            if n == 0 {
+                break;
+            }
+            back.extend_from_slice(&piece[..n]);
+        }
         let sent = within(echo)
             .await
             .unwrap()

@@ -2,9 +2,10 @@
 //! a tunnel stream itself (the HTTP layer's backend connections) instead of relaying a
 //! socket's bytes.
 //!
-//! The relay does not use this: it moves bytes between a socket and a stream without the
-//! extra copy this adapter makes (a chunk is copied once into the adapter's buffer, then
-//! into the reader's). Semantics follow the stream's:
+//! The relay does not use this: it moves bytes between a socket and a stream directly. A
+//! chunk read is copied once, from the stream's own buffer into the caller's (the stream
+//! keeps the chunk until its next read); a write is copied into the adapter's buffer, then
+//! sent. Semantics follow the stream's:
 //! * the peer's end of stream is EOF; a reset or a cut stream is an error
 //!   (`ConnectionReset` / `ConnectionAborted`), never EOF, so a cut response never looks
 //!   complete;
@@ -28,15 +29,16 @@ use super::stream::{Chunk, Stream, StreamError, StreamReader, StreamWriter};
 /// Most bytes one `poll_write` takes.
 pub const WRITE_CHUNK: usize = 64 * 1024;
 
-type ReadDone = (StreamReader, Vec<u8>, io::Result<bool>);
+/// The reader back from a read, and the length of the chunk it holds (`None`: the end).
+type ReadDone = (StreamReader, io::Result<Option<usize>>);
 type WriteDone = (StreamWriter, Vec<u8>, Result<(), StreamError>);
 
 // The reader lives in the state it is idle in; boxing it would cost an allocation per
 // adapter for nothing (the adapter is already per backend connection).
 #[allow(clippy::large_enum_variant)]
 enum ReadState {
-    /// Ready to start a read; the buffer is empty or fully consumed.
-    Idle(StreamReader, Vec<u8>),
+    /// Between reads; the reader's last chunk is handed out from `StreamIo::read_pos`.
+    Idle(StreamReader),
     /// A read is in flight in `StreamIo::reading`.
     Busy,
     /// The peer ended its direction.
@@ -60,9 +62,9 @@ enum WriteState {
 /// A tunnel stream as a byte pipe (see the module doc).
 pub struct StreamIo {
     read: ReadState,
-    /// Bytes of the last chunk not yet handed out, from `read_pos`.
-    read_buf: Vec<u8>,
+    /// How much of the reader's last chunk is handed out, and its length.
     read_pos: usize,
+    read_len: usize,
     reading: Option<ReusableBoxFuture<'static, ReadDone>>,
     write: WriteState,
     writing: Option<ReusableBoxFuture<'static, WriteDone>>,
@@ -74,9 +76,9 @@ impl StreamIo {
     /// Wraps an opened stream.
     pub fn new(stream: Stream) -> StreamIo {
         StreamIo {
-            read: ReadState::Idle(stream.reader, Vec::new()),
-            read_buf: Vec::new(),
+            read: ReadState::Idle(stream.reader),
             read_pos: 0,
+            read_len: 0,
             reading: None,
             write: WriteState::Idle(stream.writer, Vec::new()),
             writing: None,
@@ -149,14 +151,12 @@ impl StreamIo {
     }
 }
 
-/// Reads one chunk into `buf`: `Ok(true)` with data, `Ok(false)` at the peer's end.
-async fn read_chunk(reader: &mut StreamReader, buf: &mut Vec<u8>) -> io::Result<bool> {
+/// Reads one chunk, left in the reader: `Ok(Some(length))` with data, `Ok(None)` at the
+/// peer's end.
+async fn read_chunk(reader: &mut StreamReader) -> io::Result<Option<usize>> {
     match reader.read().await {
-        Ok(Chunk::Data(bytes)) => {
-            buf.extend_from_slice(bytes);
-            Ok(true)
-        }
-        Ok(Chunk::End) => Ok(false),
+        Ok(Chunk::Data(bytes)) => Ok(Some(bytes.len())),
+        Ok(Chunk::End) => Ok(None),
         Ok(Chunk::Reset(reason)) => Err(io::Error::new(
             io::ErrorKind::ConnectionReset,
             format!("the tunnel stream was reset: {reason}"),
@@ -183,9 +183,13 @@ impl AsyncRead for StreamIo {
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
         loop {
-            if this.read_pos < this.read_buf.len() {
-                let n = out.remaining().min(this.read_buf.len() - this.read_pos);
-                out.put_slice(&this.read_buf[this.read_pos..this.read_pos + n]);
+            if let ReadState::Idle(reader) = &this.read
+                && this.read_pos < this.read_len
+            {
+                let chunk = reader.last_data().get(this.read_pos..this.read_len);
+                let chunk = chunk.unwrap_or_default();
+                let n = out.remaining().min(chunk.len());
+                out.put_slice(&chunk[..n]);
                 this.read_pos += n;
                 if let Some(meter) = &this.meter {
                     meter.to_local(n as u64);
@@ -201,11 +205,10 @@ impl AsyncRead for StreamIo {
                     this.read = ReadState::Failed(kind);
                     return Poll::Ready(Err(kind.into()));
                 }
-                ReadState::Idle(mut reader, mut buf) => {
-                    buf.clear();
+                ReadState::Idle(mut reader) => {
                     let future = async move {
-                        let result = read_chunk(&mut reader, &mut buf).await;
-                        (reader, buf, result)
+                        let result = read_chunk(&mut reader).await;
+                        (reader, result)
                     };
                     match &mut this.reading {
                         Some(slot) => slot.set(future),
@@ -217,20 +220,21 @@ impl AsyncRead for StreamIo {
                         this.read = ReadState::Failed(io::ErrorKind::Other);
                         continue;
                     };
-                    let (reader, buf, result) = match future.poll(cx) {
+                    let (reader, result) = match future.poll(cx) {
                         Poll::Ready(done) => done,
                         Poll::Pending => {
                             this.read = ReadState::Busy;
                             return Poll::Pending;
                         }
                     };
-                    // The chunk's bytes become the buffer; the old buffer goes back to the
-                    // reader for the next chunk.
-                    let spent = std::mem::replace(&mut this.read_buf, buf);
                     this.read_pos = 0;
+                    this.read_len = 0;
                     match result {
-                        Ok(true) => this.read = ReadState::Idle(reader, spent),
-                        Ok(false) => this.read = ReadState::Eof,
+                        Ok(Some(len)) => {
+                            this.read_len = len;
+                            this.read = ReadState::Idle(reader);
+                        }
+                        Ok(None) => this.read = ReadState::Eof,
                         Err(error) => {
                             this.read = ReadState::Failed(error.kind());
                             return Poll::Ready(Err(error));

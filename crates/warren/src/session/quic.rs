@@ -166,6 +166,11 @@ impl QuicReader {
         }
     }
 
+    /// See [`StreamReader::last_data`].
+    pub(super) fn last_data(&self) -> &[u8] {
+        &self.chunk
+    }
+
     /// See [`StreamReader::read_message`]. Cancel safe: what was read stays in `pending`.
     pub(super) async fn read_message(
         &mut self,

@@ -137,6 +137,15 @@ impl StreamReader {
         }
     }
 
+    /// The bytes of the last [`Chunk::Data`] [`StreamReader::read`] returned, until the next
+    /// read: for a caller that hands them out piecewise once the read's borrow has ended.
+    pub fn last_data(&self) -> &[u8] {
+        match self {
+            StreamReader::Tcp(reader) => reader.last_data(),
+            StreamReader::Quic(reader) => reader.last_data(),
+        }
+    }
+
     /// The next whole message (a `StreamOpen`, a control message). `Ok(Err(reason))` when
     /// the peer reset the stream instead.
     ///

@@ -150,6 +150,17 @@ pub struct RecordReader<R> {
     end: usize,
     /// The last `Compressed` record, inflated (empty until one comes).
     inflated: Vec<u8>,
+    /// Where the last `Data` record's plaintext lies.
+    last_data: LastData,
+}
+
+/// Where [`RecordReader::last_data`] finds the last `Data` record's plaintext.
+#[derive(Debug, Clone, Copy)]
+enum LastData {
+    /// `buf[from..from + len]`.
+    InBuf { from: usize, len: usize },
+    /// `inflated` (the record came compressed).
+    Inflated,
 }
 
 impl<R: Source> RecordReader<R> {
@@ -162,6 +173,7 @@ impl<R: Source> RecordReader<R> {
             start: 0,
             end: 0,
             inflated: Vec::new(),
+            last_data: LastData::InBuf { from: 0, len: 0 },
         }
     }
 
@@ -176,6 +188,9 @@ impl<R: Source> RecordReader<R> {
     pub async fn read(&mut self) -> Result<Option<Record<'_>>, RecordIoError> {
         loop {
             if let Some((kind, from, len)) = self.try_open()? {
+                if kind == RecordKind::Data {
+                    self.last_data = LastData::InBuf { from, len };
+                }
                 let payload = &self.buf[from..from + len];
                 return Ok(Some(match kind {
                     RecordKind::Data => Record::Data(payload),
@@ -185,6 +200,7 @@ impl<R: Source> RecordReader<R> {
                     RecordKind::Datagram => Record::Datagram(payload),
                     RecordKind::Compressed => {
                         inflate(payload, &mut self.inflated)?;
+                        self.last_data = LastData::Inflated;
                         Record::Data(&self.inflated)
                     }
                 }));
@@ -196,6 +212,16 @@ impl<R: Source> RecordReader<R> {
                     Err(RecordIoError::Truncated)
                 };
             }
+        }
+    }
+
+    /// The plaintext of the last `Data` record [`RecordReader::read`] returned, until the
+    /// next read: for a caller that hands it out piecewise after the read's borrow ended
+    /// (copying it out whole first would be a second copy of every byte).
+    pub fn last_data(&self) -> &[u8] {
+        match self.last_data {
+            LastData::InBuf { from, len } => self.buf.get(from..from + len).unwrap_or_default(),
+            LastData::Inflated => &self.inflated,
         }
     }
 
@@ -587,7 +613,9 @@ mod tests {
         });
         let mut reader = RecordReader::new(rx, Opener::new(SUITE, keys()));
         assert_eq!(reader.read().await.unwrap(), Some(Record::Data(b"hello")));
+        assert_eq!(reader.last_data(), b"hello", "kept until the next read");
         assert_eq!(reader.read().await.unwrap(), Some(Record::Data(&big[..])));
+        assert_eq!(reader.last_data(), &big[..]);
         assert_eq!(reader.read().await.unwrap(), Some(Record::Control(b"ctl")));
         assert_eq!(reader.read().await.unwrap(), Some(Record::End));
         drop(writer.await.unwrap());
@@ -622,10 +650,13 @@ mod tests {
                 .await
                 .unwrap();
             assert!(sent > 0);
-            match reader.read().await.unwrap() {
-                Some(Record::Data(bytes)) => got.extend_from_slice(bytes),
+            let len = match reader.read().await.unwrap() {
+                Some(Record::Data(bytes)) => bytes.len(),
                 other => panic!("expected data, got {other:?}"),
-            }
+            };
+            // What `last_data` hands out is the inflated record too.
+            assert_eq!(reader.last_data().len(), len);
+            got.extend_from_slice(reader.last_data());
         }
         assert_eq!(got, text);
         // A record that inflates past 64 KiB is refused, not inflated.
