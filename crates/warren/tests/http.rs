@@ -234,6 +234,81 @@ async fn bodies_arrive_exactly_both_ways() {
     server.stop.cancel();
 }
 
+/// A TCP relay in front of `target` that counts the connections it accepts and can cut
+/// every connection it carries.
+struct CountingRelay {
+    addr: SocketAddr,
+    accepted: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    cut: std::sync::Arc<std::sync::Mutex<CancellationToken>>,
+}
+
+impl CountingRelay {
+    async fn start(target: SocketAddr) -> CountingRelay {
+        use std::sync::atomic::Ordering;
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let relay = CountingRelay {
+            addr,
+            accepted: Default::default(),
+            cut: std::sync::Arc::new(std::sync::Mutex::new(CancellationToken::new())),
+        };
+        let (accepted, cut) = (relay.accepted.clone(), relay.cut.clone());
+        tokio::spawn(async move {
+            while let Ok((mut visitor, _)) = listener.accept().await {
+                accepted.fetch_add(1, Ordering::SeqCst);
+                let cut = cut.lock().unwrap().clone();
+                tokio::spawn(async move {
+                    let mut backend = TcpStream::connect(target).await.unwrap();
+                    tokio::select! {
+                        () = cut.cancelled() => {}
+                        _ = tokio::io::copy_bidirectional(&mut visitor, &mut backend) => {}
+                    }
+                });
+            }
+        });
+        relay
+    }
+
+    fn accepted(&self) -> usize {
+        self.accepted.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Closes every connection carried so far.
+    fn cut_all(&self) {
+        std::mem::take(&mut *self.cut.lock().unwrap()).cancel();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn backend_connections_are_kept_alive_and_a_closed_one_is_replaced() {
+    let app = CountingRelay::start(backend("app").await).await;
+    let server = start_http_server(TWO_SERVICES).await;
+    let _client = start_http_client(server.addr, &[("app", app.addr)]).await;
+    let client = hyper_client();
+    for i in 0..30 {
+        let path = format!("/n/{i}");
+        let (status, body) = request(&client, server.http, "GET", "app.test", &path, vec![]).await;
+        assert_eq!(status, 200);
+        assert!(
+            String::from_utf8_lossy(&body).contains(&path),
+            "answered in order"
+        );
+    }
+    assert_eq!(
+        app.accepted(),
+        1,
+        "30 requests one after another on one backend connection"
+    );
+    // The backend closes its connections while they are idle: the next request gets a
+    // new one, not an error.
+    app.cut_all();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (status, body) = request(&client, server.http, "GET", "app.test", "/again", vec![]).await;
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+    assert_eq!(app.accepted(), 2);
+    server.stop.cancel();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unknown_hosts_and_ambiguous_requests_get_warren_pages() {
     let app = backend("app").await;

@@ -16,26 +16,22 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, PoisonError};
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Request, Response, StatusCode, Uri};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::{Connected, Connection};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::net::{TcpListener, TcpStream};
 use tracing::{debug, info, warn};
-use warren_proto::handshake::SessionId;
 
-use super::serving::{Lease, ServiceSlot};
+use super::backend::BackendClient;
+use super::serving::ServiceSlot;
 use super::session::ServerSession;
-use super::{Binding, STREAM_OPEN_TIMEOUT, Shared, open_stream, short_id};
+use super::{Binding, Shared};
 use crate::config::http::{Backend, HttpListen, HttpRoute, HttpTls};
 use crate::config::{ServerConfig, ServiceKind};
 use crate::http::capture::Capture;
@@ -43,7 +39,6 @@ use crate::http::middleware::{Chain, RequestContext};
 use crate::http::page::error_page;
 use crate::http::route::{self, HostPattern, RouteSpec, RouteTable};
 use crate::http::{Body, BoxError};
-use crate::session::io::StreamIo;
 use crate::transport::tcp;
 
 /// Most visitor connections the HTTP ports hold at once; more are refused (closed) until
@@ -58,15 +53,6 @@ const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// How long a backend may take to answer when no `timeout` middleware says otherwise.
 const DEFAULT_BACKEND_TIMEOUT: Duration = Duration::from_secs(120);
-
-/// Idle backend connections kept per service and host.
-const POOL_IDLE_PER_HOST: usize = 64;
-
-/// The backend pool's key for HTTP/1 backends (never sent: `Host` is a header).
-const POOL_AUTHORITY: &str = "backend.warren.invalid";
-
-/// How long an idle backend connection is kept.
-const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Most response bytes a replay reads before letting the rest go.
 const REPLAY_READ_LIMIT: usize = 16 * 1024 * 1024;
@@ -125,7 +111,7 @@ struct HttpService {
     meter: crate::metrics::HttpMeter,
     route: HttpRoute,
     chain: Chain,
-    backend: Client<TunnelConnector, Body>,
+    backend: BackendClient,
 }
 
 /// An http service's routes and chain, as the admin API shows them.
@@ -238,7 +224,7 @@ impl Front {
                     continue;
                 }
             };
-            let backend = backend_client(&slot, route.backend, telemetry);
+            let backend = BackendClient::new(&slot, route.backend, telemetry);
             front.services.insert(
                 Arc::clone(&name),
                 Arc::new(HttpService {
@@ -658,20 +644,20 @@ async fn forward(
         Some(query) => format!("{path}?{query}"),
         None => path,
     };
-    // The URI's authority is the backend pool's key. HTTP/1 sends `Host` as a header, so
-    // its pool has one key per service whatever the visitors' hosts: a wildcard service
-    // hit with random names must not grow a pool per name. HTTP/2 carries the host as
-    // `:authority`, taken from the URI: one (multiplexed) connection per host.
-    let authority = match service.route.backend {
-        Backend::Http1 => POOL_AUTHORITY,
-        Backend::H2c => host.as_str(),
+    // HTTP/1 sends the origin form (`Host` is a header; the service's one pool serves
+    // every host). HTTP/2 carries the host as `:authority`, taken from the URI, and
+    // hyper-util's client keys its (multiplexed) connections by it: one per host.
+    let uri = match service.route.backend {
+        Backend::Http1 => Uri::builder()
+            .path_and_query(path_and_query.as_str())
+            .build(),
+        Backend::H2c => Uri::builder()
+            .scheme("http")
+            .authority(host.as_str())
+            .path_and_query(path_and_query.as_str())
+            .build(),
     };
-    let Ok(uri) = Uri::builder()
-        .scheme("http")
-        .authority(authority)
-        .path_and_query(path_and_query.as_str())
-        .build()
-    else {
+    let Ok(uri) = uri else {
         return error_page(
             StatusCode::BAD_REQUEST,
             "Bad request",
@@ -695,7 +681,7 @@ async fn forward(
     let response = match tokio::time::timeout(timeout, service.backend.request(request)).await {
         Ok(Ok(response)) => response,
         Ok(Err(error)) => {
-            if body_too_large(&error) {
+            if body_too_large(&*error) {
                 return error_page(
                     StatusCode::PAYLOAD_TOO_LARGE,
                     "Request body too large",
@@ -706,7 +692,7 @@ async fn forward(
                 );
             }
             service.slot.meter.error();
-            let cause = error_chain(&error);
+            let cause = error_chain(&*error);
             warn!(event = "http_backend_failed", service = %service.slot.name, host = %key.host, error = %cause, "the backend did not answer");
             return error_page(
                 StatusCode::BAD_GATEWAY,
@@ -731,7 +717,7 @@ async fn forward(
             );
         }
     };
-    let mut response = response.map(|body| body.map_err(BoxError::from).boxed_unsync());
+    let mut response = response;
     if response.status() == StatusCode::SWITCHING_PROTOCOLS {
         if let Some(visitor_upgrade) = visitor_upgrade {
             let backend_upgrade = hyper::upgrade::on(&mut response);
@@ -867,144 +853,6 @@ fn add_forwarded(headers: &mut HeaderMap, cx: &RequestContext, original_host: Op
     );
     if let Some(host) = original_host {
         headers.insert("x-forwarded-host", host);
-    }
-}
-
-/// A hyper-util client whose connections are tunnel streams to `slot`'s sessions.
-fn backend_client(
-    slot: &Arc<ServiceSlot>,
-    backend: Backend,
-    telemetry: &Arc<crate::metrics::Telemetry>,
-) -> Client<TunnelConnector, Body> {
-    let mut builder = Client::builder(TokioExecutor::new());
-    builder
-        .pool_timer(TokioTimer::new())
-        .timer(TokioTimer::new())
-        .pool_idle_timeout(POOL_IDLE_TIMEOUT)
-        .pool_max_idle_per_host(POOL_IDLE_PER_HOST)
-        .set_host(false);
-    if backend == Backend::H2c {
-        builder.http2_only(true);
-    }
-    builder.build(TunnelConnector {
-        slot: Arc::clone(slot),
-        telemetry: Arc::clone(telemetry),
-    })
-}
-
-/// Opens backend connections: a stream on a session serving the service, the next session
-/// when one fails.
-#[derive(Clone)]
-struct TunnelConnector {
-    slot: Arc<ServiceSlot>,
-    telemetry: Arc<crate::metrics::Telemetry>,
-}
-
-impl tower_service::Service<Uri> for TunnelConnector {
-    type Response = TunnelConn;
-    type Error = BoxError;
-    type Future = Pin<Box<dyn std::future::Future<Output = Result<TunnelConn, BoxError>> + Send>>;
-
-    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, _uri: Uri) -> Self::Future {
-        let slot = Arc::clone(&self.slot);
-        let telemetry = Arc::clone(&self.telemetry);
-        Box::pin(async move { connect(&slot, &telemetry).await })
-    }
-}
-
-async fn connect(
-    slot: &Arc<ServiceSlot>,
-    telemetry: &Arc<crate::metrics::Telemetry>,
-) -> Result<TunnelConn, BoxError> {
-    let mut tried: Vec<SessionId> = Vec::new();
-    loop {
-        let Some(lease) = slot.pick(&tried) else {
-            return Err(if tried.is_empty() {
-                format!("no client serves `{}`", slot.name).into()
-            } else {
-                format!(
-                    "every session serving `{}` failed to open a stream",
-                    slot.name
-                )
-                .into()
-            });
-        };
-        tried.push(lease.session.id());
-        match tokio::time::timeout(
-            STREAM_OPEN_TIMEOUT,
-            open_stream(&lease.session, &slot.name, None, None),
-        )
-        .await
-        {
-            Ok(Ok(stream)) => {
-                debug!(event = "http_backend_connection", service = %slot.name, session = %short_id(&lease.session.id()), "opened a backend connection");
-                // A backend connection counts as one of the service's connections, listed
-                // with the client it goes through; its bytes are the service's bytes.
-                let (meter, guard) = telemetry.open(
-                    &slot.meter,
-                    &slot.name,
-                    lease.session.peer,
-                    crate::metrics::LocalEnd::Visitor,
-                );
-                return Ok(TunnelConn {
-                    io: TokioIo::new(StreamIo::new(stream).metered(meter)),
-                    _lease: lease,
-                    _listed: guard,
-                });
-            }
-            Ok(Err(error)) => {
-                debug!(event = "stream_open_failed", service = %slot.name, %error, "could not open a backend stream; trying another session");
-            }
-            Err(_) => {
-                warn!(event = "stream_open_failed", service = %slot.name, "no stream from the client within {STREAM_OPEN_TIMEOUT:?}; trying another session");
-            }
-        }
-    }
-}
-
-/// A backend connection: a tunnel stream, holding its session's lease while it lives.
-struct TunnelConn {
-    io: TokioIo<StreamIo>,
-    _lease: Lease,
-    /// Keeps the connection in the live table (and the active gauge) while it lives.
-    _listed: crate::metrics::ConnectionGuard,
-}
-
-impl Connection for TunnelConn {
-    fn connected(&self) -> Connected {
-        Connected::new()
-    }
-}
-
-impl hyper::rt::Read for TunnelConn {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: hyper::rt::ReadBufCursor<'_>,
-    ) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.io).poll_read(cx, buf)
-    }
-}
-
-impl hyper::rt::Write for TunnelConn {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.io).poll_write(cx, buf)
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.io).poll_flush(cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.io).poll_shutdown(cx)
     }
 }
 

@@ -18,6 +18,7 @@
 //! [`BoundServer`] (sockets bound, ready to [`BoundServer::run`]).
 
 mod admin;
+mod backend;
 mod forward;
 mod hello;
 mod http;
