@@ -148,7 +148,11 @@ pub struct Captures {
 type Rings = HashMap<String, VecDeque<Arc<CapturedRequest>>>;
 
 fn push(rings: &mut Rings, record: CapturedRequest) {
-    let ring = rings.entry(record.service.clone()).or_default();
+    // Looked up first: `entry` would take (so clone) the service's name for every record.
+    let ring = match rings.get_mut(&record.service) {
+        Some(ring) => ring,
+        None => rings.entry(record.service.clone()).or_default(),
+    };
     if ring.len() >= RING_PER_SERVICE {
         ring.pop_front();
     }

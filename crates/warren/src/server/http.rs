@@ -830,13 +830,19 @@ fn strip_hop_by_hop(headers: &mut HeaderMap, upgrade: bool) {
     }
 }
 
+/// `X-Forwarded-Proto` and `X-Forwarded-Host`, parsed once (a `&str` name is parsed and
+/// checked on every insert).
+static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
+
 /// Adds `X-Forwarded-For` (appended to what a trusted proxy sent; replaced otherwise),
 /// `X-Forwarded-Proto` and `X-Forwarded-Host`.
 fn add_forwarded(headers: &mut HeaderMap, cx: &RequestContext, original_host: Option<HeaderValue>) {
+    use crate::http::forwarded::X_FORWARDED_FOR;
     let trusted_chain = cx.client_ip != cx.peer.ip();
     let for_value = if trusted_chain {
         let earlier: Vec<&str> = headers
-            .get_all("x-forwarded-for")
+            .get_all(&X_FORWARDED_FOR)
             .iter()
             .filter_map(|v| v.to_str().ok())
             .collect();
@@ -844,15 +850,16 @@ fn add_forwarded(headers: &mut HeaderMap, cx: &RequestContext, original_host: Op
     } else {
         cx.peer.ip().to_string()
     };
-    if let Ok(value) = HeaderValue::from_str(&for_value) {
-        headers.insert("x-forwarded-for", value);
+    // Takes the string's bytes as they are (`from_str` would copy them).
+    if let Ok(value) = HeaderValue::try_from(for_value) {
+        headers.insert(X_FORWARDED_FOR.clone(), value);
     }
     headers.insert(
-        "x-forwarded-proto",
+        X_FORWARDED_PROTO.clone(),
         HeaderValue::from_static(if cx.tls { "https" } else { "http" }),
     );
     if let Some(host) = original_host {
-        headers.insert("x-forwarded-host", host);
+        headers.insert(X_FORWARDED_HOST.clone(), host);
     }
 }
 
