@@ -678,7 +678,7 @@ async fn forward(
     }
     add_forwarded(request.headers_mut(), cx, original_host);
     let timeout = cx.timeout.unwrap_or(DEFAULT_BACKEND_TIMEOUT);
-    let response = match tokio::time::timeout(timeout, service.backend.request(request)).await {
+    let mut response = match tokio::time::timeout(timeout, service.backend.request(request)).await {
         Ok(Ok(response)) => response,
         Ok(Err(error)) => {
             if body_too_large(&*error) {
@@ -717,7 +717,6 @@ async fn forward(
             );
         }
     };
-    let mut response = response;
     if response.status() == StatusCode::SWITCHING_PROTOCOLS {
         if let Some(visitor_upgrade) = visitor_upgrade {
             let backend_upgrade = hyper::upgrade::on(&mut response);

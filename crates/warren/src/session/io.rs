@@ -29,8 +29,8 @@ use super::stream::{Chunk, Stream, StreamError, StreamReader, StreamWriter};
 /// Most bytes one `poll_write` takes.
 pub const WRITE_CHUNK: usize = 64 * 1024;
 
-/// The reader back from a read, and the length of the chunk it holds (`None`: the end).
-type ReadDone = (StreamReader, io::Result<Option<usize>>);
+/// The reader back from a read: `Ok(true)` when it holds a chunk, `Ok(false)` at the end.
+type ReadDone = (StreamReader, io::Result<bool>);
 type WriteDone = (StreamWriter, Vec<u8>, Result<(), StreamError>);
 
 // The reader lives in the state it is idle in; boxing it would cost an allocation per
@@ -62,9 +62,8 @@ enum WriteState {
 /// A tunnel stream as a byte pipe (see the module doc).
 pub struct StreamIo {
     read: ReadState,
-    /// How much of the reader's last chunk is handed out, and its length.
+    /// How much of the reader's last chunk is handed out.
     read_pos: usize,
-    read_len: usize,
     reading: Option<ReusableBoxFuture<'static, ReadDone>>,
     write: WriteState,
     writing: Option<ReusableBoxFuture<'static, WriteDone>>,
@@ -78,7 +77,6 @@ impl StreamIo {
         StreamIo {
             read: ReadState::Idle(stream.reader),
             read_pos: 0,
-            read_len: 0,
             reading: None,
             write: WriteState::Idle(stream.writer, Vec::new()),
             writing: None,
@@ -151,12 +149,12 @@ impl StreamIo {
     }
 }
 
-/// Reads one chunk, left in the reader: `Ok(Some(length))` with data, `Ok(None)` at the
-/// peer's end.
-async fn read_chunk(reader: &mut StreamReader) -> io::Result<Option<usize>> {
+/// Reads one chunk, left in the reader ([`StreamReader::last_data`]): `Ok(true)` with data,
+/// `Ok(false)` at the peer's end.
+async fn read_chunk(reader: &mut StreamReader) -> io::Result<bool> {
     match reader.read().await {
-        Ok(Chunk::Data(bytes)) => Ok(Some(bytes.len())),
-        Ok(Chunk::End) => Ok(None),
+        Ok(Chunk::Data(_)) => Ok(true),
+        Ok(Chunk::End) => Ok(false),
         Ok(Chunk::Reset(reason)) => Err(io::Error::new(
             io::ErrorKind::ConnectionReset,
             format!("the tunnel stream was reset: {reason}"),
@@ -184,10 +182,9 @@ impl AsyncRead for StreamIo {
         let this = self.get_mut();
         loop {
             if let ReadState::Idle(reader) = &this.read
-                && this.read_pos < this.read_len
+                && let Some(chunk) = reader.last_data().get(this.read_pos..)
+                && !chunk.is_empty()
             {
-                let chunk = reader.last_data().get(this.read_pos..this.read_len);
-                let chunk = chunk.unwrap_or_default();
                 let n = out.remaining().min(chunk.len());
                 out.put_slice(&chunk[..n]);
                 this.read_pos += n;
@@ -228,13 +225,9 @@ impl AsyncRead for StreamIo {
                         }
                     };
                     this.read_pos = 0;
-                    this.read_len = 0;
                     match result {
-                        Ok(Some(len)) => {
-                            this.read_len = len;
-                            this.read = ReadState::Idle(reader);
-                        }
-                        Ok(None) => this.read = ReadState::Eof,
+                        Ok(true) => this.read = ReadState::Idle(reader),
+                        Ok(false) => this.read = ReadState::Eof,
                         Err(error) => {
                             this.read = ReadState::Failed(error.kind());
                             return Poll::Ready(Err(error));
