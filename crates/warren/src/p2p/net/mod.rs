@@ -17,6 +17,7 @@
 //!    [`relay::join`] the server's relay and QUIC to the relay's address.
 //!
 //! Modules:
+//! * [`batch`]: the relay's socket read and written in GRO/GSO batches.
 //! * [`candidates`]: the addresses a peer can be reached at, serialisable for the mailbox.
 //! * [`demux`]: the shared socket (a `quinn::AsyncUdpSocket` splitting STUN from QUIC).
 //! * [`key`]: the check key and the integrity tag of a check.
@@ -33,6 +34,7 @@ use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 
+pub mod batch;
 pub mod candidates;
 pub mod demux;
 pub mod key;

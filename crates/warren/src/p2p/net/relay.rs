@@ -30,8 +30,9 @@
 //!   congestion control backs off), and idle expiry;
 //! * at most [`RelayConfig::max_pairs`] pairs and [`RelayConfig::max_waiting`] unpaired
 //!   legs, which expire after [`RelayConfig::waiting_ttl`];
-//! * forwarding allocates nothing: one receive buffer, the datagram is sent on as received.
-//!   (GSO/GRO batching is not used yet: one syscall per datagram each way.)
+//! * forwarding allocates nothing: one receive buffer, the datagrams are sent on as
+//!   received, a batch of them (GRO on receive, GSO on send, [`super::batch`]) in one
+//!   call each way; every datagram of a batch is still counted and checked on its own.
 //!
 //! The wire format is in `docs/protocol.md`, "Relay of last resort".
 
@@ -50,6 +51,7 @@ use tokio_util::sync::CancellationToken;
 use warren_proto::stun::{self, Class, Demux, Message, RELAY_TOKEN_LEN, RelayState};
 
 use super::StunIo;
+use super::batch::{Batch, BatchSocket, RECV_BUF_LEN};
 use super::key::CheckKey;
 use super::reflector::{Reflector, ReflectorConfig};
 use super::tcp_leg::TcpLegs;
@@ -62,10 +64,7 @@ const TOKEN_CONTEXT: &str = "warren relay token v1";
 /// Answers queued for [`Relay::poll_transmit`]; one input makes at most two, and the
 /// driver drains them after each input.
 const MAX_TRANSMITS: usize = 64;
-/// The largest datagram the relay reads: a UDP payload's maximum, so no QUIC packet
-/// (Warren allows up to 65527-byte ones on loopback) is cut.
-const RECV_BUF_LEN: usize = 65_536;
-/// Datagrams read without waiting after one that woke the task, before the loop looks at
+/// Batches read without waiting after one that woke the task, before the loop looks at
 /// its timers and cancellation again.
 const BATCH: usize = 64;
 /// How often expired legs and pairs are swept.
@@ -636,6 +635,7 @@ pub async fn serve_udp_with(
     cancel: CancellationToken,
 ) -> io::Result<()> {
     let (legs, mut inbound) = tcp;
+    let batches = BatchSocket::new(socket)?;
     let mut reflector = Reflector::new(reflector);
     let initial = settings.borrow_and_update().clone();
     let mut relay = Relay::new(initial.config, initial.auth);
@@ -644,6 +644,12 @@ pub async fn serve_udp_with(
     sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut watching = true;
     let mut reported = RelayStats::default();
+    let mut forwarder = Forwarder {
+        socket: &batches,
+        legs: &legs,
+        relay: &mut relay,
+        reflector: &mut reflector,
+    };
     loop {
         let first = tokio::select! {
             biased;
@@ -652,7 +658,7 @@ pub async fn serve_udp_with(
                 match changed {
                     Ok(()) => {
                         let new = settings.borrow_and_update().clone();
-                        relay.update(new.config, new.auth);
+                        forwarder.relay.update(new.config, new.auth);
                     }
                     // The sender is gone (the server is stopping): keep the settings.
                     Err(_) => watching = false,
@@ -660,24 +666,23 @@ pub async fn serve_udp_with(
                 continue;
             }
             _ = sweep.tick() => {
-                relay.handle_timeout(Instant::now());
-                report(&relay, &meter, &mut reported);
+                forwarder.relay.handle_timeout(Instant::now());
+                report(forwarder.relay, &meter, &mut reported);
                 continue;
             }
             Some((from, datagram)) = inbound.recv() => {
-                handle(socket, &legs, &mut relay, &mut reflector, &datagram, from).await;
-                report(&relay, &meter, &mut reported);
+                let batch = Batch { len: datagram.len(), stride: datagram.len(), from, ecn: None };
+                forwarder.handle(&datagram, batch).await;
+                report(forwarder.relay, &meter, &mut reported);
                 continue;
             }
-            r = socket.recv_from(&mut buf) => r,
+            r = batches.recv(&mut buf) => r,
         };
         let mut received = Some(first);
         let mut batch = 0;
         while let Some(result) = received.take() {
             match result {
-                Ok((len, from)) => {
-                    handle(socket, &legs, &mut relay, &mut reflector, &buf[..len], from).await;
-                }
+                Ok(got) => forwarder.handle(&buf[..got.len], got).await,
                 // ICMP errors from earlier sends surface here on some systems: not ours to
                 // stop for.
                 Err(e)
@@ -689,46 +694,86 @@ pub async fn serve_udp_with(
             }
             batch += 1;
             if batch < BATCH {
-                match socket.try_recv_from(&mut buf) {
+                match batches.try_recv(&mut buf) {
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                     other => received = Some(other),
                 }
             }
         }
-        report(&relay, &meter, &mut reported);
+        report(forwarder.relay, &meter, &mut reported);
     }
 }
 
-/// One datagram through the relay (and the reflector), sending what comes out.
-async fn handle(
-    socket: &UdpSocket,
-    legs: &TcpLegs,
-    relay: &mut Relay,
-    reflector: &mut Reflector,
-    datagram: &[u8],
-    from: SocketAddr,
-) {
-    let now = Instant::now();
-    match relay.handle_input(now, from, datagram) {
-        Verdict::Forward(to) => {
-            // Waits only while the socket's send buffer is full: that is backpressure on
-            // the one loop, and QUIC sees it as delay. A leg over TCP takes it at once.
-            if !legs.send_to(to, datagram) {
-                let _ = socket.send_to(datagram, to).await;
+/// What the serve loop drives: the socket, the TCP legs, the relay and the reflector.
+struct Forwarder<'a> {
+    socket: &'a BatchSocket<'a>,
+    legs: &'a TcpLegs,
+    relay: &'a mut Relay,
+    reflector: &'a mut Reflector,
+}
+
+impl Forwarder<'_> {
+    /// One batch of datagrams from one sender through the relay (and the reflector),
+    /// sending what comes out. Each datagram gets its own verdict; consecutive ones
+    /// forwarded to the same leg go on as one batch.
+    async fn handle(&mut self, data: &[u8], batch: Batch) {
+        let now = Instant::now();
+        let stride = batch.stride.max(1);
+        // The run being collected: its destination and its byte range in `data`.
+        let mut run: Option<(SocketAddr, std::ops::Range<usize>)> = None;
+        for (i, datagram) in data.chunks(stride).enumerate() {
+            let at = i * stride;
+            match self.relay.handle_input(now, batch.from, datagram) {
+                Verdict::Forward(to) => match &mut run {
+                    Some((leg, range)) if *leg == to => range.end = at + datagram.len(),
+                    _ => {
+                        if let Some((leg, range)) = run.take() {
+                            self.forward(&data[range], stride, leg, batch).await;
+                        }
+                        run = Some((to, at..at + datagram.len()));
+                    }
+                },
+                verdict => {
+                    if let Some((leg, range)) = run.take() {
+                        self.forward(&data[range], stride, leg, batch).await;
+                    }
+                    if verdict == Verdict::Reflect
+                        && let Some(answer) = self.reflector.handle(now, batch.from, datagram)
+                    {
+                        self.answer(&answer, batch.from);
+                    }
+                    while let Some((answer, to)) = self.relay.poll_transmit() {
+                        self.answer(&answer, to);
+                    }
+                }
             }
         }
-        Verdict::Reflect => {
-            if let Some(answer) = reflector.handle(now, from, datagram)
-                && !legs.send_to(from, &answer)
-            {
-                let _ = socket.try_send_to(&answer, from);
-            }
+        if let Some((leg, range)) = run {
+            self.forward(&data[range], stride, leg, batch).await;
         }
-        Verdict::Done => {}
     }
-    while let Some((answer, to)) = relay.poll_transmit() {
-        if !legs.send_to(to, &answer) {
-            let _ = socket.try_send_to(&answer, to);
+
+    /// Sends datagrams on to the other leg: down its session if it is a TCP leg, else by
+    /// UDP, waiting while the socket's send buffer is full (backpressure on the one loop,
+    /// which QUIC sees as delay).
+    async fn forward(&self, datagrams: &[u8], stride: usize, to: SocketAddr, batch: Batch) {
+        let mut chunks = datagrams.chunks(stride);
+        if let Some(first) = chunks.next()
+            && self.legs.send_to(to, first)
+        {
+            for datagram in chunks {
+                self.legs.send_to(to, datagram);
+            }
+            return;
+        }
+        self.socket.send(datagrams, stride, to, batch.ecn).await;
+    }
+
+    /// An answer (a bind's, the reflector's), sent without waiting: a full buffer drops it
+    /// and the peer asks again.
+    fn answer(&self, answer: &[u8], to: SocketAddr) {
+        if !self.legs.send_to(to, answer) {
+            let _ = self.socket.socket().try_send_to(answer, to);
         }
     }
 }
