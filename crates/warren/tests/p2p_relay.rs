@@ -211,6 +211,72 @@ async fn two_peers_meet_at_the_relay_and_quic_carries_their_bytes() {
     let _ = server.control;
 }
 
+/// A GSO batch from one leg (the way quinn sends) crosses the relay with every datagram's
+/// boundary and bytes intact, the shorter last one included, and each is counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_of_datagrams_crosses_the_relay_datagram_by_datagram() {
+    let server = server("").await;
+    let mut a = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    let mut b = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    let token = RelayToken::from_bytes(rand::random());
+    let auth = RelayAuth::from_psk(&Secret::new(PSK));
+    let join = quick_join();
+    let (ja, jb) = tokio::join!(
+        relay::join(&mut a, server.udp, &token, &auth, &join),
+        relay::join(&mut b, server.udp, &token, &auth, &join),
+    );
+    ja.expect("a joined");
+    jb.expect("b joined");
+
+    // 19 datagrams of 1200 bytes and one of 500, datagram i filled with 0x40 + i (a QUIC
+    // first byte), sent in one call.
+    let sizes: Vec<usize> = (0..20).map(|i| if i < 19 { 1200 } else { 500 }).collect();
+    let mut batch = Vec::new();
+    for (i, &size) in sizes.iter().enumerate() {
+        batch.extend(std::iter::repeat_n(0x40 + i as u8, size));
+    }
+    let sending = warren::p2p::net::batch::BatchSocket::new(&a).unwrap();
+    sending.send(&batch, 1200, server.udp, None).await;
+
+    let mut buf = vec![0u8; 2048];
+    let mut got = Vec::new();
+    while got.len() < sizes.len() {
+        let (len, from) = timeout(Duration::from_secs(5), b.recv_from(&mut buf))
+            .await
+            .expect("every datagram arrives")
+            .unwrap();
+        assert_eq!(from, server.udp);
+        if buf[0] < 4 {
+            continue; // a late answer to a bind
+        }
+        got.push(buf[..len].to_vec());
+    }
+    for (i, datagram) in got.iter().enumerate() {
+        assert_eq!(datagram.len(), sizes[i], "datagram {i}'s length");
+        assert!(
+            datagram.iter().all(|&byte| byte == 0x40 + i as u8),
+            "datagram {i}'s bytes"
+        );
+    }
+    // The relay counts after it sent: wait for the count rather than race it.
+    let counted = async {
+        while metric(&server.telemetry, "warren_p2p_relay_datagrams_total") < 20 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    };
+    timeout(Duration::from_secs(5), counted)
+        .await
+        .expect("the relay counts what it forwarded");
+    assert_eq!(
+        metric(&server.telemetry, "warren_p2p_relay_datagrams_total"),
+        20
+    );
+    assert_eq!(
+        metric(&server.telemetry, "warren_p2p_relay_bytes_total"),
+        sizes.iter().sum::<usize>() as u64
+    );
+}
+
 fn hash_of(data: &[u8]) -> Vec<u8> {
     hash(data).as_bytes().to_vec()
 }
