@@ -2,30 +2,42 @@
 //! service, speaking HTTP to its target through the client, kept alive between requests.
 //!
 //! * HTTP/1.1 backends go through [`Http1Pool`], a small pool of hyper connections written
-//!   here. hyper-util's pooled client spawns a task for every HTTP/1 request to put the
-//!   connection back once it is ready again; here a connection goes back when its response
-//!   body ends, from the task that forwarded it, and the next request on it waits until it
-//!   is ready. (Measured with wrk, 1 KiB responses: the server spends ~13 % less CPU per
-//!   request than with hyper-util's client.)
+//!   here. A hyper client connection is a future that does the reading and writing; the
+//!   usual way (hyper-util's pooled client) spawns it as a task, so every request and every
+//!   response chunk crosses between that task and the visitor's through channels, with a
+//!   wake-up each way (and hyper-util spawns one more task per request to put the
+//!   connection back). Here the task that forwards a request drives the connection itself:
+//!   while it waits for the response head, and then from the response body as the visitor
+//!   reads it ([`DrivenBody`]); when that body ends, the connection goes back to the pool,
+//!   and the next request's task drives it from there. Nothing runs for an idle connection.
+//!   (Measured with wrk, 1 KiB responses: hyper-util's client cost ~13 % more server CPU per
+//!   request than a pool with one task per connection, which in turn cost more than this;
+//!   see bench/RESULTS.md.)
 //! * h2c backends keep hyper-util's client: one multiplexed connection per host, which
 //!   spawns nothing per request.
 //!
-//! An idle HTTP/1 connection is closed by its own task once it has been idle for
-//! [`POOL_IDLE_TIMEOUT`] (it looks every [`POOL_IDLE_TIMEOUT`]); at most
-//! [`POOL_IDLE_PER_SERVICE`] wait in a pool, the rest close when their response ends.
+//! An idle HTTP/1 connection is closed once it has been idle for [`POOL_IDLE_TIMEOUT`] (one
+//! sweeper task per pool looks every [`POOL_IDLE_TIMEOUT`] while connections are idle, and
+//! ends when none are); at most [`POOL_IDLE_PER_SERVICE`] wait in a pool, the rest close
+//! when their response ends. A kept connection the backend closed is noticed when it is
+//! next taken (driving it reads the close) and skipped.
 
+use std::future::{Future, poll_fn};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, PoisonError};
-use std::task::{Context, Poll};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
+use bytes::Bytes;
 use http::{Request, Response, StatusCode};
+use http_body::{Body as _, Frame};
 use http_body_util::BodyExt;
+use hyper::body::Incoming;
 use hyper::client::conn::http1::SendRequest;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::{Connected, Connection};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use tokio::time::Instant;
 use tracing::{debug, warn};
 use warren_proto::handshake::SessionId;
 
@@ -61,7 +73,7 @@ impl BackendClient {
         match backend {
             Backend::Http1 => BackendClient::Http1(Arc::new(Http1Pool {
                 connector,
-                idle: Mutex::new(Vec::new()),
+                idle: Mutex::new(Idle::default()),
             })),
             Backend::H2c => {
                 let mut builder = Client::builder(TokioExecutor::new());
@@ -96,18 +108,69 @@ impl BackendClient {
 /// Keep-alive HTTP/1.1 connections to one service's backend (see the module doc).
 pub(super) struct Http1Pool {
     connector: TunnelConnector,
-    /// Connections whose last response ended; the most recently used last (taken first:
-    /// its stream is the warmest).
-    idle: Mutex<Vec<PooledConn>>,
+    idle: Mutex<Idle>,
 }
 
-/// A connection's sending half, and when it went idle.
+/// The idle connections of a pool.
+#[derive(Default)]
+struct Idle {
+    /// Connections whose last response ended; the most recently used last (taken first:
+    /// its stream is the warmest).
+    conns: Vec<PooledConn>,
+    /// A sweeper task is looking after them.
+    swept: bool,
+}
+
+/// One HTTP/1 connection: the handle requests are sent with, and the connection future
+/// that reads and writes the tunnel stream, driven by whichever task uses it.
 struct PooledConn {
     sender: SendRequest<Body>,
-    idle: Arc<IdleSince>,
+    connection: Driven,
+    /// When its last response ended.
+    idle_since: Instant,
+}
+
+/// A hyper connection future (with upgrades: hyper does not name that type), polled by
+/// the task using it; `None` once it has ended (it must not be polled again).
+type Driven = Option<Pin<Box<dyn Future<Output = hyper::Result<()>> + Send>>>;
+
+/// Lets `connection` read and write what it can; `Ready` once it has ended (closed,
+/// failed, or handed its stream to an upgrade).
+fn drive(connection: &mut Driven, cx: &mut Context<'_>, service: &str) -> Poll<()> {
+    let Some(running) = connection.as_mut() else {
+        return Poll::Ready(());
+    };
+    let result = ready!(running.as_mut().poll(cx));
+    *connection = None;
+    if let Err(error) = result {
+        debug!(event = "http_backend_closed", %service, %error, "a backend connection ended with an error");
+    }
+    Poll::Ready(())
+}
+
+/// Polls `work`, which needs `connection` to make progress, driving the connection
+/// meanwhile. `None` if the connection ended and `work` did not finish with it.
+async fn driving<F: Future>(connection: &mut Driven, service: &str, work: F) -> Option<F::Output> {
+    let mut work = std::pin::pin!(work);
+    poll_fn(|cx| {
+        if let Poll::Ready(out) = work.as_mut().poll(cx) {
+            return Poll::Ready(Some(out));
+        }
+        let ended = drive(connection, cx, service).is_ready();
+        match work.as_mut().poll(cx) {
+            Poll::Ready(out) => Poll::Ready(Some(out)),
+            Poll::Pending if ended => Poll::Ready(None),
+            Poll::Pending => Poll::Pending,
+        }
+    })
+    .await
 }
 
 impl Http1Pool {
+    fn service(&self) -> &str {
+        &self.connector.slot.name
+    }
+
     async fn request(
         self: &Arc<Self>,
         mut request: Request<Body>,
@@ -117,131 +180,198 @@ impl Http1Pool {
                 Some(conn) => (conn, true),
                 None => (self.connect().await?, false),
             };
-            if let Err(error) = conn.sender.ready().await {
-                if reused {
-                    continue; // It closed while idle: the next one.
-                }
-                return Err(error.into());
+            // Until it can take a request; a kept connection whose backend closed it
+            // while idle reads that close here.
+            let PooledConn {
+                sender, connection, ..
+            } = &mut conn;
+            let ready = driving(
+                connection,
+                self.service(),
+                poll_fn(|cx| sender.poll_ready(cx)),
+            )
+            .await;
+            match ready {
+                Some(Ok(())) => {}
+                Some(Err(_)) | None if reused => continue, // closed while idle: the next one
+                Some(Err(error)) => return Err(error.into()),
+                None => return Err("the backend connection closed before a request".into()),
             }
-            match conn.sender.try_send_request(request).await {
-                Ok(response) => return Ok(self.watch(conn, response)),
-                Err(mut error) => match error.take_message() {
+            let sent = sender.try_send_request(request);
+            match driving(connection, self.service(), sent).await {
+                Some(Ok(response)) => return Ok(self.respond(conn, response)),
+                Some(Err(mut error)) => match error.take_message() {
                     // Not sent: a kept connection that closed under us. Another one.
                     Some(unsent) if reused => request = unsent,
                     _ => return Err(error.into_error().into()),
                 },
+                None => {
+                    return Err("the backend connection closed before its response".into());
+                }
             }
         }
     }
 
-    /// The most recently used idle connection that is still open.
+    /// The most recently used idle connection, if it has not been idle too long.
     fn take(&self) -> Option<PooledConn> {
         let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
-        while let Some(conn) = idle.pop() {
-            if !conn.sender.is_closed() {
-                conn.idle.set_busy();
+        while let Some(conn) = idle.conns.pop() {
+            if !conn.sender.is_closed() && conn.idle_since.elapsed() < POOL_IDLE_TIMEOUT {
                 return Some(conn);
             }
         }
         None
     }
 
-    /// Opens a connection: a tunnel stream, the HTTP/1 handshake, and the task that drives
-    /// the connection until it fails or stays idle for [`POOL_IDLE_TIMEOUT`].
+    /// Opens a connection: a tunnel stream and the HTTP/1 handshake.
     async fn connect(&self) -> Result<PooledConn, BoxError> {
         let io = self.connector.connect().await?;
         let (sender, connection) = hyper::client::conn::http1::Builder::new()
             .handshake(io)
             .await?;
-        let idle = Arc::new(IdleSince::busy());
-        let watched = Arc::clone(&idle);
-        let name = self.connector.slot.name.clone();
-        tokio::spawn(async move {
-            let connection = connection.with_upgrades();
-            tokio::pin!(connection);
-            loop {
-                tokio::select! {
-                    biased;
-                    result = connection.as_mut() => {
-                        if let Err(error) = result {
-                            debug!(event = "http_backend_closed", service = %name, %error, "a backend connection ended with an error");
-                        }
-                        return;
-                    }
-                    () = tokio::time::sleep(POOL_IDLE_TIMEOUT) => {
-                        if watched.idle_for() >= POOL_IDLE_TIMEOUT {
-                            debug!(event = "http_backend_idle", service = %name, "closed a backend connection idle for {POOL_IDLE_TIMEOUT:?}");
-                            return;
-                        }
-                    }
-                }
-            }
-        });
-        Ok(PooledConn { sender, idle })
-    }
-
-    /// The response, its body watched: when it ends whole, the connection goes back to the
-    /// pool. (Dropped early, the connection cannot carry another request: it closes.)
-    fn watch(
-        self: &Arc<Self>,
-        conn: PooledConn,
-        response: Response<hyper::body::Incoming>,
-    ) -> Response<Body> {
-        let reusable = response.status() != StatusCode::SWITCHING_PROTOCOLS;
-        let pool = Arc::clone(self);
-        response.map(|body| {
-            let body = body.map_err(BoxError::from).boxed_unsync();
-            crate::http::body::observe(body, 0, move |end| {
-                if end.completed && reusable {
-                    pool.put_back(conn);
-                }
-            })
+        Ok(PooledConn {
+            sender,
+            connection: Some(Box::pin(connection.with_upgrades())),
+            idle_since: Instant::now(),
         })
     }
 
-    fn put_back(&self, conn: PooledConn) {
-        if conn.sender.is_closed() {
+    /// The response, its body driving the connection: when the body ends whole, the
+    /// connection goes back to the pool. (Dropped early, the connection cannot carry
+    /// another request: it closes.) A `101 Switching Protocols` hands the stream to the
+    /// upgrade: its connection is driven to that hand-off by a task of its own.
+    fn respond(
+        self: &Arc<Self>,
+        mut conn: PooledConn,
+        response: Response<Incoming>,
+    ) -> Response<Body> {
+        if response.status() == StatusCode::SWITCHING_PROTOCOLS {
+            if let Some(connection) = conn.connection.take() {
+                let service = self.service().to_owned();
+                tokio::spawn(async move {
+                    if let Err(error) = connection.await {
+                        debug!(event = "http_backend_closed", %service, %error, "a backend connection ended with an error");
+                    }
+                });
+            }
+            return response.map(|body| body.map_err(BoxError::from).boxed_unsync());
+        }
+        let pool = Arc::clone(self);
+        response.map(|inner| {
+            DrivenBody {
+                inner,
+                conn: Some(conn),
+                pool,
+            }
+            .boxed_unsync()
+        })
+    }
+
+    /// A connection whose response ended, kept for the next request (or closed: the pool
+    /// is full, or the connection cannot take another request).
+    fn put_back(self: &Arc<Self>, mut conn: PooledConn) {
+        if conn.sender.is_closed() || conn.connection.is_none() {
             return;
         }
-        conn.idle.set_idle();
+        conn.idle_since = Instant::now();
         let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
-        if idle.len() < POOL_IDLE_PER_SERVICE {
-            idle.push(conn);
+        if idle.conns.len() < POOL_IDLE_PER_SERVICE {
+            idle.conns.push(conn);
+        }
+        if !idle.swept {
+            idle.swept = true;
+            tokio::spawn(sweep(Arc::downgrade(self)));
         }
     }
 }
 
-/// When a pooled connection went idle: milliseconds since the process's first use of the
-/// pool, or [`IdleSince::BUSY`]. Read by the connection's own task to close it when idle
-/// too long, without a timer per request.
-struct IdleSince(AtomicU64);
-
-impl IdleSince {
-    const BUSY: u64 = u64::MAX;
-
-    fn busy() -> IdleSince {
-        IdleSince(AtomicU64::new(Self::BUSY))
-    }
-
-    fn now() -> u64 {
-        static EPOCH: OnceLock<tokio::time::Instant> = OnceLock::new();
-        let epoch = *EPOCH.get_or_init(tokio::time::Instant::now);
-        u64::try_from(epoch.elapsed().as_millis()).unwrap_or(Self::BUSY - 1)
-    }
-
-    fn set_busy(&self) {
-        self.0.store(Self::BUSY, Ordering::Relaxed);
-    }
-
-    fn set_idle(&self) {
-        self.0.store(Self::now(), Ordering::Relaxed);
-    }
-
-    fn idle_for(&self) -> Duration {
-        match self.0.load(Ordering::Relaxed) {
-            Self::BUSY => Duration::ZERO,
-            since => Duration::from_millis(Self::now().saturating_sub(since)),
+/// Closes a pool's connections idle for [`POOL_IDLE_TIMEOUT`], looking every
+/// [`POOL_IDLE_TIMEOUT`]; ends when none are left idle or the pool is gone.
+async fn sweep(pool: Weak<Http1Pool>) {
+    loop {
+        tokio::time::sleep(POOL_IDLE_TIMEOUT).await;
+        let Some(pool) = pool.upgrade() else { return };
+        let mut idle = pool.idle.lock().unwrap_or_else(PoisonError::into_inner);
+        let before = idle.conns.len();
+        idle.conns.retain(|conn| {
+            conn.idle_since.elapsed() < POOL_IDLE_TIMEOUT && !conn.sender.is_closed()
+        });
+        let closed = before - idle.conns.len();
+        if closed > 0 {
+            debug!(event = "http_backend_idle", service = %pool.service(), closed, "closed backend connections idle for {POOL_IDLE_TIMEOUT:?}");
         }
+        if idle.conns.is_empty() {
+            idle.swept = false;
+            return;
+        }
+    }
+}
+
+/// A response body from a pooled connection, which drives the connection as it is read
+/// (the connection is what reads the body from the stream) and puts it back in the pool
+/// when the body ends whole.
+struct DrivenBody {
+    inner: Incoming,
+    /// `None` once the connection went back to the pool or ended.
+    conn: Option<PooledConn>,
+    pool: Arc<Http1Pool>,
+}
+
+impl DrivenBody {
+    fn frame(
+        &mut self,
+        polled: Option<Result<Frame<Bytes>, hyper::Error>>,
+    ) -> Option<Result<Frame<Bytes>, BoxError>> {
+        match &polled {
+            // A body of known length ends with its last frame: the reader may never poll
+            // for the end.
+            Some(Ok(_)) if self.inner.is_end_stream() => self.release(),
+            Some(Ok(_)) => {}
+            None => self.release(),
+            Some(Err(_)) => self.conn = None,
+        }
+        polled.map(|frame| frame.map_err(BoxError::from))
+    }
+
+    fn release(&mut self) {
+        if let Some(conn) = self.conn.take() {
+            self.pool.put_back(conn);
+        }
+    }
+}
+
+impl http_body::Body for DrivenBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = self.get_mut();
+        if let Poll::Ready(polled) = Pin::new(&mut this.inner).poll_frame(cx) {
+            return Poll::Ready(this.frame(polled));
+        }
+        // Nothing buffered: let the connection read more (it wakes us when it has), then
+        // look again.
+        if let Some(conn) = this.conn.as_mut()
+            && drive(&mut conn.connection, cx, &this.pool.connector.slot.name).is_ready()
+        {
+            // Ended: the body sees its end or its error now.
+            this.conn = None;
+        }
+        match Pin::new(&mut this.inner).poll_frame(cx) {
+            Poll::Ready(polled) => Poll::Ready(this.frame(polled)),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
     }
 }
 
