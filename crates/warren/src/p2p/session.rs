@@ -767,7 +767,7 @@ impl PeerSocket {
             } else {
                 QuicSettings::internet()
             };
-            match options.purpose {
+            let settings = match options.purpose {
                 // One data stream per transfer: an 8 MiB window covers 1 Gbit/s at 60 ms
                 // of round trip and bounds what waits in memory while the receiver's disk
                 // syncs (16 MiB measured a ~100 MiB receiver).
@@ -776,15 +776,20 @@ impl PeerSocket {
                     connection_receive_window: 16 * 1024 * 1024,
                     ..preset
                 },
-                // Many streams at once, as on a server tunnel. Both peers on this
-                // machine: the largest packets loopback carries, GSO off (what
-                // `max_packet = 65527` gives a server tunnel, ~20 % faster there).
-                Purpose::Tunnel if bind.ip().is_loopback() => QuicSettings {
+                Purpose::Tunnel => preset,
+            };
+            if bind.ip().is_loopback() {
+                // Both peers on this machine: the largest packets loopback carries, GSO off
+                // (what `max_packet = 65527` gives a server tunnel, ~20 % faster there; a
+                // 1 GiB send ~6 % less CPU than 6500-byte GSO batches). A relayed path
+                // goes back to GSO batches (`path_settings`).
+                QuicSettings {
                     max_udp_payload: u16::MAX - 8,
                     segmentation_offload: false,
-                    ..preset
-                },
-                Purpose::Tunnel => preset,
+                    ..settings
+                }
+            } else {
+                settings
             }
         });
         let (std_socket, _) = crate::transport::quic::endpoint::bind_socket(bind, &quic)?;
