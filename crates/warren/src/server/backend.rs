@@ -24,11 +24,13 @@
 
 use std::future::{Future, poll_fn};
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
-use std::task::{Context, Poll, ready};
+use std::task::{Context, Poll, Wake, Waker, ready};
 use std::time::Duration;
 
 use bytes::Bytes;
+use futures_util::task::AtomicWaker;
 use http::{Request, Response, StatusCode};
 use http_body::{Body as _, Frame};
 use http_body_util::BodyExt;
@@ -126,8 +128,72 @@ struct Idle {
 struct PooledConn {
     sender: SendRequest<Body>,
     connection: Driven,
+    /// What the connection, its response futures and its bodies are polled with.
+    waker: Arc<ConnWaker>,
     /// When its last response ended.
     idle_since: Instant,
+}
+
+/// The waker a pooled connection and everything it feeds (the response future, the
+/// response body) are polled with. Driving the connection completes those from inside the
+/// task's own poll, and a task that wakes itself while it runs is rescheduled like a
+/// yield, which tokio announces to a sleeping worker (a futex wake and a thread woken for
+/// nothing, per request: measured +40 µs per request at one request at a time). So wakes
+/// that happen while the task polls are only noted, and the poll looks again
+/// ([`ConnWaker::poll`]); wakes from outside (the socket became readable) reach the task.
+struct ConnWaker {
+    task: AtomicWaker,
+    polling: AtomicBool,
+    woken: AtomicBool,
+}
+
+impl Wake for ConnWaker {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.woken.store(true, Ordering::SeqCst);
+        if !self.polling.load(Ordering::SeqCst) {
+            self.task.wake();
+        }
+    }
+}
+
+impl ConnWaker {
+    /// Polls `f` on behalf of the task of `cx` (see the type's doc), again while it was
+    /// woken during its own poll, up to a few times (then the task is woken, as a yield).
+    fn poll<T>(
+        self: &Arc<Self>,
+        cx: &mut Context<'_>,
+        mut f: impl FnMut(&mut Context<'_>) -> Poll<T>,
+    ) -> Poll<T> {
+        /// Polls in a row before giving the worker to other tasks.
+        const ROUNDS: usize = 4;
+        self.task.register(cx.waker());
+        let waker = Waker::from(Arc::clone(self));
+        let mut inner = Context::from_waker(&waker);
+        for _ in 0..ROUNDS {
+            self.woken.store(false, Ordering::SeqCst);
+            self.polling.store(true, Ordering::SeqCst);
+            let polled = f(&mut inner);
+            self.polling.store(false, Ordering::SeqCst);
+            if polled.is_ready() || !self.woken.load(Ordering::SeqCst) {
+                return polled;
+            }
+        }
+        cx.waker().wake_by_ref();
+        Poll::Pending
+    }
+
+    /// Runs `f` (which hands the connection work: a request) without waking the task:
+    /// the task drives the connection next anyway.
+    fn quietly<T>(&self, f: impl FnOnce() -> T) -> T {
+        self.polling.store(true, Ordering::SeqCst);
+        let out = f();
+        self.polling.store(false, Ordering::SeqCst);
+        out
+    }
 }
 
 /// A hyper connection future (with upgrades: hyper does not name that type), polled by
@@ -150,18 +216,25 @@ fn drive(connection: &mut Driven, cx: &mut Context<'_>, service: &str) -> Poll<(
 
 /// Polls `work`, which needs `connection` to make progress, driving the connection
 /// meanwhile. `None` if the connection ended and `work` did not finish with it.
-async fn driving<F: Future>(connection: &mut Driven, service: &str, work: F) -> Option<F::Output> {
+async fn driving<F: Future>(
+    connection: &mut Driven,
+    waker: &Arc<ConnWaker>,
+    service: &str,
+    work: F,
+) -> Option<F::Output> {
     let mut work = std::pin::pin!(work);
     poll_fn(|cx| {
-        if let Poll::Ready(out) = work.as_mut().poll(cx) {
-            return Poll::Ready(Some(out));
-        }
-        let ended = drive(connection, cx, service).is_ready();
-        match work.as_mut().poll(cx) {
-            Poll::Ready(out) => Poll::Ready(Some(out)),
-            Poll::Pending if ended => Poll::Ready(None),
-            Poll::Pending => Poll::Pending,
-        }
+        waker.poll(cx, |cx| {
+            if let Poll::Ready(out) = work.as_mut().poll(cx) {
+                return Poll::Ready(Some(out));
+            }
+            let ended = drive(connection, cx, service).is_ready();
+            match work.as_mut().poll(cx) {
+                Poll::Ready(out) => Poll::Ready(Some(out)),
+                Poll::Pending if ended => Poll::Ready(None),
+                Poll::Pending => Poll::Pending,
+            }
+        })
     })
     .await
 }
@@ -183,10 +256,14 @@ impl Http1Pool {
             // Until it can take a request; a kept connection whose backend closed it
             // while idle reads that close here.
             let PooledConn {
-                sender, connection, ..
+                sender,
+                connection,
+                waker,
+                ..
             } = &mut conn;
             let ready = driving(
                 connection,
+                waker,
                 self.service(),
                 poll_fn(|cx| sender.poll_ready(cx)),
             )
@@ -197,8 +274,8 @@ impl Http1Pool {
                 Some(Err(error)) => return Err(error.into()),
                 None => return Err("the backend connection closed before a request".into()),
             }
-            let sent = sender.try_send_request(request);
-            match driving(connection, self.service(), sent).await {
+            let sent = waker.quietly(|| sender.try_send_request(request));
+            match driving(connection, waker, self.service(), sent).await {
                 Some(Ok(response)) => return Ok(self.respond(conn, response)),
                 Some(Err(mut error)) => match error.take_message() {
                     // Not sent: a kept connection that closed under us. Another one.
@@ -232,6 +309,11 @@ impl Http1Pool {
         Ok(PooledConn {
             sender,
             connection: Some(Box::pin(connection.with_upgrades())),
+            waker: Arc::new(ConnWaker {
+                task: AtomicWaker::new(),
+                polling: AtomicBool::new(false),
+                woken: AtomicBool::new(false),
+            }),
             idle_since: Instant::now(),
         })
     }
@@ -349,18 +431,27 @@ impl http_body::Body for DrivenBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = self.get_mut();
-        if let Poll::Ready(polled) = Pin::new(&mut this.inner).poll_frame(cx) {
+        let Some(conn) = this.conn.as_mut() else {
+            // The connection is gone: the body has what it buffered, then its end.
+            let polled = ready!(Pin::new(&mut this.inner).poll_frame(cx));
             return Poll::Ready(this.frame(polled));
-        }
-        // Nothing buffered: let the connection read more (it wakes us when it has), then
-        // look again.
-        if let Some(conn) = this.conn.as_mut()
-            && drive(&mut conn.connection, cx, &this.pool.connector.slot.name).is_ready()
-        {
-            // Ended: the body sees its end or its error now.
+        };
+        let inner = &mut this.inner;
+        let service = &this.pool.connector.slot.name;
+        let mut ended = false;
+        let polled = conn.waker.poll(cx, |cx| {
+            if let Poll::Ready(polled) = Pin::new(&mut *inner).poll_frame(cx) {
+                return Poll::Ready(polled);
+            }
+            // Nothing buffered: let the connection read more, then look again.
+            ended = ended || drive(&mut conn.connection, cx, service).is_ready();
+            Pin::new(&mut *inner).poll_frame(cx)
+        });
+        if ended {
+            // The body sees its end or its error from here on.
             this.conn = None;
         }
-        match Pin::new(&mut this.inner).poll_frame(cx) {
+        match polled {
             Poll::Ready(polled) => Poll::Ready(this.frame(polled)),
             Poll::Pending => Poll::Pending,
         }
@@ -487,5 +578,79 @@ impl hyper::rt::Write for TunnelConn {
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
         Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::AtomicUsize;
+
+    use super::*;
+
+    /// Counts the wakes the task gets.
+    struct CountingWaker(AtomicUsize);
+
+    impl Wake for CountingWaker {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    fn conn_waker() -> Arc<ConnWaker> {
+        Arc::new(ConnWaker {
+            task: AtomicWaker::new(),
+            polling: AtomicBool::new(false),
+            woken: AtomicBool::new(false),
+        })
+    }
+
+    #[test]
+    fn a_wake_during_the_poll_is_a_second_look_not_a_wake_of_the_task() {
+        let task = Arc::new(CountingWaker(AtomicUsize::new(0)));
+        let waker = Waker::from(Arc::clone(&task));
+        let mut cx = Context::from_waker(&waker);
+        let conn = conn_waker();
+        // Woken once from inside (as a channel the connection fills would), ready on the
+        // second look.
+        let mut looks = 0;
+        let polled = conn.poll(&mut cx, |inner| {
+            looks += 1;
+            if looks == 1 {
+                inner.waker().wake_by_ref();
+                Poll::Pending
+            } else {
+                Poll::Ready(())
+            }
+        });
+        assert_eq!(polled, Poll::Ready(()));
+        assert_eq!(looks, 2);
+        assert_eq!(task.0.load(Ordering::SeqCst), 0, "the task was not woken");
+
+        // Pending with nothing woken: one look, and a wake from outside afterwards (the
+        // socket became readable) reaches the task.
+        let mut kept = None;
+        let polled = conn.poll(&mut cx, |inner| {
+            kept = Some(inner.waker().clone());
+            Poll::<()>::Pending
+        });
+        assert_eq!(polled, Poll::Pending);
+        kept.unwrap().wake();
+        assert_eq!(task.0.load(Ordering::SeqCst), 1);
+    }
+
+    #[test]
+    fn a_poll_that_keeps_waking_itself_yields_to_the_task() {
+        let task = Arc::new(CountingWaker(AtomicUsize::new(0)));
+        let waker = Waker::from(Arc::clone(&task));
+        let mut cx = Context::from_waker(&waker);
+        let mut looks = 0;
+        let polled = conn_waker().poll(&mut cx, |inner| {
+            looks += 1;
+            inner.waker().wake_by_ref();
+            Poll::<()>::Pending
+        });
+        assert_eq!(polled, Poll::Pending);
+        assert!(looks <= 4, "bounded: {looks} looks");
+        assert_eq!(task.0.load(Ordering::SeqCst), 1, "woken once, as a yield");
     }
 }
