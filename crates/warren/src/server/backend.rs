@@ -10,9 +10,10 @@
 //!   while it waits for the response head, and then from the response body as the visitor
 //!   reads it ([`DrivenBody`]); when that body ends, the connection goes back to the pool,
 //!   and the next request's task drives it from there. Nothing runs for an idle connection.
-//!   (Measured with wrk, 1 KiB responses: hyper-util's client cost ~13 % more server CPU per
-//!   request than a pool with one task per connection, which in turn cost more than this;
-//!   see bench/RESULTS.md.)
+//!   (Measured with wrk: hyper-util's client cost ~13 % more server CPU per 1 KiB request
+//!   than a pool with one task per connection; driving the connection in the visitor's
+//!   task cut another 3–21 % per 100 KiB request and nothing measurable at 1 KiB; see
+//!   bench/RESULTS.md, session 19.)
 //! * h2c backends keep hyper-util's client: one multiplexed connection per host, which
 //!   spawns nothing per request.
 //!
