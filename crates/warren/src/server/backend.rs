@@ -162,6 +162,14 @@ impl Wake for ConnWaker {
 }
 
 impl ConnWaker {
+    fn new() -> Arc<ConnWaker> {
+        Arc::new(ConnWaker {
+            task: AtomicWaker::new(),
+            polling: AtomicBool::new(false),
+            woken: AtomicBool::new(false),
+        })
+    }
+
     /// Polls `f` on behalf of the task of `cx` (see the type's doc), again while it was
     /// woken during its own poll, up to a few times (then the task is woken, as a yield).
     fn poll<T>(
@@ -310,11 +318,7 @@ impl Http1Pool {
         Ok(PooledConn {
             sender,
             connection: Some(Box::pin(connection.with_upgrades())),
-            waker: Arc::new(ConnWaker {
-                task: AtomicWaker::new(),
-                polling: AtomicBool::new(false),
-                woken: AtomicBool::new(false),
-            }),
+            waker: ConnWaker::new(),
             idle_since: Instant::now(),
         })
     }
@@ -329,13 +333,11 @@ impl Http1Pool {
         response: Response<Incoming>,
     ) -> Response<Body> {
         if response.status() == StatusCode::SWITCHING_PROTOCOLS {
-            if let Some(connection) = conn.connection.take() {
-                let service = self.service().to_owned();
-                tokio::spawn(async move {
-                    if let Err(error) = connection.await {
-                        debug!(event = "http_backend_closed", %service, %error, "a backend connection ended with an error");
-                    }
-                });
+            if conn.connection.is_some() {
+                let (mut connection, service) = (conn.connection.take(), self.service().to_owned());
+                tokio::spawn(
+                    async move { poll_fn(|cx| drive(&mut connection, cx, &service)).await },
+                );
             }
             return response.map(|body| body.map_err(BoxError::from).boxed_unsync());
         }
@@ -597,20 +599,12 @@ mod tests {
         }
     }
 
-    fn conn_waker() -> Arc<ConnWaker> {
-        Arc::new(ConnWaker {
-            task: AtomicWaker::new(),
-            polling: AtomicBool::new(false),
-            woken: AtomicBool::new(false),
-        })
-    }
-
     #[test]
     fn a_wake_during_the_poll_is_a_second_look_not_a_wake_of_the_task() {
         let task = Arc::new(CountingWaker(AtomicUsize::new(0)));
         let waker = Waker::from(Arc::clone(&task));
         let mut cx = Context::from_waker(&waker);
-        let conn = conn_waker();
+        let conn = ConnWaker::new();
         // Woken once from inside (as a channel the connection fills would), ready on the
         // second look.
         let mut looks = 0;
@@ -645,7 +639,7 @@ mod tests {
         let waker = Waker::from(Arc::clone(&task));
         let mut cx = Context::from_waker(&waker);
         let mut looks = 0;
-        let polled = conn_waker().poll(&mut cx, |inner| {
+        let polled = ConnWaker::new().poll(&mut cx, |inner| {
             looks += 1;
             inner.waker().wake_by_ref();
             Poll::<()>::Pending

@@ -173,6 +173,16 @@ mod tests {
         UdpSocket::bind("127.0.0.1:0").await.unwrap()
     }
 
+    /// The next datagram `socket` receives (5 s at most), into `buf`: its length.
+    async fn next_datagram(socket: &UdpSocket, buf: &mut [u8]) -> usize {
+        let (len, _) =
+            tokio::time::timeout(std::time::Duration::from_secs(5), socket.recv_from(buf))
+                .await
+                .expect("every datagram arrives")
+                .unwrap();
+        len
+    }
+
     /// A batch sent in one call by one socket arrives whole at a batch socket, keeps its
     /// datagram boundaries when forwarded in one call, and a plain socket behind the
     /// forwarder reads the same datagrams one by one.
@@ -220,13 +230,7 @@ mod tests {
 
         let mut datagram = [0u8; 2000];
         for i in 0..11u8 {
-            let (len, _) = tokio::time::timeout(
-                std::time::Duration::from_secs(5),
-                receiver.recv_from(&mut datagram),
-            )
-            .await
-            .expect("every datagram arrives")
-            .unwrap();
+            let len = next_datagram(&receiver, &mut datagram).await;
             let want = if i < 10 { 1000 } else { 123 };
             assert_eq!(len, want, "datagram {i}");
             assert!(
@@ -250,13 +254,7 @@ mod tests {
         let mut datagram = vec![0u8; 9000];
         let mut got = Vec::new();
         for _ in 0..10 {
-            let (len, _) = tokio::time::timeout(
-                std::time::Duration::from_secs(5),
-                receiver.recv_from(&mut datagram),
-            )
-            .await
-            .expect("every datagram arrives")
-            .unwrap();
+            let len = next_datagram(&receiver, &mut datagram).await;
             assert_eq!(len, 8000);
             got.extend_from_slice(&datagram[..len]);
         }

@@ -722,30 +722,28 @@ impl Forwarder<'_> {
         // The run being collected: its destination and its byte range in `data`.
         let mut run: Option<(SocketAddr, std::ops::Range<usize>)> = None;
         for (i, datagram) in data.chunks(stride).enumerate() {
-            let at = i * stride;
-            match self.relay.handle_input(now, batch.from, datagram) {
-                Verdict::Forward(to) => match &mut run {
-                    Some((leg, range)) if *leg == to => range.end = at + datagram.len(),
-                    _ => {
-                        if let Some((leg, range)) = run.take() {
-                            self.forward(&data[range], stride, leg, batch).await;
-                        }
-                        run = Some((to, at..at + datagram.len()));
-                    }
-                },
-                verdict => {
-                    if let Some((leg, range)) = run.take() {
-                        self.forward(&data[range], stride, leg, batch).await;
-                    }
-                    if verdict == Verdict::Reflect
-                        && let Some(answer) = self.reflector.handle(now, batch.from, datagram)
-                    {
+            let here = i * stride..i * stride + datagram.len();
+            let verdict = self.relay.handle_input(now, batch.from, datagram);
+            if let (Verdict::Forward(to), Some((leg, range))) = (verdict, &mut run)
+                && *leg == to
+            {
+                range.end = here.end;
+                continue;
+            }
+            if let Some((leg, range)) = run.take() {
+                self.forward(&data[range], stride, leg, batch).await;
+            }
+            match verdict {
+                Verdict::Forward(to) => run = Some((to, here)),
+                Verdict::Reflect => {
+                    if let Some(answer) = self.reflector.handle(now, batch.from, datagram) {
                         self.answer(&answer, batch.from);
                     }
-                    while let Some((answer, to)) = self.relay.poll_transmit() {
-                        self.answer(&answer, to);
-                    }
                 }
+                Verdict::Done => {}
+            }
+            while let Some((answer, to)) = self.relay.poll_transmit() {
+                self.answer(&answer, to);
             }
         }
         if let Some((leg, range)) = run {
