@@ -445,7 +445,17 @@ pub async fn probe_session(
         .await?
         .0),
         None => {
-            let policy = crate::crypto::speed::policy_measured(ciphers, choice).await;
+            // Under `ordered` nothing is measured up front: the one key this session makes
+            // chooses its implementation when it is made (the P2P mailbox's first message
+            // should not wait ~40 ms for figures nobody reads).
+            let policy = match choice {
+                warren_proto::CipherChoice::Ordered => {
+                    crate::crypto::speed::policy(ciphers, choice)
+                }
+                warren_proto::CipherChoice::Fastest => {
+                    crate::crypto::speed::policy_measured(ciphers, choice).await
+                }
+            };
             // Ping and the P2P mailbox speak `noise`; the web transports are the client's.
             let dial = async {
                 let stream = crate::transport::tcp::connect(server, deadline).await?;

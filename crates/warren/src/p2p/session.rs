@@ -822,7 +822,7 @@ impl PeerSocket {
     async fn over_tcp(options: &Options, relay: SocketAddr) -> Result<PeerSocket, SessionError> {
         let session = options
             .server
-            .probe_session()
+            .relay_leg_session()
             .await
             .map_err(MailboxError::from)?;
         let local = SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 0);
