@@ -105,6 +105,27 @@ def warm(root: Path) -> None:
                     pass
 
 
+def touch_free_memory(workdir: Path, nbytes: int) -> None:
+    """Writes nbytes of zeros through the page cache into a scratch file and deletes it, so
+    the next transfer's page cache comes from memory the guest touched a moment ago.
+
+    Why: this VM reports free memory to its host (virtio-balloon free page reporting), and
+    the first write into a reported page costs a host fault. Measured here, `dd` of 1 GiB into
+    the page cache took 1.98 s (sys 1.96) when it was the first large allocation after a few
+    quiet seconds and 0.2 s right after another 1 GiB had been freed. Without this step the
+    first large transfer of every run (always the same tool) paid for it: Warren direct's
+    1 GiB took 2.6-3.9 s in the harness and 1.7 s by hand. Freed pages go to the head of
+    the kernel's free lists, so whichever tool comes next reuses them."""
+    scratch = workdir / "touch-free-memory"
+    chunk = bytes(8 * MIB)
+    with open(scratch, "wb") as f:
+        left = nbytes
+        while left > 0:
+            f.write(chunk[:min(left, len(chunk))])
+            left -= len(chunk)
+    scratch.unlink()
+
+
 def sha256_file(path: str) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -599,6 +620,7 @@ def cmd_run(args) -> int:
                     if n == "10000x4KiB" and tool in skip10k:
                         continue
                     warm(workdir / "src" / n)
+                    touch_free_memory(workdir, doc["datasets"][n]["bytes"] + 256 * MIB)
                     dst = workdir / "dst"
                     shutil.rmtree(dst, ignore_errors=True)
                     dst.mkdir()
@@ -750,7 +772,10 @@ def render(doc: dict, heading: str = "##") -> str:
         "through the page cache. Warren fsyncs each finished file before renaming it (its default, "
         "`SyncPolicy::Data`; no flag turns it off); scp, rsync, croc and sendme do not fsync. After each "
         "transfer (untimed) the output is hashed against the source, deleted, and `sync` runs, so every "
-        "transfer starts with no dirty pages.",
+        "transfer starts with no dirty pages. Just before each transfer (untimed) the data set's size "
+        "+ 256 MiB of zeros is written into a scratch file and deleted, so every tool's page cache comes "
+        "from memory touched a moment ago (this VM hands free memory back to its host, and the first "
+        "write into such memory is slow: see `touch_free_memory`).",
         "- Time: from the start of the receiving command to its exit (scp and rsync: the pulling "
         "client). Warren's \"code\" = from `warren send` to its `code` event; \"first byte\" = from the "
         "start of the receiving command until a file with data shows up in the output folder (polled "
