@@ -190,6 +190,16 @@ impl DemuxSocket {
         }
     }
 
+    /// Waits until the socket can take a datagram (see [`StunIo::writable`]).
+    ///
+    /// # Errors
+    ///
+    /// The socket's error.
+    pub async fn writable(&self) -> io::Result<()> {
+        let mut poller = Arc::clone(&self.inner).create_io_poller();
+        std::future::poll_fn(|cx| poller.as_mut().poll_writable(cx)).await
+    }
+
     /// Queues a STUN datagram for the checker, or counts it dropped.
     fn forward_stun(&self, datagram: &[u8], from: SocketAddr) {
         match self.stun.try_send((datagram.to_vec(), from)) {
@@ -333,6 +343,10 @@ impl StunIo for StunChannel {
         self.socket.send_stun(packet, to)
     }
 
+    async fn writable(&self) -> io::Result<()> {
+        self.socket.writable().await
+    }
+
     async fn recv_from(&mut self) -> io::Result<(Vec<u8>, SocketAddr)> {
         self.rx.recv().await.ok_or_else(|| {
             io::Error::new(io::ErrorKind::BrokenPipe, "the shared UDP socket is closed")
@@ -374,6 +388,7 @@ pub fn endpoint_with(
 mod tests {
     use std::sync::Mutex;
     use std::task::Waker;
+    use std::time::Duration;
 
     use super::*;
 
@@ -502,5 +517,24 @@ mod tests {
             panic!("the QUIC datagram is delivered");
         };
         assert_eq!(meta[0].addr, relay);
+    }
+
+    /// A socket made a moment ago: tokio has not seen it writable yet, and `send_to` alone
+    /// would drop the datagram (it does here, on the test's one-thread runtime, without
+    /// the wait). Address discovery waits first, so its first request leaves at once.
+    #[tokio::test]
+    async fn the_first_request_of_a_new_socket_leaves_once_writable() {
+        let peer = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        let (_socket, channel) = DemuxSocket::bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        channel.writable().await.unwrap();
+        channel
+            .send_to(b"\x00\x01first", peer.local_addr().unwrap())
+            .unwrap();
+        let mut buf = [0u8; 64];
+        let (len, _) = tokio::time::timeout(Duration::from_secs(5), peer.recv_from(&mut buf))
+            .await
+            .expect("the first datagram arrives")
+            .unwrap();
+        assert_eq!(&buf[..len], b"\x00\x01first");
     }
 }

@@ -254,6 +254,8 @@ pub async fn discover<S: StunIo>(
     let mut wait = config.first_wait;
     let mut tries = 0u32;
     loop {
+        // Bounded by the deadline: a socket that stays full is the retransmit's problem.
+        let _ = tokio::time::timeout_at(deadline, io.writable()).await;
         io.send_to(&request, reflector).map_err(io_error)?;
         tries += 1;
         let resend = (Instant::now() + wait).min(deadline);

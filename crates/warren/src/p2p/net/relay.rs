@@ -888,6 +888,8 @@ pub async fn join<S: StunIo>(
     let mut tries = 0u32;
     let mut waiting = false;
     loop {
+        // Bounded by the deadline: a socket that stays full is the retransmit's problem.
+        let _ = tokio::time::timeout_at(deadline, io.writable()).await;
         io.send_to(&bind, relay).map_err(io_error)?;
         tries += 1;
         let resend = (Instant::now() + wait).min(deadline);
