@@ -187,7 +187,7 @@ async fn serve(
     let out = out.clone();
     // The walk (or the spooling of stdin) runs while the code is shown and the receiver
     // types it.
-    let walking = {
+    let mut walking = {
         let (paths, excludes, name) = (args.paths.clone(), args.exclude.clone(), args.name.clone());
         let text = args.text.clone();
         tokio::task::spawn_blocking(
@@ -227,8 +227,28 @@ async fn serve(
     out.say(&format!(
         "Code: {code}\nOn the other machine: {receive}   (then type the code; or WARREN_CODE={code} {receive})"
     ));
+    // The first receiver's key exchange and connection run while the walk finishes: a
+    // tree of 10 000 files takes ~50 ms to walk, which a receiver that already had the
+    // code waited out before the key agreement could start. Either may end first; the
+    // receiver's future is dropped half way only when the walk failed and the offer ends
+    // anyway (`next_receiver` is not cancel-safe).
+    let (walked, mut first_receiver) = {
+        let receiver = offering.next_receiver();
+        tokio::pin!(receiver);
+        let mut first = None;
+        let walked = loop {
+            tokio::select! {
+                walked = &mut walking => break walked,
+                connected = &mut receiver, if first.is_none() => first = Some(connected),
+            }
+        };
+        if first.is_none() && matches!(walked, Ok(Ok(_))) {
+            first = Some(receiver.await);
+        }
+        (walked, first)
+    };
     // `_scratch` holds stdin's spool file until every transfer is done.
-    let (payload, _scratch) = match walking.await {
+    let (payload, _scratch) = match walked {
         Ok(Ok((payload, scratch))) => (Arc::new(payload), scratch),
         Ok(Err(error)) => {
             offering.close().await;
@@ -257,7 +277,11 @@ async fn serve(
         // Not raced against the running transfers: `next_receiver` is not cancel-safe (a
         // receiver half way through its key exchange would be dropped). Their results are
         // collected at the end.
-        let connected = match offering.next_receiver().await {
+        let next = match first_receiver.take() {
+            Some(first) => first,
+            None => offering.next_receiver().await,
+        };
+        let connected = match next {
             Ok(connected) => connected,
             Err(SessionError::Pake(error)) => {
                 out.notice(&format!("a receiver failed the key exchange: {error}"));
