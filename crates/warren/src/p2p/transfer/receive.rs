@@ -17,12 +17,16 @@
 //!    and against their BLAKE3 hash while they are written; a damaged chunk is not
 //!    written and is asked for again (Resend), up to [`MAX_BAD_PER_CHUNK`] times. The
 //!    sidecar records a chunk only after its data is written.
-//! 5. A complete file is renamed into place ([`PartFile::finish`], never over an
-//!    existing file unless asked) and reported (FileDone); after the last one, Done.
+//! 5. A complete file is flushed and renamed into place ([`PartFile::finish`], never over
+//!    an existing file unless asked) on the blocking pool while the next files arrive,
+//!    and reported (FileDone) once that is done; after the last one, Done.
 //!
-//! Disk work (writes, flushes, re-hashing partial files) runs through
-//! `on_disk` (`block_in_place`), so the runtime moves its other tasks elsewhere meanwhile.
-//! At most [`MAX_OPEN_FILES`] partial files are open at once.
+//! Disk work (writes, re-hashing partial files) runs through `on_disk` (`block_in_place`),
+//! so the runtime moves its other tasks elsewhere meanwhile. Finishing runs beside the
+//! writes because each file's `fdatasync` waits for the disk (~0.7 ms here, 0.7 s for a
+//! tree of 1000 files if done in line) and several in flight share one journal commit.
+//! At most [`MAX_OPEN_FILES`] partial files are open at once, and at most
+//! [`MAX_FINISHING`] are being finished.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::future::Future;
@@ -30,6 +34,7 @@ use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::time::Duration;
 
+use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use quinn::SendStream;
@@ -55,6 +60,9 @@ const DATA_TIMEOUT: Duration = Duration::from_secs(60);
 pub const MAX_BAD_PER_CHUNK: u32 = 3;
 /// Partial files open at once (a sender interleaving files cannot exhaust descriptors).
 pub const MAX_OPEN_FILES: usize = 64;
+/// Complete files being flushed and renamed at once (each holds a descriptor and, while
+/// it runs, a thread of the blocking pool).
+pub const MAX_FINISHING: usize = 16;
 
 /// How the receiver writes and resumes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -228,6 +236,7 @@ where
                 .handle_frame(&mut out, ctl, header, size, &payload)
                 .await?;
         }
+        receiver.report_finished(ctl, 0).await?;
     }
     stream::write_message(ctl, &ControlMessage::Done, "finishing").await?;
     let _ = ctl.finish();
@@ -267,6 +276,9 @@ struct Receiver<'a> {
     fresh: HashSet<u32>,
     /// Damaged arrivals per chunk.
     bad: HashMap<(u32, u64), u32>,
+    /// Complete files being flushed and renamed (at most [`MAX_FINISHING`]); each gives
+    /// back its file id.
+    finishing: JoinSet<Result<u32, WriteError>>,
     resumed_bytes: u64,
     received_bytes: u64,
     files_done: usize,
@@ -290,6 +302,7 @@ impl<'a> Receiver<'a> {
             open: HashMap::new(),
             fresh: HashSet::new(),
             bad: HashMap::new(),
+            finishing: JoinSet::new(),
             resumed_bytes: 0,
             received_bytes: 0,
             files_done: 0,
@@ -423,24 +436,23 @@ impl<'a> Receiver<'a> {
         });
         if complete {
             self.pending.remove(&file_id);
-            if let Some(writing) = self.open.remove(&file_id) {
-                on_disk(|| {
-                    writing
-                        .part
-                        .file()
-                        .set_len(size)
-                        .map_err(io("set the size of"))?;
-                    finish(writing.part, entry)
-                })?;
+            if let Some(Writing { part, sidecar }) = self.open.remove(&file_id) {
+                drop(sidecar);
+                let mtime = entry.mtime;
+                self.finishing.spawn_blocking(move || {
+                    part.file().set_len(size).map_err(|source| WriteError::Io {
+                        op: "set the size of",
+                        name: part.name().escaped(),
+                        source,
+                    })?;
+                    part.finish(mtime)?;
+                    Ok(file_id)
+                });
+            } else {
+                self.report_done(ctl, file_id).await?;
             }
-            stream::write_message(
-                ctl,
-                &ControlMessage::FileDone { file_id },
-                "reporting a file",
-            )
-            .await?;
-            self.file_done(file_id, entry).await;
         }
+        self.report_finished(ctl, MAX_FINISHING - 1).await?;
         self.events
             .progress(self.resumed_bytes + self.received_bytes, self.files_done);
         Ok(())
@@ -487,6 +499,51 @@ impl<'a> Receiver<'a> {
         self.open
             .get_mut(&file_id)
             .ok_or_else(|| TransferError::Protocol("internal: partial file not open".into()))
+    }
+
+    /// Reports the files finished meanwhile, waiting until at most `in_flight` are still
+    /// being finished (0: all of them).
+    async fn report_finished(
+        &mut self,
+        ctl: &mut SendStream,
+        in_flight: usize,
+    ) -> Result<(), TransferError> {
+        loop {
+            let joined = match self.finishing.try_join_next() {
+                Some(joined) => joined,
+                None if self.finishing.len() > in_flight => {
+                    match self.finishing.join_next().await {
+                        Some(joined) => joined,
+                        None => return Ok(()),
+                    }
+                }
+                None => return Ok(()),
+            };
+            let file_id = joined.map_err(|e| WriteError::Io {
+                op: "finish",
+                name: "a received file".into(),
+                source: std::io::Error::other(e),
+            })??;
+            self.report_done(ctl, file_id).await?;
+        }
+    }
+
+    /// Tells the sender that a file is complete and in place.
+    async fn report_done(
+        &mut self,
+        ctl: &mut SendStream,
+        file_id: u32,
+    ) -> Result<(), TransferError> {
+        stream::write_message(
+            ctl,
+            &ControlMessage::FileDone { file_id },
+            "reporting a file",
+        )
+        .await?;
+        if let Some(entry) = self.manifest.entry(file_id) {
+            self.file_done(file_id, entry).await;
+        }
+        Ok(())
     }
 
     async fn file_done(&mut self, file_id: u32, entry: &Entry) {
