@@ -491,6 +491,27 @@ impl PartFile {
         )
     }
 
+    /// Starts the disk writing `len` bytes at `offset` without waiting, when finished files
+    /// are flushed ([`SyncPolicy::Data`]): the flush in [`PartFile::finish`] then finds most
+    /// of a large file already written instead of writing all of it at the end (a 1 GiB
+    /// file's flush took ~0.29 s here). Best effort: an error only means the flush does
+    /// the work.
+    pub fn start_writeback(&self, offset: u64, len: u64) {
+        if self.options.sync != SyncPolicy::Data {
+            return;
+        }
+        // `POSIX_FADV_DONTNEED` starts the writeback of the range's dirty pages
+        // (WB_SYNC_NONE) and drops only pages already clean, so what was just written stays
+        // cached. `sync_file_range(SYNC_FILE_RANGE_WRITE)` says this more directly, but has
+        // no safe wrapper here (rustix lacks it and unsafe code is denied).
+        let _ = rfs::fadvise(
+            &self.file,
+            offset,
+            std::num::NonZeroU64::new(len),
+            rfs::Advice::DontNeed,
+        );
+    }
+
     /// Completes the file: sets its modification time and executable bit, flushes it
     /// (per [`SyncPolicy`]), renames it to its final name (refusing to replace an existing
     /// file unless [`Overwrite::Replace`]) and removes the sidecar.

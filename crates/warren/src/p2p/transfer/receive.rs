@@ -60,6 +60,10 @@ const DATA_TIMEOUT: Duration = Duration::from_secs(60);
 pub const MAX_BAD_PER_CHUNK: u32 = 3;
 /// Partial files open at once (a sender interleaving files cannot exhaust descriptors).
 pub const MAX_OPEN_FILES: usize = 64;
+/// How many chunks behind the newest one a large file's writeback is started
+/// ([`PartFile::start_writeback`]): far enough that the chunk is written whole, near enough
+/// that little is left for the final flush.
+const WRITEBACK_LAG: u64 = 8;
 /// Complete files being flushed and renamed at once (each holds a descriptor and, while
 /// it runs, a thread of the blocking pool).
 pub const MAX_FINISHING: usize = 16;
@@ -421,6 +425,11 @@ impl<'a> Receiver<'a> {
                 .file()
                 .write_all_at(payload, index * CHUNK_SIZE)
                 .map_err(io("write"))?;
+            if let Some(behind) = index.checked_sub(WRITEBACK_LAG) {
+                writing
+                    .part
+                    .start_writeback(behind * CHUNK_SIZE, CHUNK_SIZE);
+            }
             if let Some(sidecar) = &mut writing.sidecar {
                 sidecar
                     .record(index, &hash)
