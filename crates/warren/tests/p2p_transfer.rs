@@ -648,3 +648,41 @@ async fn a_declined_offer_writes_nothing_and_the_sender_hears_why() {
     .await
     .expect("in time");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_made_under_a_final_name_meanwhile_is_kept_and_the_transfer_stops() {
+    tokio::time::timeout(TEST_LIMIT, async {
+        let (_dir, src, out) = scratch();
+        let mut rng = rand::rngs::StdRng::seed_from_u64(21);
+        let (one, two) = (src.join("one.bin"), src.join("two.bin"));
+        random_file(&mut rng, &one, 3 << 20);
+        random_file(&mut rng, &two, 1000);
+        let peers = connect().await;
+        let sources = Sources::walk(&[one, two], &[]).expect("walk");
+        let events = Events::none();
+        // The offer passed the output folder's check; then someone else makes `two.bin`.
+        let theirs = out.join("two.bin");
+        let confirm = |_: Offer| {
+            std::fs::write(&theirs, b"mine").expect("write");
+            std::future::ready(true)
+        };
+        let (sent, received) = tokio::join!(
+            transfer::send(&peers.sender, &sources, &events),
+            transfer::receive(
+                &peers.receiver,
+                &out,
+                ReceiveOptions::default(),
+                confirm,
+                &events
+            ),
+        );
+        // Finishing runs beside the network; its refusal still stops the transfer.
+        let error = received.expect_err("the rename must be refused");
+        assert!(matches!(error, TransferError::Write(_)), "{error}");
+        assert!(error.to_string().contains("two.bin"), "{error}");
+        assert!(sent.is_err(), "the sender hears of it");
+        assert_eq!(std::fs::read(&theirs).expect("read"), b"mine");
+    })
+    .await
+    .expect("in time");
+}
