@@ -446,12 +446,27 @@ async fn warren_http_publishes_a_local_server_at_a_subdomain_and_prints_the_url(
             "[server.http]\nsubdomain_host = \"tunnel.test\"\n",
         ),
     );
-    let _server = Proc::warren(
+    let mut server = Proc::warren(
         &dir,
         "server",
         &["server", server_toml.to_str().unwrap()],
         &[("WARREN_PSK", PSK)],
     );
+    // The one-liner backs off between connection attempts (1, 2, 4, 5, 15 s): start it
+    // once the server listens, so a server slow to start on a loaded machine cannot use
+    // up its 15 s, and a server that failed says why.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    while tokio::net::TcpStream::connect(loopback(server_port))
+        .await
+        .is_err()
+    {
+        assert!(
+            server.is_running() && tokio::time::Instant::now() < deadline,
+            "the server did not start listening on {server_port}\n{}",
+            server.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let mut oneliner = Proc::warren(
         &dir,
         "http",
