@@ -130,21 +130,40 @@ fn yes(_: Offer) -> std::future::Ready<bool> {
     std::future::ready(true)
 }
 
-/// One whole transfer of `source` (a folder) into `out`.
-async fn transfer_tree(source: &Path, out: &Path) -> (Summary, Summary) {
-    let peers = connect().await;
-    let sources = Sources::walk(&[source.to_path_buf()], &[]).expect("walk");
-    let events = Events::none();
-    let (sent, received) = tokio::join!(
-        transfer::send(&peers.sender, &sources, &events),
+/// Runs both sides of one transfer at once: the sender (quiet) and the receiver, which
+/// answers the offer with `confirm` and reports to `events`.
+async fn both_sides<F, Fut>(
+    peers: &Peers,
+    sources: &Sources,
+    out: &Path,
+    confirm: F,
+    events: &Events,
+) -> (
+    Result<Summary, TransferError>,
+    Result<Summary, TransferError>,
+)
+where
+    F: FnOnce(Offer) -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let quiet = Events::none();
+    tokio::join!(
+        transfer::send(&peers.sender, sources, &quiet),
         transfer::receive(
             &peers.receiver,
             out,
             ReceiveOptions::default(),
-            yes,
-            &events
+            confirm,
+            events
         ),
-    );
+    )
+}
+
+/// One whole transfer of `source` (a folder) into `out`.
+async fn transfer_tree(source: &Path, out: &Path) -> (Summary, Summary) {
+    let peers = connect().await;
+    let sources = Sources::walk(&[source.to_path_buf()], &[]).expect("walk");
+    let (sent, received) = both_sides(&peers, &sources, out, yes, &Events::none()).await;
     (sent.expect("sent"), received.expect("received"))
 }
 
@@ -204,23 +223,13 @@ async fn three_hundred_small_files_arrive_with_events() {
         let sources = Sources::walk(std::slice::from_ref(&tree), &[]).expect("walk");
         let (queue, mut seen) = mpsc::channel(1024);
         let events = Events::new(queue);
-        let no_events = Events::none();
         let offers = Arc::new(std::sync::Mutex::new(None));
         let offered = offers.clone();
         let confirm = move |offer: Offer| {
             *offered.lock().expect("lock") = Some(offer);
             std::future::ready(true)
         };
-        let (sent, received) = tokio::join!(
-            transfer::send(&peers.sender, &sources, &no_events),
-            transfer::receive(
-                &peers.receiver,
-                &out,
-                ReceiveOptions::default(),
-                confirm,
-                &events
-            ),
-        );
+        let (sent, received) = both_sides(&peers, &sources, &out, confirm, &events).await;
         sent.expect("sent");
         received.expect("received");
         assert_eq!(hashes(&tree), hashes(&out.join("many")));
@@ -258,7 +267,6 @@ async fn interrupted_transfer(tree: &Path, out: &Path) {
     let total = sources.manifest().total_size();
     let (queue, mut seen) = mpsc::channel(1024);
     let events = Events::new(queue);
-    let no_events = Events::none();
     let receiver_connection = peers.receiver.clone();
     let cutter = tokio::spawn(async move {
         while let Some(event) = seen.recv().await {
@@ -270,16 +278,7 @@ async fn interrupted_transfer(tree: &Path, out: &Path) {
             }
         }
     });
-    let (sent, received) = tokio::join!(
-        transfer::send(&peers.sender, &sources, &no_events),
-        transfer::receive(
-            &peers.receiver,
-            out,
-            ReceiveOptions::default(),
-            yes,
-            &events
-        ),
-    );
+    let (sent, received) = both_sides(&peers, &sources, out, yes, &events).await;
     assert!(sent.is_err(), "the sender saw the cut");
     let err = received.expect_err("the receiver was cut");
     assert!(err.is_retryable(), "{err}");
@@ -619,18 +618,8 @@ async fn a_declined_offer_writes_nothing_and_the_sender_hears_why() {
         random_file(&mut rand::rng(), &tree.join("x/y.bin"), 5000);
         let peers = connect().await;
         let sources = Sources::walk(&[tree], &[]).expect("walk");
-        let no_events = Events::none();
         let no = |_: Offer| std::future::ready(false);
-        let (sent, received) = tokio::join!(
-            transfer::send(&peers.sender, &sources, &no_events),
-            transfer::receive(
-                &peers.receiver,
-                &out,
-                ReceiveOptions::default(),
-                no,
-                &no_events
-            ),
-        );
+        let (sent, received) = both_sides(&peers, &sources, &out, no, &Events::none()).await;
         assert!(matches!(received, Err(TransferError::Declined)));
         let err = sent.expect_err("declined");
         assert!(
@@ -659,23 +648,13 @@ async fn a_file_made_under_a_final_name_meanwhile_is_kept_and_the_transfer_stops
         random_file(&mut rng, &two, 1000);
         let peers = connect().await;
         let sources = Sources::walk(&[one, two], &[]).expect("walk");
-        let events = Events::none();
         // The offer passed the output folder's check; then someone else makes `two.bin`.
         let theirs = out.join("two.bin");
         let confirm = |_: Offer| {
             std::fs::write(&theirs, b"mine").expect("write");
             std::future::ready(true)
         };
-        let (sent, received) = tokio::join!(
-            transfer::send(&peers.sender, &sources, &events),
-            transfer::receive(
-                &peers.receiver,
-                &out,
-                ReceiveOptions::default(),
-                confirm,
-                &events
-            ),
-        );
+        let (sent, received) = both_sides(&peers, &sources, &out, confirm, &Events::none()).await;
         // Finishing runs beside the network; its refusal still stops the transfer.
         let error = received.expect_err("the rename must be refused");
         assert!(matches!(error, TransferError::Write(_)), "{error}");
