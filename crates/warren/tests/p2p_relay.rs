@@ -235,8 +235,8 @@ async fn a_batch_of_datagrams_crosses_the_relay_datagram_by_datagram() {
     for (i, &size) in sizes.iter().enumerate() {
         batch.extend(std::iter::repeat_n(0x40 + i as u8, size));
     }
-    let sending = warren::p2p::net::batch::BatchSocket::new(&a).unwrap();
-    sending.send(&batch, 1200, server.udp, None).await;
+    let sending = warren::relay::udp::batch::BatchSocket::new(&a).unwrap();
+    sending.send(&batch, 1200, server.udp, None).await.unwrap();
 
     let mut buf = vec![0u8; 2048];
     let mut got = Vec::new();

@@ -296,6 +296,99 @@ async fn issue4_empty_and_largest_datagrams_pass_whole() {
     }
 }
 
+/// A target that keeps every datagram it reads, one `recv` each, in arrival order.
+async fn recording_target() -> (SocketAddr, Arc<Mutex<Vec<Vec<u8>>>>) {
+    let socket = target_socket();
+    let addr = socket.local_addr().unwrap();
+    let seen: Arc<Mutex<Vec<Vec<u8>>>> = Arc::default();
+    let record = Arc::clone(&seen);
+    tokio::spawn(async move {
+        let mut buf = vec![0u8; 65_536];
+        while let Ok(n) = socket.recv(&mut buf).await {
+            record.lock().unwrap().push(buf[..n].to_vec());
+        }
+    });
+    (addr, seen)
+}
+
+/// The client sends the datagrams of one flow that arrive together in one call (GSO): the
+/// target must still read each datagram on its own, whole and in order, whatever their
+/// sizes (runs of one size, a shorter one, an empty one, one size again).
+#[tokio::test]
+async fn a_burst_of_one_flow_reaches_the_target_datagram_by_datagram_in_order() {
+    let (target, seen) = recording_target().await;
+    let tunnel = udp_tunnel(target, UdpSettings::DEFAULT).await;
+    let socket = visitor(tunnel.service).await;
+    let mut sizes = vec![1200; 120];
+    sizes.extend([300, 0, 1200, 1200, 65_507, 1]);
+    sizes.extend(vec![1400; 120]);
+    let sent: Vec<Vec<u8>> = sizes.iter().map(|&len| datagram(len)).collect();
+    // The first one opens the flow (and the channel); the rest go in one burst.
+    socket.send(&sent[0]).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while seen.lock().unwrap().is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "the first datagram never reached the target"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    for payload in &sent[1..] {
+        socket.send(payload).await.unwrap();
+    }
+    while seen.lock().unwrap().len() < sent.len() {
+        assert!(
+            Instant::now() < deadline,
+            "{} of {} datagrams reached the target",
+            seen.lock().unwrap().len(),
+            sent.len()
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let seen = seen.lock().unwrap();
+    assert_eq!(seen.len(), sent.len(), "no datagram split or merged");
+    for (i, (got, want)) in seen.iter().zip(&sent).enumerate() {
+        assert_eq!(got.len(), want.len(), "datagram {i}'s length");
+        assert!(got == want, "datagram {i}'s bytes (in order)");
+    }
+}
+
+/// A target that answers with a batch sent in one call (GSO, as a QUIC server does): the
+/// client's flow socket reads it in one go (GRO), and the visitor must still get each
+/// datagram on its own.
+#[tokio::test]
+async fn a_batch_the_target_sends_in_one_call_reaches_the_visitor_datagram_by_datagram() {
+    let socket = target_socket();
+    let target = socket.local_addr().unwrap();
+    // 10 datagrams of 1000 bytes and one of 123, each filled with its index.
+    let mut batch = Vec::new();
+    for i in 0..10u8 {
+        batch.extend(std::iter::repeat_n(i, 1000));
+    }
+    batch.extend(std::iter::repeat_n(10u8, 123));
+    let answer = batch.clone();
+    tokio::spawn(async move {
+        let batches = warren::relay::udp::batch::BatchSocket::new(&socket).unwrap();
+        let mut buf = vec![0u8; 65_536];
+        while let Ok((_, peer)) = socket.recv_from(&mut buf).await {
+            batches.send(&answer, 1000, peer, None).await.unwrap();
+        }
+    });
+    let tunnel = udp_tunnel(target, UdpSettings::DEFAULT).await;
+    let visitor = visitor(tunnel.service).await;
+    visitor.send(b"go").await.unwrap();
+    let mut buf = vec![0u8; 65_536];
+    for i in 0..11u8 {
+        let n = tokio::time::timeout(Duration::from_secs(5), visitor.recv(&mut buf))
+            .await
+            .unwrap_or_else(|_| panic!("datagram {i} never came"))
+            .unwrap();
+        let want = if i < 10 { 1000 } else { 123 };
+        assert_eq!(n, want, "datagram {i}'s length");
+        assert!(buf[..n].iter().all(|&b| b == i), "datagram {i}'s bytes");
+    }
+}
+
 #[tokio::test]
 async fn issue4_full_table_evicts_the_least_recently_active_visitor() {
     let target = port_echo_target().await;

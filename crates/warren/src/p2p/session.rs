@@ -1172,7 +1172,7 @@ impl PeerSocket {
     }
 
     /// The settings of a connection on the direct path or through the relay. The relay
-    /// forwards GSO batches whole (`net::batch`), so a relayed connection keeps GSO-sized
+    /// forwards GSO batches whole (`relay::udp::batch`), so a relayed connection keeps GSO-sized
     /// packets: loopback's single 64 KiB packets measured 1.3-4x slower relayed (when the
     /// relay still forwarded one datagram per call), and 1.2x faster direct.
     fn path_settings(&self, relayed: bool) -> QuicSettings {

@@ -34,7 +34,6 @@ use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 
-pub mod batch;
 pub mod candidates;
 pub mod demux;
 pub mod key;

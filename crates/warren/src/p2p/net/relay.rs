@@ -51,13 +51,13 @@ use tokio_util::sync::CancellationToken;
 use warren_proto::stun::{self, Class, Demux, Message, RELAY_TOKEN_LEN, RelayState};
 
 use super::StunIo;
-use super::batch::{Batch, BatchSocket, RECV_BUF_LEN};
 use super::key::CheckKey;
 use super::reflector::{Reflector, ReflectorConfig};
 use super::tcp_leg::TcpLegs;
 use crate::config::p2p::P2pConfig;
 use crate::crypto::secret::Secret;
 use crate::metrics::P2pRelayMeter;
+use crate::relay::udp::batch::{Batch, BatchSocket, RECV_BUF_LEN};
 
 /// Domain of the token's derivation from the PAKE's relay key.
 const TOKEN_CONTEXT: &str = "warren relay token v1";
@@ -706,7 +706,7 @@ pub async fn serve_udp_with(
 
 /// What the serve loop drives: the socket, the TCP legs, the relay and the reflector.
 struct Forwarder<'a> {
-    socket: &'a BatchSocket<'a>,
+    socket: &'a BatchSocket<&'a UdpSocket>,
     legs: &'a TcpLegs,
     relay: &'a mut Relay,
     reflector: &'a mut Reflector,
@@ -764,7 +764,8 @@ impl Forwarder<'_> {
             }
             return;
         }
-        self.socket.send(datagrams, stride, to, batch.ecn).await;
+        // A failed call dropped its datagrams; QUIC above retransmits them.
+        let _ = self.socket.send(datagrams, stride, to, batch.ecn).await;
     }
 
     /// An answer (a bind's, the reflector's), sent without waiting: a full buffer drops it

@@ -16,6 +16,7 @@
 //! `visitors` on the server and `targets` on the client; a forward service the other way
 //! round.
 
+pub mod batch;
 pub mod targets;
 pub mod visitors;
 
@@ -227,7 +228,12 @@ impl UdpStats {
     /// Counts one datagram of `len` payload bytes under `counter` (`ToTunnel` or
     /// `FromTunnel`), `up` when it went from a visitor towards the target.
     pub fn carried(&self, counter: Counter, len: usize, up: bool) {
-        self.bump(counter);
+        self.carried_many(counter, 1, len, up);
+    }
+
+    /// Like [`UdpStats::carried`], for `datagrams` datagrams of `len` bytes in all.
+    pub fn carried_many(&self, counter: Counter, datagrams: u64, len: usize, up: bool) {
+        self.add(counter, datagrams);
         let bytes = if up { &self.bytes_up } else { &self.bytes_down };
         bytes.inc_by(len as u64);
     }
@@ -316,36 +322,48 @@ pub fn bind_service_socket(addr: SocketAddr) -> io::Result<UdpSocket> {
     UdpSocket::from_std(socket.into())
 }
 
-/// One receive on a connected socket.
-#[derive(Debug)]
-pub enum Received {
-    /// A whole datagram, copied out.
-    Datagram(Vec<u8>),
+/// One datagram read from a flow's socket.
+pub enum Received<'a> {
+    /// A whole datagram (borrowing the receive buffer).
+    Datagram(&'a [u8]),
     /// A datagram longer than [`MAX_DATAGRAM_LEN`] (dropped): its length.
     Oversized(usize),
 }
 
 std::thread_local! {
     /// One receive buffer per worker thread, so thousands of idle flow sockets hold no
-    /// 64 KiB buffer each. Only borrowed inside a synchronous `try_recv`.
-    static RECV_BUF: std::cell::RefCell<Vec<u8>> = std::cell::RefCell::new(vec![0; RECV_BUF_LEN]);
+    /// buffer each. Only borrowed inside a synchronous `try_recv`. Large enough for a whole
+    /// GRO batch ([`batch::RECV_BUF_LEN`]).
+    static RECV_BUF: std::cell::RefCell<Vec<u8>> = std::cell::RefCell::new(vec![0; batch::RECV_BUF_LEN]);
 }
 
-/// Receives one datagram from a connected socket without holding a buffer while idle.
+/// Waits for what a flow's socket has to read, one datagram or a batch the target sent in
+/// one call (the socket asks for GRO), and hands each datagram to `each` in order, without
+/// holding a buffer while idle.
 ///
 /// Cancel safe: it waits for readiness, then receives synchronously.
 ///
 /// # Errors
 /// Socket errors (e.g. `ConnectionRefused` after the target answered with ICMP).
-pub async fn recv_connected(socket: &UdpSocket) -> io::Result<Received> {
+pub async fn recv_connected<S: std::ops::Deref<Target = UdpSocket>>(
+    socket: &batch::BatchSocket<S>,
+    mut each: impl FnMut(Received<'_>),
+) -> io::Result<()> {
     loop {
-        socket.readable().await?;
+        socket.socket().readable().await?;
         let received = RECV_BUF.with_borrow_mut(|buf| {
-            socket.try_recv(buf).map(|n| {
-                if n > MAX_DATAGRAM_LEN {
-                    Received::Oversized(n)
-                } else {
-                    Received::Datagram(buf[..n].to_vec())
+            socket.try_recv(buf).map(|batch| {
+                if batch.len == 0 {
+                    // An empty datagram is a datagram too.
+                    each(Received::Datagram(&[]));
+                    return;
+                }
+                if batch.stride > MAX_DATAGRAM_LEN {
+                    each(Received::Oversized(batch.len));
+                    return;
+                }
+                for datagram in buf[..batch.len].chunks(batch.stride.max(1)) {
+                    each(Received::Datagram(datagram));
                 }
             })
         });

@@ -12,11 +12,16 @@
 //! Flows live in a bounded [`FlowTable`] (LRU eviction, idle expiry refreshed by traffic in
 //! either direction). Readers hand replies to the channel writer through a bounded queue
 //! (`try_send`; full means dropped and counted), and hold no buffer while idle.
+//!
+//! Datagrams of one flow that arrive together (a record read holds many) leave in one
+//! system call as a [`Run`] (GSO, see [`batch`](super::batch)); the target still reads
+//! them one by one, with their boundaries, but is woken once per run.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use futures_util::FutureExt;
 use tokio::net::UdpSocket;
 use tokio::sync::mpsc;
 use tokio::time::{Instant, MissedTickBehavior};
@@ -24,6 +29,7 @@ use tokio_util::sync::{CancellationToken, DropGuard};
 use tokio_util::task::TaskTracker;
 use tracing::{debug, info, warn};
 
+use super::batch::BatchSocket;
 use super::{Counter, FlowTable, Received, TUNNEL_QUEUE, UdpStats, recv_connected, sweep_interval};
 use crate::config::{HostPort, UdpSettings};
 use crate::relay::limit::Bandwidth;
@@ -33,10 +39,53 @@ use crate::session::stream::Stream;
 /// How long resolving the target's name may take.
 const RESOLVE_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// A flow's socket towards the target, connected to it.
+type FlowSocket = Arc<BatchSocket<Arc<UdpSocket>>>;
+
 /// One flow: its socket towards the target; dropping it stops the reader task.
 struct Flow {
-    socket: Arc<UdpSocket>,
+    socket: FlowSocket,
     _reader: DropGuard,
+}
+
+/// The most bytes one [`Run`] gathers: what one UDP send may carry.
+const MAX_RUN_BYTES: usize = 65_507;
+
+/// Datagrams of one flow and one size, received back to back, to leave in one call.
+#[derive(Default)]
+struct Run {
+    flow: FlowId,
+    /// The size of each datagram.
+    stride: usize,
+    count: usize,
+    /// The datagrams, back to back (empty while no run is gathered).
+    bytes: Vec<u8>,
+}
+
+impl Run {
+    /// Adds a datagram if it continues this run (same flow, same size, room left); an
+    /// empty run takes any datagram, and an empty datagram is a run of its own.
+    fn push(&mut self, flow: FlowId, datagram: &[u8], max_count: usize) -> bool {
+        if self.count == 0 {
+            self.flow = flow;
+            self.stride = datagram.len();
+        } else if flow != self.flow
+            || self.stride == 0
+            || datagram.len() != self.stride
+            || self.count >= max_count
+            || self.bytes.len() + datagram.len() > MAX_RUN_BYTES
+        {
+            return false;
+        }
+        self.bytes.extend_from_slice(datagram);
+        self.count += 1;
+        true
+    }
+
+    fn clear(&mut self) {
+        self.count = 0;
+        self.bytes.clear();
+    }
 }
 
 type Flows = Arc<Mutex<FlowTable<FlowId, Flow>>>;
@@ -95,59 +144,64 @@ pub async fn serve(side: TargetSide<'_>, channel: Stream) {
         let mut sweep = tokio::time::interval(sweep_interval(settings.idle_timeout));
         sweep.set_missed_tick_behavior(MissedTickBehavior::Delay);
         let mut reported = stats.snapshot();
+        let mut run = Run::default();
+        let sending = Sending {
+            name,
+            target,
+            tasks,
+            flows: &flows,
+            reader: FlowReader {
+                queue: &queue,
+                stats: &stats,
+                limit: limit.as_ref(),
+            },
+            cancel: &cancel,
+        };
         loop {
-            let (flow, bytes) = tokio::select! {
-                _ = sweep.tick() => {
-                    let (expired, active) = {
-                        let mut table = flows.lock().unwrap_or_else(PoisonError::into_inner);
-                        (table.expire(Instant::now()).len(), table.len())
-                    };
-                    stats.add(Counter::FlowsExpired, expired as u64);
-                    let now_stats = stats.snapshot();
-                    if now_stats.differs_in_drops(&reported) {
-                        info!(event = "udp_stats", service = %name, active, stats = ?now_stats, "UDP service counters changed");
-                        reported = now_stats;
-                    }
-                    continue;
-                }
-                received = receiver.recv_datagram() => match received {
-                    Ok(Some(datagram)) => datagram,
-                    Ok(None) => return "closed by the peer".to_owned(),
-                    Err(error) => return error.to_string(),
-                },
-            };
-            let socket = flows
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .touch(&flow, Instant::now())
-                .map(|f| Arc::clone(&f.socket));
-            let socket = match socket {
-                Some(socket) => socket,
-                None => {
-                    let reader = FlowReader {
-                        queue: &queue,
-                        stats: &stats,
-                        limit: limit.as_ref(),
-                    };
-                    match open_flow(tasks, name, flow, target, &flows, reader, &cancel).await {
-                        Ok(socket) => socket,
-                        Err(error) => {
-                            stats.bump(Counter::SendErrors);
-                            warn!(event = "udp_socket_failed", service = %name, %target, %error, "could not open a socket towards the target");
-                            continue;
+            let received = if run.count == 0 {
+                tokio::select! {
+                    _ = sweep.tick() => {
+                        let (expired, active) = {
+                            let mut table = flows.lock().unwrap_or_else(PoisonError::into_inner);
+                            (table.expire(Instant::now()).len(), table.len())
+                        };
+                        stats.add(Counter::FlowsExpired, expired as u64);
+                        let now_stats = stats.snapshot();
+                        if now_stats.differs_in_drops(&reported) {
+                            info!(event = "udp_stats", service = %name, active, stats = ?now_stats, "UDP service counters changed");
+                            reported = now_stats;
                         }
+                        continue;
                     }
+                    received = receiver.recv_datagram() => received,
+                }
+            } else {
+                // A run grows with what has already arrived, never waiting for more.
+                match receiver.recv_datagram().now_or_never() {
+                    Some(received) => received,
+                    None => {
+                        sending.send(&mut run).await;
+                        continue;
+                    }
+                }
+            };
+            let (flow, bytes) = match received {
+                Ok(Some(datagram)) => datagram,
+                Ok(None) => {
+                    sending.send(&mut run).await;
+                    return "closed by the peer".to_owned();
+                }
+                Err(error) => {
+                    sending.send(&mut run).await;
+                    return error.to_string();
                 }
             };
             if !stats.within(limit.as_ref().map(|l| &l.to_local), bytes.len()) {
                 continue;
             }
-            match socket.send(bytes).await {
-                Ok(_) => stats.carried(Counter::FromTunnel, bytes.len(), true),
-                Err(error) => {
-                    stats.bump(Counter::SendErrors);
-                    debug!(event = "udp_send_failed", service = %name, %target, %error, "could not send a datagram to the target");
-                }
+            if !run.push(flow, bytes, MAX_RUN_DATAGRAMS) {
+                sending.send(&mut run).await;
+                run.push(flow, bytes, MAX_RUN_DATAGRAMS);
             }
         }
     };
@@ -159,6 +213,66 @@ pub async fn serve(side: TargetSide<'_>, channel: Stream) {
     // Dropping the table's flows stops their reader tasks.
     cancel.cancel();
     debug!(event = "udp_channel_closed", service = %name, %reason, "datagram channel closed");
+}
+
+/// The most datagrams in one [`Run`] (the kernel's GSO limit; the socket may allow fewer,
+/// and the send splits to fit).
+const MAX_RUN_DATAGRAMS: usize = 64;
+
+/// What sends a channel's runs: the flows and how to open a new one.
+struct Sending<'a> {
+    name: &'a str,
+    target: SocketAddr,
+    tasks: &'a TaskTracker,
+    flows: &'a Flows,
+    reader: FlowReader<'a>,
+    cancel: &'a CancellationToken,
+}
+
+impl Sending<'_> {
+    /// Sends `run` to the target through its flow's socket (opened on the flow's first
+    /// datagram), then empties it.
+    async fn send(&self, run: &mut Run) {
+        if run.count == 0 {
+            return;
+        }
+        let Sending {
+            name,
+            target,
+            tasks,
+            flows,
+            ref reader,
+            cancel,
+        } = *self;
+        let socket = flows
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .touch(&run.flow, Instant::now())
+            .map(|f| Arc::clone(&f.socket));
+        let socket = match socket {
+            Some(socket) => Ok(socket),
+            None => open_flow(tasks, name, run.flow, target, flows, reader, cancel).await,
+        };
+        match socket {
+            Ok(socket) => match socket.send(&run.bytes, run.stride, target, None).await {
+                Ok(()) => reader.stats.carried_many(
+                    Counter::FromTunnel,
+                    run.count as u64,
+                    run.bytes.len(),
+                    true,
+                ),
+                Err(error) => {
+                    reader.stats.bump(Counter::SendErrors);
+                    debug!(event = "udp_send_failed", service = %name, %target, %error, "could not send a datagram to the target");
+                }
+            },
+            Err(error) => {
+                reader.stats.bump(Counter::SendErrors);
+                warn!(event = "udp_socket_failed", service = %name, %target, %error, "could not open a socket towards the target");
+            }
+        }
+        run.clear();
+    }
 }
 
 /// The first address `target` resolves to, within [`RESOLVE_TIMEOUT`].
@@ -187,14 +301,14 @@ async fn open_flow(
     flow: FlowId,
     target: SocketAddr,
     flows: &Flows,
-    reader: FlowReader<'_>,
+    reader: &FlowReader<'_>,
     cancel: &CancellationToken,
-) -> std::io::Result<Arc<UdpSocket>> {
+) -> std::io::Result<FlowSocket> {
     let FlowReader {
         queue,
         stats,
         limit,
-    } = reader;
+    } = *reader;
     // Loopback targets get a loopback socket; anything else the wildcard of its family.
     let local: IpAddr = match target.ip() {
         ip if ip.is_loopback() => ip,
@@ -203,7 +317,7 @@ async fn open_flow(
     };
     let socket = UdpSocket::bind(SocketAddr::new(local, 0)).await?;
     socket.connect(target).await?;
-    let socket = Arc::new(socket);
+    let socket = Arc::new(BatchSocket::new(Arc::new(socket))?);
     let reader_cancel = cancel.child_token();
     let evicted = flows.lock().unwrap_or_else(PoisonError::into_inner).insert(
         flow,
@@ -231,30 +345,34 @@ async fn open_flow(
     let limit = limit.cloned();
     let service = service.to_owned();
     tasks.spawn(async move {
+        let mut each = |received: Received<'_>| match received {
+            Received::Datagram(bytes) => {
+                flows
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .touch(&flow, Instant::now());
+                let len = bytes.len();
+                if !stats.within(limit.as_ref().map(|l| &l.to_tunnel), len) {
+                    return;
+                }
+                match queue.try_send((flow, bytes.to_vec())) {
+                    Ok(()) => stats.carried(Counter::ToTunnel, len, false),
+                    Err(mpsc::error::TrySendError::Full(_)) => {
+                        stats.bump(Counter::DroppedQueueFull);
+                    }
+                    // The channel is gone; the loop below sees it and stops.
+                    Err(mpsc::error::TrySendError::Closed(_)) => {}
+                }
+            }
+            Received::Oversized(_) => stats.bump(Counter::DroppedOversized),
+        };
         loop {
             let received = tokio::select! {
                 () = reader_cancel.cancelled() => return,
-                received = recv_connected(&reader_socket) => received,
+                received = recv_connected(&reader_socket, &mut each) => received,
             };
             match received {
-                Ok(Received::Datagram(bytes)) => {
-                    flows
-                        .lock()
-                        .unwrap_or_else(PoisonError::into_inner)
-                        .touch(&flow, Instant::now());
-                    let len = bytes.len();
-                    if !stats.within(limit.as_ref().map(|l| &l.to_tunnel), len) {
-                        continue;
-                    }
-                    match queue.try_send((flow, bytes)) {
-                        Ok(()) => stats.carried(Counter::ToTunnel, len, false),
-                        Err(mpsc::error::TrySendError::Full(_)) => {
-                            stats.bump(Counter::DroppedQueueFull)
-                        }
-                        Err(mpsc::error::TrySendError::Closed(_)) => return,
-                    }
-                }
-                Ok(Received::Oversized(_)) => stats.bump(Counter::DroppedOversized),
+                Ok(()) => {}
                 // The target's port is closed (ICMP): keep the flow, the target may come back.
                 Err(error) if error.kind() == std::io::ErrorKind::ConnectionRefused => {
                     stats.bump(Counter::SendErrors);
@@ -263,6 +381,9 @@ async fn open_flow(
                     debug!(event = "udp_recv_failed", %service, %error, "receive failed on a target socket");
                     return;
                 }
+            }
+            if queue.is_closed() {
+                return;
             }
         }
     });
