@@ -353,6 +353,53 @@ async fn a_burst_of_one_flow_reaches_the_target_datagram_by_datagram_in_order() 
     }
 }
 
+/// A visitor that sends a batch in one call (GSO): the service socket reads it in one go
+/// (GRO), and the target must still get each datagram on its own.
+#[tokio::test]
+async fn a_batch_a_visitor_sends_in_one_call_reaches_the_target_datagram_by_datagram() {
+    let (target, seen) = recording_target().await;
+    let tunnel = udp_tunnel(target, UdpSettings::DEFAULT).await;
+    let socket = visitor(tunnel.service).await;
+    // The flow (and its channel) first, so the batch is not raced by their opening.
+    socket.send(b"open").await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while seen.lock().unwrap().is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "the first datagram never reached the target"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let mut batch = Vec::new();
+    for i in 0..10u8 {
+        batch.extend(std::iter::repeat_n(i, 1000));
+    }
+    batch.extend(std::iter::repeat_n(10u8, 123));
+    warren::relay::udp::batch::BatchSocket::new(&socket)
+        .unwrap()
+        .send(&batch, 1000, tunnel.service, None)
+        .await
+        .unwrap();
+    while seen.lock().unwrap().len() < 12 {
+        assert!(
+            Instant::now() < deadline,
+            "{} of 11 datagrams reached the target",
+            seen.lock().unwrap().len() - 1
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let seen = seen.lock().unwrap();
+    assert_eq!(seen.len(), 12, "no datagram split or merged");
+    for (i, got) in seen[1..].iter().enumerate() {
+        let want = if i < 10 { 1000 } else { 123 };
+        assert_eq!(got.len(), want, "datagram {i}'s length");
+        assert!(
+            got.iter().all(|&b| usize::from(b) == i),
+            "datagram {i}'s bytes"
+        );
+    }
+}
+
 /// A target that answers with a batch sent in one call (GSO, as a QUIC server does): the
 /// client's flow socket reads it in one go (GRO), and the visitor must still get each
 /// datagram on its own.

@@ -52,6 +52,34 @@ pub struct Batch {
     pub ecn: Option<EcnCodepoint>,
 }
 
+impl From<&RecvMeta> for Batch {
+    fn from(meta: &RecvMeta) -> Self {
+        Batch {
+            len: meta.len,
+            stride: if meta.stride == 0 {
+                meta.len
+            } else {
+                meta.stride
+            },
+            from: meta.addr,
+            ecn: meta.ecn,
+        }
+    }
+}
+
+impl Batch {
+    /// Nothing read yet (a placeholder for [`BatchSocket::try_recv_many`]'s output).
+    pub const EMPTY: Batch = Batch {
+        len: 0,
+        stride: 0,
+        from: SocketAddr::V4(std::net::SocketAddrV4::new(
+            std::net::Ipv4Addr::UNSPECIFIED,
+            0,
+        )),
+        ecn: None,
+    };
+}
+
 /// A UDP socket that reads GRO batches and writes GSO batches (see the module doc). `S`
 /// holds the socket: a borrow (`&UdpSocket`) or a share of it (`Arc<UdpSocket>`).
 pub struct BatchSocket<S> {
@@ -110,17 +138,40 @@ impl<S: Deref<Target = UdpSocket>> BatchSocket<S> {
                 return Err(io::ErrorKind::WouldBlock.into());
             }
             let [meta] = meta;
-            Ok(Batch {
-                len: meta.len,
-                stride: if meta.stride == 0 {
-                    meta.len
-                } else {
-                    meta.stride
-                },
-                from: meta.addr,
-                ecn: meta.ecn,
-            })
+            Ok(Batch::from(&meta))
         })
+    }
+
+    /// Reads what is waiting into `bufs`, one datagram or GRO batch per buffer (each at
+    /// least 64 KiB: a GRO batch never exceeds that), as many as there are buffers (up to
+    /// quinn-udp's batch size) in one call, and describes each in `batches`. Returns how
+    /// many were read.
+    ///
+    /// # Errors
+    ///
+    /// `WouldBlock` when nothing is waiting, else the socket's error.
+    pub fn try_recv_many(
+        &self,
+        bufs: &mut [IoSliceMut<'_>],
+        batches: &mut [Batch],
+    ) -> io::Result<usize> {
+        let count = bufs.len().min(batches.len()).min(quinn::udp::BATCH_SIZE);
+        let mut meta = [RecvMeta::default(); quinn::udp::BATCH_SIZE];
+        let read = self.socket.try_io(Interest::READABLE, || {
+            let read = self.state.recv(
+                (&*self.socket).into(),
+                &mut bufs[..count],
+                &mut meta[..count],
+            )?;
+            if read == 0 {
+                return Err(io::ErrorKind::WouldBlock.into());
+            }
+            Ok(read)
+        })?;
+        for (batch, meta) in batches.iter_mut().zip(&meta[..read]) {
+            *batch = Batch::from(meta);
+        }
+        Ok(read)
     }
 
     /// Sends `datagrams` (each `stride` bytes, the last one maybe shorter; empty: one empty

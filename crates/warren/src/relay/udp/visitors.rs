@@ -15,13 +15,15 @@
 //! dies is replaced at the next datagram. UDP never shares a channel with a TCP stream, so a
 //! slow TCP transfer never delays a datagram.
 //!
-//! Tasks: the service loop ([`serve`]) reads the socket, keeps the table and hands
-//! datagrams to the current channel through a bounded queue (`try_send`: a full queue drops
+//! Tasks: the service loop ([`serve`]) reads the socket (up to [`RECV_BATCH`] datagrams per
+//! call; with GRO on, a visitor's GSO batch arrives whole and is split by its stride), keeps
+//! the table and hands datagrams to the current channel through a bounded queue (`try_send`: a full queue drops
 //! and counts, the socket reader never blocks); each channel runs in its own task that
 //! writes the queue out and sends what comes back to the visitor the flow id names.
 
 use std::collections::HashMap;
 use std::future::Future;
+use std::io::IoSliceMut;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -33,6 +35,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{debug, info, warn};
 
+use super::batch::{Batch, BatchSocket};
 use super::{Counter, FlowTable, RECV_BUF_LEN, TUNNEL_QUEUE, UdpStats, sweep_interval};
 use crate::config::UdpSettings;
 use crate::relay::limit::Bandwidth;
@@ -157,6 +160,8 @@ struct Link<T> {
 struct Service<S: ChannelSource> {
     name: String,
     socket: Arc<UdpSocket>,
+    /// The flow table's bound (logs).
+    max_sessions: usize,
     flows: Mutex<Flows<S::Session>>,
     stats: Arc<UdpStats>,
     limit: Option<Arc<Bandwidth>>,
@@ -181,6 +186,7 @@ pub async fn serve<S: ChannelSource>(
     let service = Arc::new(Service {
         name,
         socket,
+        max_sessions: settings.max_sessions,
         flows: Mutex::new(Flows {
             table: FlowTable::new(settings),
             by_addr: HashMap::new(),
@@ -192,13 +198,19 @@ pub async fn serve<S: ChannelSource>(
     });
     let name = &service.name;
     let stats = &service.stats;
+    let socket = match BatchSocket::new(Arc::clone(&service.socket)) {
+        Ok(socket) => socket,
+        Err(error) => {
+            warn!(event = "udp_socket_failed", service = %name, %error, "cannot set up the UDP service socket; the service is not served");
+            return;
+        }
+    };
     let mut links: Vec<Link<S::Session>> = Vec::new();
-    let mut buf = vec![0u8; RECV_BUF_LEN];
     let mut sweep = tokio::time::interval(sweep_interval(settings.idle_timeout));
     sweep.set_missed_tick_behavior(MissedTickBehavior::Delay);
     let mut reported = stats.snapshot();
     loop {
-        let (len, peer) = tokio::select! {
+        tokio::select! {
             () = until.cancelled() => return,
             _ = sweep.tick() => {
                 let now = Instant::now();
@@ -217,96 +229,141 @@ pub async fn serve<S: ChannelSource>(
                 }
                 continue;
             }
-            received = service.socket.recv_from(&mut buf) => match received {
-                Ok(received) => received,
-                Err(error) => {
-                    debug!(event = "udp_recv_failed", service = %name, %error, "receive failed on a UDP service socket");
-                    tokio::time::sleep(RECV_ERROR_BACKOFF).await;
-                    continue;
-                }
+            ready = socket.socket().readable() => if let Err(error) = ready {
+                debug!(event = "udp_recv_failed", service = %name, %error, "receive failed on a UDP service socket");
+                tokio::time::sleep(RECV_ERROR_BACKOFF).await;
+                continue;
             },
-        };
-        if len > MAX_DATAGRAM_LEN {
-            stats.bump(Counter::DroppedOversized);
-            debug!(event = "udp_dropped", service = %name, %peer, len, reason = "oversized", "datagram larger than 65,507 bytes dropped");
-            continue;
         }
-        let now = Instant::now();
-        let found = {
-            let mut flows = service.flows.lock().unwrap_or_else(PoisonError::into_inner);
-            flows.existing(peer, now).map(|(id, session)| {
-                (
-                    id,
-                    service.source.is_live(session).then(|| Arc::clone(session)),
-                )
-            })
-        };
-        let (flow, session) = match found {
-            Some((id, Some(session))) => (id, session),
-            Some((id, None)) => {
-                // Its session ended: the flow moves to another one.
-                let Some(session) = service.source.pick() else {
-                    stats.bump(Counter::DroppedNoClient);
-                    debug!(event = "udp_dropped", service = %name, %peer, reason = "no_session", "no session serves this service; datagram dropped");
-                    continue;
-                };
-                service
-                    .flows
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .move_to(id, Arc::clone(&session), now);
-                (id, session)
-            }
-            None => {
-                let Some(session) = service.source.pick() else {
-                    stats.bump(Counter::DroppedNoClient);
-                    debug!(event = "udp_dropped", service = %name, %peer, reason = "no_session", "no session serves this service; datagram dropped");
-                    continue;
-                };
-                let (id, evicted) = service
-                    .flows
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .insert(peer, Arc::clone(&session), now);
-                stats.bump(Counter::FlowsOpened);
-                debug!(event = "udp_flow_opened", service = %name, %peer, flow = id, "new UDP session");
-                if let Some(evicted) = evicted {
-                    stats.bump(Counter::FlowsEvicted);
-                    let total = stats.snapshot().flows_evicted;
-                    warn!(
-                        event = "udp_flow_evicted",
-                        service = %name,
-                        peer = %evicted,
-                        evicted_total = total,
-                        max_sessions = settings.max_sessions,
-                        "UDP session table full; evicted the least recently active visitor"
-                    );
+        // What is waiting, several datagrams per call; each is handled before the next read.
+        let received = RECV_BUFS.with_borrow_mut(|bufs| {
+            let mut slices: Vec<IoSliceMut<'_>> =
+                bufs.chunks_mut(RECV_BUF_LEN).map(IoSliceMut::new).collect();
+            let mut batches = [Batch::EMPTY; RECV_BATCH];
+            let read = socket.try_recv_many(&mut slices, &mut batches)?;
+            // One clock reading per read: what arrived together refreshes its flows alike.
+            let now = Instant::now();
+            for (slot, batch) in bufs.chunks(RECV_BUF_LEN).zip(&batches[..read]) {
+                if batch.len == 0 {
+                    forward(&service, &tasks, &mut links, (batch.from, now), &[]);
+                } else if batch.stride > MAX_DATAGRAM_LEN {
+                    stats.bump(Counter::DroppedOversized);
+                    debug!(event = "udp_dropped", service = %name, peer = %batch.from, len = batch.len, reason = "oversized", "datagram larger than 65,507 bytes dropped");
+                } else {
+                    for datagram in slot[..batch.len].chunks(batch.stride) {
+                        forward(&service, &tasks, &mut links, (batch.from, now), datagram);
+                    }
                 }
-                (id, session)
             }
-        };
-        let index = match links
-            .iter()
-            .position(|l| Arc::ptr_eq(&l.session, &session) && !l.queue.is_closed())
-        {
-            Some(index) => index,
-            None => {
-                links.retain(|l| !l.queue.is_closed() && service.source.is_live(&l.session));
-                if links.len() >= MAX_LINKS {
-                    links.remove(0);
-                }
-                links.push(open_link(&service, &tasks, session));
-                links.len() - 1
+            Ok::<_, std::io::Error>(())
+        });
+        match received {
+            Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(error) => {
+                debug!(event = "udp_recv_failed", service = %name, %error, "receive failed on a UDP service socket");
+                tokio::time::sleep(RECV_ERROR_BACKOFF).await;
             }
-        };
-        if !stats.within(service.limit.as_ref().map(|l| &l.to_tunnel), len) {
-            continue;
+            Ok(()) => {}
         }
-        let link = &links[index];
-        match link.queue.try_send((flow, buf[..len].to_vec())) {
-            Ok(()) => stats.carried(Counter::ToTunnel, len, true),
-            Err(_) => stats.bump(Counter::DroppedQueueFull),
+    }
+}
+
+/// Datagrams (or GRO batches) one read of a service socket may return.
+const RECV_BATCH: usize = 16;
+
+std::thread_local! {
+    /// One set of receive buffers per worker thread, so thousands of service sockets hold
+    /// none each. Only borrowed inside a synchronous read and its handling.
+    static RECV_BUFS: std::cell::RefCell<Vec<u8>> = std::cell::RefCell::new(vec![0; RECV_BATCH * RECV_BUF_LEN]);
+}
+
+/// Hands one datagram `peer` sent (read at `now`) to the channel of its flow's session,
+/// opening the flow (and the channel) on its first datagram; drops and counts what cannot
+/// go.
+fn forward<S: ChannelSource>(
+    service: &Arc<Service<S>>,
+    tasks: &TaskTracker,
+    links: &mut Vec<Link<S::Session>>,
+    (peer, now): (SocketAddr, Instant),
+    datagram: &[u8],
+) {
+    let name = &service.name;
+    let stats = &service.stats;
+    let len = datagram.len();
+    let found = {
+        let mut flows = service.flows.lock().unwrap_or_else(PoisonError::into_inner);
+        flows.existing(peer, now).map(|(id, session)| {
+            (
+                id,
+                service.source.is_live(session).then(|| Arc::clone(session)),
+            )
+        })
+    };
+    let (flow, session) = match found {
+        Some((id, Some(session))) => (id, session),
+        Some((id, None)) => {
+            // Its session ended: the flow moves to another one.
+            let Some(session) = service.source.pick() else {
+                stats.bump(Counter::DroppedNoClient);
+                debug!(event = "udp_dropped", service = %name, %peer, reason = "no_session", "no session serves this service; datagram dropped");
+                return;
+            };
+            service
+                .flows
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .move_to(id, Arc::clone(&session), now);
+            (id, session)
         }
+        None => {
+            let Some(session) = service.source.pick() else {
+                stats.bump(Counter::DroppedNoClient);
+                debug!(event = "udp_dropped", service = %name, %peer, reason = "no_session", "no session serves this service; datagram dropped");
+                return;
+            };
+            let (id, evicted) = service
+                .flows
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .insert(peer, Arc::clone(&session), now);
+            stats.bump(Counter::FlowsOpened);
+            debug!(event = "udp_flow_opened", service = %name, %peer, flow = id, "new UDP session");
+            if let Some(evicted) = evicted {
+                stats.bump(Counter::FlowsEvicted);
+                let total = stats.snapshot().flows_evicted;
+                warn!(
+                    event = "udp_flow_evicted",
+                    service = %name,
+                    peer = %evicted,
+                    evicted_total = total,
+                    max_sessions = service.max_sessions,
+                    "UDP session table full; evicted the least recently active visitor"
+                );
+            }
+            (id, session)
+        }
+    };
+    let index = match links
+        .iter()
+        .position(|l| Arc::ptr_eq(&l.session, &session) && !l.queue.is_closed())
+    {
+        Some(index) => index,
+        None => {
+            links.retain(|l| !l.queue.is_closed() && service.source.is_live(&l.session));
+            if links.len() >= MAX_LINKS {
+                links.remove(0);
+            }
+            links.push(open_link(service, tasks, session));
+            links.len() - 1
+        }
+    };
+    if !stats.within(service.limit.as_ref().map(|l| &l.to_tunnel), len) {
+        return;
+    }
+    let link = &links[index];
+    match link.queue.try_send((flow, datagram.to_vec())) {
+        Ok(()) => stats.carried(Counter::ToTunnel, len, true),
+        Err(_) => stats.bump(Counter::DroppedQueueFull),
     }
 }
 
