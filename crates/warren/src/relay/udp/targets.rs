@@ -58,7 +58,7 @@ struct Run {
     /// The size of each datagram.
     stride: usize,
     count: usize,
-    /// The datagrams, back to back (empty while no run is gathered).
+    /// The datagrams, back to back (no buffer while no run is gathered).
     bytes: Vec<u8>,
 }
 
@@ -69,6 +69,7 @@ impl Run {
         if self.count == 0 {
             self.flow = flow;
             self.stride = datagram.len();
+            self.bytes.reserve_exact(MAX_RUN_BYTES);
         } else if flow != self.flow
             || self.stride == 0
             || datagram.len() != self.stride
@@ -82,9 +83,10 @@ impl Run {
         true
     }
 
+    /// Empties the run and lets its buffer go: a quiet channel holds none.
     fn clear(&mut self) {
         self.count = 0;
-        self.bytes.clear();
+        self.bytes = Vec::new();
     }
 }
 
@@ -110,6 +112,14 @@ pub struct TargetSide<'a> {
 
 /// Carries one datagram channel until it or the session ends.
 pub async fn serve(side: TargetSide<'_>, channel: Stream) {
+    // Boxed: the callers' stream handlers also carry every TCP stream, and an async fn's
+    // future is as large as its largest arm, so an unboxed channel (its run, its sender)
+    // would make each idle TCP connection's task ~1 KB larger (measured: 15.5 -> 16.5 KB
+    // per idle connection).
+    Box::pin(carry(side, channel)).await;
+}
+
+async fn carry(side: TargetSide<'_>, channel: Stream) {
     let TargetSide {
         name,
         target,
