@@ -311,6 +311,19 @@ async fn recording_target() -> (SocketAddr, Arc<Mutex<Vec<Vec<u8>>>>) {
     (addr, seen)
 }
 
+/// Waits (5 s at most) until a [`recording_target`] has read `n` datagrams.
+async fn wait_seen(seen: &Mutex<Vec<Vec<u8>>>, n: usize) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while seen.lock().unwrap().len() < n {
+        let got = seen.lock().unwrap().len();
+        assert!(
+            Instant::now() < deadline,
+            "{got} of {n} datagrams reached the target"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
 /// The client sends the datagrams of one flow that arrive together in one call (GSO): the
 /// target must still read each datagram on its own, whole and in order, whatever their
 /// sizes (runs of one size, a shorter one, an empty one, one size again).
@@ -325,26 +338,11 @@ async fn a_burst_of_one_flow_reaches_the_target_datagram_by_datagram_in_order() 
     let sent: Vec<Vec<u8>> = sizes.iter().map(|&len| datagram(len)).collect();
     // The first one opens the flow (and the channel); the rest go in one burst.
     socket.send(&sent[0]).await.unwrap();
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while seen.lock().unwrap().is_empty() {
-        assert!(
-            Instant::now() < deadline,
-            "the first datagram never reached the target"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    wait_seen(&seen, 1).await;
     for payload in &sent[1..] {
         socket.send(payload).await.unwrap();
     }
-    while seen.lock().unwrap().len() < sent.len() {
-        assert!(
-            Instant::now() < deadline,
-            "{} of {} datagrams reached the target",
-            seen.lock().unwrap().len(),
-            sent.len()
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    wait_seen(&seen, sent.len()).await;
     let seen = seen.lock().unwrap();
     assert_eq!(seen.len(), sent.len(), "no datagram split or merged");
     for (i, (got, want)) in seen.iter().zip(&sent).enumerate() {
@@ -362,14 +360,7 @@ async fn a_batch_a_visitor_sends_in_one_call_reaches_the_target_datagram_by_data
     let socket = visitor(tunnel.service).await;
     // The flow (and its channel) first, so the batch is not raced by their opening.
     socket.send(b"open").await.unwrap();
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while seen.lock().unwrap().is_empty() {
-        assert!(
-            Instant::now() < deadline,
-            "the first datagram never reached the target"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    wait_seen(&seen, 1).await;
     let mut batch = Vec::new();
     for i in 0..10u8 {
         batch.extend(std::iter::repeat_n(i, 1000));
@@ -380,14 +371,7 @@ async fn a_batch_a_visitor_sends_in_one_call_reaches_the_target_datagram_by_data
         .send(&batch, 1000, tunnel.service, None)
         .await
         .unwrap();
-    while seen.lock().unwrap().len() < 12 {
-        assert!(
-            Instant::now() < deadline,
-            "{} of 11 datagrams reached the target",
-            seen.lock().unwrap().len() - 1
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    wait_seen(&seen, 12).await;
     let seen = seen.lock().unwrap();
     assert_eq!(seen.len(), 12, "no datagram split or merged");
     for (i, got) in seen[1..].iter().enumerate() {
