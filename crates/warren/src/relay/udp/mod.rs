@@ -337,6 +337,21 @@ std::thread_local! {
     static RECV_BUF: std::cell::RefCell<Vec<u8>> = std::cell::RefCell::new(vec![0; batch::RECV_BUF_LEN]);
 }
 
+/// Hands each datagram of one read (`bytes`, described by `batch`) to `each` in order: a
+/// GRO batch split at its stride, an empty datagram as one, an oversized one as such.
+pub fn split(batch: &batch::Batch, bytes: &[u8], mut each: impl FnMut(Received<'_>)) {
+    if bytes.is_empty() {
+        // An empty datagram is a datagram too.
+        each(Received::Datagram(&[]));
+    } else if batch.stride > MAX_DATAGRAM_LEN {
+        each(Received::Oversized(bytes.len()));
+    } else {
+        for datagram in bytes.chunks(batch.stride) {
+            each(Received::Datagram(datagram));
+        }
+    }
+}
+
 /// Waits for what a flow's socket has to read, one datagram or a batch the target sent in
 /// one call (the socket asks for GRO), and hands each datagram to `each` in order, without
 /// holding a buffer while idle.
@@ -352,20 +367,9 @@ pub async fn recv_connected<S: std::ops::Deref<Target = UdpSocket>>(
     loop {
         socket.socket().readable().await?;
         let received = RECV_BUF.with_borrow_mut(|buf| {
-            socket.try_recv(buf).map(|batch| {
-                if batch.len == 0 {
-                    // An empty datagram is a datagram too.
-                    each(Received::Datagram(&[]));
-                    return;
-                }
-                if batch.stride > MAX_DATAGRAM_LEN {
-                    each(Received::Oversized(batch.len));
-                    return;
-                }
-                for datagram in buf[..batch.len].chunks(batch.stride.max(1)) {
-                    each(Received::Datagram(datagram));
-                }
-            })
+            socket
+                .try_recv(buf)
+                .map(|batch| split(&batch, &buf[..batch.len], &mut each))
         });
         match received {
             Err(error) if error.kind() == io::ErrorKind::WouldBlock => continue,

@@ -36,10 +36,12 @@ use tokio_util::task::TaskTracker;
 use tracing::{debug, info, warn};
 
 use super::batch::{Batch, BatchSocket};
-use super::{Counter, FlowTable, RECV_BUF_LEN, TUNNEL_QUEUE, UdpStats, sweep_interval};
+use super::{
+    Counter, FlowTable, RECV_BUF_LEN, Received, TUNNEL_QUEUE, UdpStats, split, sweep_interval,
+};
 use crate::config::UdpSettings;
 use crate::relay::limit::Bandwidth;
-use crate::session::datagram::{DatagramChannel, FlowId, MAX_DATAGRAM_LEN};
+use crate::session::datagram::{DatagramChannel, FlowId};
 use crate::session::stream::Stream;
 
 /// Pause after a failed `recv_from` so a persistent socket error cannot spin.
@@ -244,16 +246,15 @@ pub async fn serve<S: ChannelSource>(
             // One clock reading per read: what arrived together refreshes its flows alike.
             let now = Instant::now();
             for (slot, batch) in bufs.chunks(RECV_BUF_LEN).zip(&batches[..read]) {
-                if batch.len == 0 {
-                    forward(&service, &tasks, &mut links, (batch.from, now), &[]);
-                } else if batch.stride > MAX_DATAGRAM_LEN {
-                    stats.bump(Counter::DroppedOversized);
-                    debug!(event = "udp_dropped", service = %name, peer = %batch.from, len = batch.len, reason = "oversized", "datagram larger than 65,507 bytes dropped");
-                } else {
-                    for datagram in slot[..batch.len].chunks(batch.stride) {
+                split(batch, &slot[..batch.len], |received| match received {
+                    Received::Datagram(datagram) => {
                         forward(&service, &tasks, &mut links, (batch.from, now), datagram);
                     }
-                }
+                    Received::Oversized(len) => {
+                        stats.bump(Counter::DroppedOversized);
+                        debug!(event = "udp_dropped", service = %name, peer = %batch.from, len, reason = "oversized", "datagram larger than 65,507 bytes dropped");
+                    }
+                });
             }
             Ok::<_, std::io::Error>(())
         });
