@@ -101,6 +101,9 @@ fn remove_large_files(dir: &Path, limit: u64) -> usize {
 #[path = "../support/ports.rs"]
 mod ports;
 pub use ports::free_port;
+#[path = "../support/temp.rs"]
+mod temp;
+pub use temp::reused_temp_dir;
 
 /// `127.0.0.1:port`.
 pub fn loopback(port: u16) -> SocketAddr {
@@ -438,20 +441,18 @@ bind = "127.0.0.1:{probe}"
         token = setup.server_token,
         transport = setup.transport,
         insecure = setup.insecure,
-        quic = quic_server_table(setup.transport, ports.server),
+        quic = quic_server_table(setup.transport),
     )
 }
 
-/// `[server.quic]` for a QUIC server: its self-signed certificate in the temporary
-/// directory (not the user's state directory); nothing for the TCP transports.
-pub fn quic_server_table(transport: &str, server_port: u16) -> String {
+/// `[server.quic]` for a QUIC server: its self-signed certificate in [`reused_temp_dir`]
+/// (not the user's state directory; the first server makes it atomically, every later
+/// one and every later run reuses it); nothing for the TCP transports.
+pub fn quic_server_table(transport: &str) -> String {
     if transport != "quic" {
         return String::new();
     }
-    let cert = std::env::temp_dir().join(format!(
-        "warren-e2e-quic-{}-{server_port}.pem",
-        std::process::id()
-    ));
+    let cert = reused_temp_dir("e2e-quic").join("quic.pem");
     format!("\n[server.quic]\ncert = \"{}\"\n", cert.display())
 }
 

@@ -15,6 +15,8 @@ use warren::{CipherChoice, CipherSuite, Client, ClientStatus, HostPort, Server};
 
 mod ports;
 pub use ports::free_port;
+mod temp;
+pub use temp::reused_temp_dir;
 
 pub const PSK: &str = "test-psk-0123456789-abcdef";
 pub const TOKEN: &str = "test-token-0123456789-abcdef";
@@ -219,10 +221,10 @@ impl TestClient {
     }
 }
 
-/// QUIC settings for tests: the self-signed certificate in the temporary directory (one per
-/// test process), loopback-size packets.
+/// QUIC settings for tests: the self-signed certificate in [`reused_temp_dir`] (the server
+/// makes it on its first start, atomically), loopback-size packets.
 pub fn quic_config() -> warren::config::quic::QuicConfig {
-    let dir = std::env::temp_dir().join(format!("warren-test-quic-{}", std::process::id()));
+    let dir = reused_temp_dir("quic");
     warren::config::quic::QuicConfig {
         auth: warren::config::quic::QuicAuth::Psk {
             cert: Some(dir.join("quic.pem")),
@@ -233,20 +235,30 @@ pub fn quic_config() -> warren::config::quic::QuicConfig {
     }
 }
 
-/// A server certificate for `tls` / `wss` in the temporary directory (one per test
-/// process): self-signed for `localhost`.
+/// A server certificate for `tls` / `wss` in [`reused_temp_dir`]: self-signed for
+/// `localhost`, made on the binary's first run.
 pub fn tls_config() -> warren::config::web::ServerTlsConfig {
     static FILES: std::sync::OnceLock<(std::path::PathBuf, std::path::PathBuf)> =
         std::sync::OnceLock::new();
     let files = FILES.get_or_init(|| {
-        let dir = std::env::temp_dir().join(format!("warren-test-tls-{}", std::process::id()));
-        let (cert, key) = (dir.join("tls.pem"), dir.join("tls.key"));
-        std::fs::create_dir_all(&dir).unwrap();
-        let issued =
-            warren::transport::quic::certs::self_signed(&["localhost".to_owned()]).unwrap();
-        std::fs::write(&cert, &issued.cert_pem).unwrap();
-        std::fs::write(&key, &issued.key_pem).unwrap();
-        (cert, key)
+        let dir = reused_temp_dir("tls");
+        if !dir.exists() {
+            // Certificate and key are made in a scratch directory and renamed into place
+            // together, so a racing run sees both or neither; the loser's rename fails and
+            // it uses the winner's pair.
+            let scratch = tempfile::Builder::new()
+                .prefix("warren-test-tls-")
+                .tempdir()
+                .unwrap();
+            let issued =
+                warren::transport::quic::certs::self_signed(&["localhost".to_owned()]).unwrap();
+            std::fs::write(scratch.path().join("tls.pem"), &issued.cert_pem).unwrap();
+            std::fs::write(scratch.path().join("tls.key"), &issued.key_pem).unwrap();
+            if std::fs::rename(scratch.path(), &dir).is_ok() {
+                let _ = scratch.keep();
+            }
+        }
+        (dir.join("tls.pem"), dir.join("tls.key"))
     });
     warren::config::web::ServerTlsConfig {
         files: Some(files.clone()),
