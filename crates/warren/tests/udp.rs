@@ -420,6 +420,65 @@ async fn a_batch_the_target_sends_in_one_call_reaches_the_visitor_datagram_by_da
     }
 }
 
+/// Replies come out of the tunnel in bursts and leave the service socket in runs (one call
+/// per visitor and size): two visitors answered at once, interleaved, must each get their
+/// own datagrams, every one whole and in order, whatever the sizes.
+#[tokio::test]
+async fn bursts_of_replies_to_two_visitors_reach_each_datagram_by_datagram_in_order() {
+    let mut sizes = vec![1200; 30];
+    sizes.extend([300, 0, 1200, 1200, 65_507, 1]);
+    sizes.extend(vec![1400; 30]);
+    // Replies for the visitor that says "a" and for the one that says "b".
+    let answers: Arc<[Vec<Vec<u8>>; 2]> =
+        Arc::new([0, 1].map(|_| sizes.iter().map(|&len| datagram(len)).collect()));
+    let socket = target_socket();
+    let target = socket.local_addr().unwrap();
+    let replies = Arc::clone(&answers);
+    tokio::spawn(async move {
+        let mut buf = vec![0u8; 65_536];
+        let mut peers = [None, None];
+        while let Ok((n, peer)) = socket.recv_from(&mut buf).await {
+            match &buf[..n] {
+                b"a" => peers[0] = Some(peer),
+                b"b" => peers[1] = Some(peer),
+                _ => continue,
+            }
+            let [Some(a), Some(b)] = peers else {
+                continue;
+            };
+            // Both visitors' replies interleaved, as fast as the socket takes them.
+            for (reply_a, reply_b) in replies[0].iter().zip(&replies[1]) {
+                socket.send_to(reply_a, a).await.unwrap();
+                socket.send_to(reply_b, b).await.unwrap();
+            }
+        }
+    });
+    let tunnel = udp_tunnel(target, UdpSettings::DEFAULT).await;
+    let visitors = [visitor(tunnel.service).await, visitor(tunnel.service).await];
+    let receive = |which: usize| {
+        let (socket, want) = (&visitors[which], &answers[which]);
+        async move {
+            socket
+                .send(if which == 0 { b"a" } else { b"b" })
+                .await
+                .unwrap();
+            let mut buf = vec![0u8; 65_536];
+            for (i, want) in want.iter().enumerate() {
+                let n = tokio::time::timeout(Duration::from_secs(5), socket.recv(&mut buf))
+                    .await
+                    .unwrap_or_else(|_| panic!("visitor {which}: reply {i} never came"))
+                    .unwrap();
+                assert_eq!(n, want.len(), "visitor {which}: reply {i}'s length");
+                assert!(
+                    &buf[..n] == want,
+                    "visitor {which}: reply {i}'s bytes (in order)"
+                );
+            }
+        }
+    };
+    tokio::join!(receive(0), receive(1));
+}
+
 #[tokio::test]
 async fn issue4_full_table_evicts_the_least_recently_active_visitor() {
     let target = port_echo_target().await;

@@ -17,6 +17,7 @@
 //! round.
 
 pub mod batch;
+mod run;
 pub mod targets;
 pub mod visitors;
 

@@ -30,6 +30,7 @@ use tokio_util::task::TaskTracker;
 use tracing::{debug, info, warn};
 
 use super::batch::BatchSocket;
+use super::run::Run;
 use super::{Counter, FlowTable, Received, TUNNEL_QUEUE, UdpStats, recv_connected, sweep_interval};
 use crate::config::{HostPort, UdpSettings};
 use crate::relay::limit::Bandwidth;
@@ -46,48 +47,6 @@ type FlowSocket = Arc<BatchSocket<Arc<UdpSocket>>>;
 struct Flow {
     socket: FlowSocket,
     _reader: DropGuard,
-}
-
-/// The most bytes one [`Run`] gathers: what one UDP send may carry.
-const MAX_RUN_BYTES: usize = 65_507;
-
-/// Datagrams of one flow and one size, received back to back, to leave in one call.
-#[derive(Default)]
-struct Run {
-    flow: FlowId,
-    /// The size of each datagram.
-    stride: usize,
-    count: usize,
-    /// The datagrams, back to back (no buffer while no run is gathered).
-    bytes: Vec<u8>,
-}
-
-impl Run {
-    /// Adds a datagram if it continues this run (same flow, same size, room left); an
-    /// empty run takes any datagram, and an empty datagram is a run of its own.
-    fn push(&mut self, flow: FlowId, datagram: &[u8], max_count: usize) -> bool {
-        if self.count == 0 {
-            self.flow = flow;
-            self.stride = datagram.len();
-            self.bytes.reserve_exact(MAX_RUN_BYTES);
-        } else if flow != self.flow
-            || self.stride == 0
-            || datagram.len() != self.stride
-            || self.count >= max_count
-            || self.bytes.len() + datagram.len() > MAX_RUN_BYTES
-        {
-            return false;
-        }
-        self.bytes.extend_from_slice(datagram);
-        self.count += 1;
-        true
-    }
-
-    /// Empties the run and lets its buffer go: a quiet channel holds none.
-    fn clear(&mut self) {
-        self.count = 0;
-        self.bytes = Vec::new();
-    }
 }
 
 type Flows = Arc<Mutex<FlowTable<FlowId, Flow>>>;
@@ -154,7 +113,7 @@ async fn carry(side: TargetSide<'_>, channel: Stream) {
         let mut sweep = tokio::time::interval(sweep_interval(settings.idle_timeout));
         sweep.set_missed_tick_behavior(MissedTickBehavior::Delay);
         let mut reported = stats.snapshot();
-        let mut run = Run::default();
+        let mut run = Run::new();
         let sending = Sending {
             name,
             target,
@@ -168,7 +127,7 @@ async fn carry(side: TargetSide<'_>, channel: Stream) {
             cancel: &cancel,
         };
         loop {
-            let received = if run.count == 0 {
+            let received = if run.is_empty() {
                 tokio::select! {
                     _ = sweep.tick() => {
                         let (expired, active) = {
@@ -209,9 +168,9 @@ async fn carry(side: TargetSide<'_>, channel: Stream) {
             if !stats.within(limit.as_ref().map(|l| &l.to_local), bytes.len()) {
                 continue;
             }
-            if !run.push(flow, bytes, MAX_RUN_DATAGRAMS) {
+            if !run.push(flow, bytes) {
                 sending.send(&mut run).await;
-                run.push(flow, bytes, MAX_RUN_DATAGRAMS);
+                let _ = run.push(flow, bytes); // an empty run takes any datagram
             }
         }
     };
@@ -224,10 +183,6 @@ async fn carry(side: TargetSide<'_>, channel: Stream) {
     cancel.cancel();
     debug!(event = "udp_channel_closed", service = %name, %reason, "datagram channel closed");
 }
-
-/// The most datagrams in one [`Run`] (the kernel's GSO limit; the socket may allow fewer,
-/// and the send splits to fit).
-const MAX_RUN_DATAGRAMS: usize = 64;
 
 /// What sends a channel's runs: the flows and how to open a new one.
 struct Sending<'a> {
@@ -242,10 +197,10 @@ struct Sending<'a> {
 impl Sending<'_> {
     /// Sends `run` to the target through its flow's socket (opened on the flow's first
     /// datagram), then empties it.
-    async fn send(&self, run: &mut Run) {
-        if run.count == 0 {
+    async fn send(&self, run: &mut Run<FlowId>) {
+        let Some(flow) = run.to() else {
             return;
-        }
+        };
         let Sending {
             name,
             target,
@@ -257,18 +212,18 @@ impl Sending<'_> {
         let socket = flows
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .touch(&run.flow, Instant::now())
+            .touch(&flow, Instant::now())
             .map(|f| Arc::clone(&f.socket));
         let socket = match socket {
             Some(socket) => Ok(socket),
-            None => open_flow(tasks, name, run.flow, target, flows, reader, cancel).await,
+            None => open_flow(tasks, name, flow, target, flows, reader, cancel).await,
         };
         match socket {
-            Ok(socket) => match socket.send(&run.bytes, run.stride, target, None).await {
+            Ok(socket) => match socket.send(run.bytes(), run.stride(), target, None).await {
                 Ok(()) => reader.stats.carried_many(
                     Counter::FromTunnel,
-                    run.count as u64,
-                    run.bytes.len(),
+                    run.count() as u64,
+                    run.bytes().len(),
                     true,
                 ),
                 Err(error) => {

@@ -19,7 +19,8 @@
 //! call; with GRO on, a visitor's GSO batch arrives whole and is split by its stride), keeps
 //! the table and hands datagrams to the current channel through a bounded queue (`try_send`: a full queue drops
 //! and counts, the socket reader never blocks); each channel runs in its own task that
-//! writes the queue out and sends what comes back to the visitor the flow id names.
+//! writes the queue out and sends what comes back to the visitor the flow id names (a
+//! visitor's datagrams that came out of the tunnel together leave in one call, a [`Run`]).
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -28,6 +29,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use futures_util::FutureExt;
 use tokio::net::UdpSocket;
 use tokio::sync::mpsc;
 use tokio::time::{Instant, MissedTickBehavior};
@@ -36,6 +38,7 @@ use tokio_util::task::TaskTracker;
 use tracing::{debug, info, warn};
 
 use super::batch::{Batch, BatchSocket};
+use super::run::Run;
 use super::{
     Counter, FlowTable, RECV_BUF_LEN, Received, TUNNEL_QUEUE, UdpStats, split, sweep_interval,
 };
@@ -161,7 +164,7 @@ struct Link<T> {
 /// What every channel task of one service shares with the service loop.
 struct Service<S: ChannelSource> {
     name: String,
-    socket: Arc<UdpSocket>,
+    socket: BatchSocket<Arc<UdpSocket>>,
     /// The flow table's bound (logs).
     max_sessions: usize,
     flows: Mutex<Flows<S::Session>>,
@@ -185,6 +188,13 @@ pub async fn serve<S: ChannelSource>(
         limit,
         source,
     } = side;
+    let socket = match BatchSocket::new(socket) {
+        Ok(socket) => socket,
+        Err(error) => {
+            warn!(event = "udp_socket_failed", service = %name, %error, "cannot set up the UDP service socket; the service is not served");
+            return;
+        }
+    };
     let service = Arc::new(Service {
         name,
         socket,
@@ -200,13 +210,7 @@ pub async fn serve<S: ChannelSource>(
     });
     let name = &service.name;
     let stats = &service.stats;
-    let socket = match BatchSocket::new(Arc::clone(&service.socket)) {
-        Ok(socket) => socket,
-        Err(error) => {
-            warn!(event = "udp_socket_failed", service = %name, %error, "cannot set up the UDP service socket; the service is not served");
-            return;
-        }
-    };
+    let socket = &service.socket;
     let mut links: Vec<Link<S::Session>> = Vec::new();
     let mut sweep = tokio::time::interval(sweep_interval(settings.idle_timeout));
     sweep.set_missed_tick_behavior(MissedTickBehavior::Delay);
@@ -401,11 +405,30 @@ fn open_link<S: ChannelSource>(
             }
         };
         let down = async {
+            let mut run = Run::new();
             loop {
-                let (flow, bytes) = match receiver.recv_datagram().await {
+                let received = if run.is_empty() {
+                    receiver.recv_datagram().await
+                } else {
+                    // A run grows with what has already arrived, never waiting for more.
+                    match receiver.recv_datagram().now_or_never() {
+                        Some(received) => received,
+                        None => {
+                            send_run(&service, &mut run).await;
+                            continue;
+                        }
+                    }
+                };
+                let (flow, bytes) = match received {
                     Ok(Some(datagram)) => datagram,
-                    Ok(None) => return "closed by the peer".to_owned(),
-                    Err(error) => return error.to_string(),
+                    Ok(None) => {
+                        send_run(&service, &mut run).await;
+                        return "closed by the peer".to_owned();
+                    }
+                    Err(error) => {
+                        send_run(&service, &mut run).await;
+                        return error.to_string();
+                    }
                 };
                 let visitor = service
                     .flows
@@ -420,12 +443,9 @@ fn open_link<S: ChannelSource>(
                 if !service.stats.within(to_local, bytes.len()) {
                     continue;
                 }
-                match service.socket.send_to(bytes, visitor).await {
-                    Ok(_) => service.stats.carried(Counter::FromTunnel, bytes.len(), false),
-                    Err(error) => {
-                        service.stats.bump(Counter::SendErrors);
-                        debug!(event = "udp_send_failed", service = %name, peer = %visitor, %error, "could not send a datagram to a visitor");
-                    }
+                if !run.push(visitor, bytes) {
+                    send_run(&service, &mut run).await;
+                    let _ = run.push(visitor, bytes); // an empty run takes any datagram
                 }
             }
         };
@@ -437,4 +457,28 @@ fn open_link<S: ChannelSource>(
         debug!(event = "udp_channel_closed", service = %name, %reason, "datagram channel closed");
     });
     Link { session, queue }
+}
+
+/// Sends `run` to its visitor in one call (GSO), then empties it.
+async fn send_run<S: ChannelSource>(service: &Service<S>, run: &mut Run<SocketAddr>) {
+    let Some(visitor) = run.to() else {
+        return;
+    };
+    match service
+        .socket
+        .send(run.bytes(), run.stride(), visitor, None)
+        .await
+    {
+        Ok(()) => service.stats.carried_many(
+            Counter::FromTunnel,
+            run.count() as u64,
+            run.bytes().len(),
+            false,
+        ),
+        Err(error) => {
+            service.stats.bump(Counter::SendErrors);
+            debug!(event = "udp_send_failed", service = %service.name, peer = %visitor, %error, "could not send a datagram to a visitor");
+        }
+    }
+    run.clear();
 }
