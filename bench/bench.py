@@ -1007,10 +1007,12 @@ def fig_iperf(t: Tunnel, port: int, seconds: int, extra: list[str]) -> dict:
     raise BenchError(f"iperf3 {' '.join(extra) or '-P1'} failed: {last}")
 
 
-def fig_udp(port: int, seconds: int, host: str = LOOPBACK) -> dict:
-    """iperf3 -u -b 0 (as fast as the sender can go): receiver Gbit/s and loss."""
+def fig_udp(port: int, seconds: int, host: str = LOOPBACK, reverse: bool = False) -> dict:
+    """iperf3 -u -b 0 (as fast as the sender can go): receiver Gbit/s and loss; with
+    reverse, -R (the target sends, the replies' direction through the tunnel)."""
     argv = ["iperf3", "-c", host, "-p", str(port), "-u", "-b", "0", "-l", "1400",
-            "-t", str(seconds), "-J"]
+            "-t", str(seconds), "-J"] + (["-R"] if reverse else [])
+    key = "udp_r" if reverse else "udp"
     last = ""
     for _ in range(3):
         p = subprocess.run(argv, capture_output=True, text=True, timeout=seconds + 60)
@@ -1021,8 +1023,8 @@ def fig_udp(port: int, seconds: int, host: str = LOOPBACK) -> dict:
             end = {}
         recv = end.get("sum_received") or end.get("sum") or {}
         if p.returncode == 0 and recv.get("bytes", 0) > 0:
-            return {"udp_gbps": recv["bits_per_second"] / 1e9,
-                    "udp_loss_pct": end.get("sum", recv).get("lost_percent", 0.0)}
+            return {f"{key}_gbps": recv["bits_per_second"] / 1e9,
+                    f"{key}_loss_pct": end.get("sum", recv).get("lost_percent", 0.0)}
         time.sleep(1)
     raise BenchError(f"iperf3 -u failed: {last}")
 
@@ -1073,6 +1075,8 @@ def measure_config(name: str, svc: LocalServices, args, workdir: Path, warren: s
                     f"{key}_{k}": v for k, v in fig_iperf(t, visitors["iperf"], args.iperf_time, extra).items()})
         if "udp" in args.iperf_modes and name.startswith(("raw", "warren")):
             step("iperf3 udp", lambda: fig_udp(visitors["iperf"], args.iperf_time, host))
+            step("iperf3 udp -R", lambda: fig_udp(visitors["iperf"], args.iperf_time, host,
+                                                  reverse=True))
         if not t.alive():
             res["errors"].append("a tunnel process exited during the run")
     except Unavailable as e:
@@ -1392,13 +1396,19 @@ def render(doc: dict, heading: str = "#") -> str:
     if udp:
         ref = udp_reference(doc)
         ref = ref if ref in udp else None  # the ratio column only when the reference ran
+        reverse = any(med(doc, c, "udp_r_gbps") is not None for c in udp)
         lines += ["", f"{heading}# UDP (iperf3 `-u -b 0 -l 1400`, receiver)", "",
-                  "| config | Gbit/s | loss % |" + (f" / {ref} |" if ref else ""),
-                  "|---|---|---|" + ("---|" if ref else "")]
+                  "| config | Gbit/s | loss % |" + (f" / {ref} |" if ref else "")
+                  + (" -R Gbit/s | -R loss % |" + (f" -R / {ref} |" if ref else "") if reverse else ""),
+                  "|---|---|---|" + ("---|" if ref else "")
+                  + ("---|---|" + ("---|" if ref else "") if reverse else "")]
         for c in udp:
-            lines.append(f"| {label(doc, c)} | {fmt(med(doc, c, 'udp_gbps'))} "
-                         f"| {fmt(med(doc, c, 'udp_loss_pct'), '{:.1f}')} |"
-                         + (f" {fmt(per_run_ratio(doc, c, 'udp_gbps', ref), '{:.2f}×')} |" if ref else ""))
+            row = f"| {label(doc, c)} |"
+            for key in ("udp", "udp_r") if reverse else ("udp",):
+                row += (f" {fmt(med(doc, c, f'{key}_gbps'))} "
+                        f"| {fmt(med(doc, c, f'{key}_loss_pct'), '{:.1f}')} |"
+                        + (f" {fmt(per_run_ratio(doc, c, f'{key}_gbps', ref), '{:.2f}×')} |" if ref else ""))
+            lines.append(row)
     tg = targets(doc)
     if tg:
         lines += ["", f"{heading}# Targets from the issue", "",
