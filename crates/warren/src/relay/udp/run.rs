@@ -6,6 +6,11 @@
 //! (one socket for all). The receiver still reads the datagrams one by one, with their
 //! boundaries, but is woken once per run instead of once per datagram.
 
+use std::net::SocketAddr;
+
+use super::batch::BatchSocket;
+use super::{Counter, UdpStats};
+
 /// The most bytes one run gathers: what one UDP send may carry.
 const MAX_RUN_BYTES: usize = 65_507;
 
@@ -59,24 +64,31 @@ impl<K: Copy + PartialEq> Run<K> {
         self.to.filter(|_| self.count > 0)
     }
 
-    /// The datagrams back to back, each [`Run::stride`] bytes long.
-    pub(super) fn bytes(&self) -> &[u8] {
-        &self.bytes
-    }
-
-    /// The size of each datagram.
-    pub(super) fn stride(&self) -> usize {
-        self.stride
-    }
-
-    /// How many datagrams the run holds.
-    pub(super) fn count(&self) -> usize {
-        self.count
-    }
-
     /// Whether the run holds no datagram.
     pub(super) fn is_empty(&self) -> bool {
         self.count == 0
+    }
+
+    /// Sends the run to `to` through `socket` in as few calls as the socket allows, and
+    /// counts what went (`up`: towards the target) or the failure.
+    ///
+    /// # Errors
+    ///
+    /// The send's error, for the caller's log (already counted).
+    pub(super) async fn send<S: std::ops::Deref<Target = tokio::net::UdpSocket>>(
+        &self,
+        socket: &BatchSocket<S>,
+        to: SocketAddr,
+        (stats, up): (&UdpStats, bool),
+    ) -> std::io::Result<()> {
+        let sent = socket.send(&self.bytes, self.stride, to, None).await;
+        match &sent {
+            Ok(()) => {
+                stats.carried_many(Counter::FromTunnel, self.count as u64, self.bytes.len(), up)
+            }
+            Err(_) => stats.bump(Counter::SendErrors),
+        }
+        sent
     }
 
     /// Empties the run and lets its buffer go: a quiet channel holds none.
@@ -100,11 +112,11 @@ mod tests {
         assert!(!run.push(8, b"ghi"), "another destination starts a new run");
         assert!(!run.push(7, b"ab"), "another size starts a new run");
         assert_eq!(
-            (run.to(), run.stride(), run.count(), run.bytes()),
+            (run.to(), run.stride, run.count, &run.bytes[..]),
             (Some(7), 3, 2, &b"abcdef"[..])
         );
         run.clear();
-        assert!(run.is_empty() && run.to().is_none() && run.bytes().is_empty());
+        assert!(run.is_empty() && run.to().is_none() && run.bytes.is_empty());
         assert!(run.push(8, b"ghi"), "a cleared run takes any datagram");
     }
 
@@ -113,7 +125,7 @@ mod tests {
         let mut run = Run::new();
         assert!(run.push(1u8, b""));
         assert!(!run.push(1, b""));
-        assert_eq!((run.count(), run.stride()), (1, 0));
+        assert_eq!((run.count, run.stride), (1, 0));
     }
 
     #[test]
@@ -131,6 +143,6 @@ mod tests {
         let big = vec![0; 30_000];
         assert!(run.push(1u8, &big) && run.push(1, &big));
         assert!(!run.push(1, &big), "at most {MAX_RUN_BYTES} bytes");
-        assert_eq!(run.bytes().len(), 60_000);
+        assert_eq!(run.bytes.len(), 60_000);
     }
 }

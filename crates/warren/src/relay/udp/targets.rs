@@ -219,18 +219,11 @@ impl Sending<'_> {
             None => open_flow(tasks, name, flow, target, flows, reader, cancel).await,
         };
         match socket {
-            Ok(socket) => match socket.send(run.bytes(), run.stride(), target, None).await {
-                Ok(()) => reader.stats.carried_many(
-                    Counter::FromTunnel,
-                    run.count() as u64,
-                    run.bytes().len(),
-                    true,
-                ),
-                Err(error) => {
-                    reader.stats.bump(Counter::SendErrors);
+            Ok(socket) => {
+                if let Err(error) = run.send(&socket, target, (reader.stats, true)).await {
                     debug!(event = "udp_send_failed", service = %name, %target, %error, "could not send a datagram to the target");
                 }
-            },
+            }
             Err(error) => {
                 reader.stats.bump(Counter::SendErrors);
                 warn!(event = "udp_socket_failed", service = %name, %target, %error, "could not open a socket towards the target");

@@ -464,21 +464,11 @@ async fn send_run<S: ChannelSource>(service: &Service<S>, run: &mut Run<SocketAd
     let Some(visitor) = run.to() else {
         return;
     };
-    match service
-        .socket
-        .send(run.bytes(), run.stride(), visitor, None)
+    if let Err(error) = run
+        .send(&service.socket, visitor, (&service.stats, false))
         .await
     {
-        Ok(()) => service.stats.carried_many(
-            Counter::FromTunnel,
-            run.count() as u64,
-            run.bytes().len(),
-            false,
-        ),
-        Err(error) => {
-            service.stats.bump(Counter::SendErrors);
-            debug!(event = "udp_send_failed", service = %service.name, peer = %visitor, %error, "could not send a datagram to a visitor");
-        }
+        debug!(event = "udp_send_failed", service = %service.name, peer = %visitor, %error, "could not send a datagram to a visitor");
     }
     run.clear();
 }
