@@ -45,7 +45,6 @@ impl<K: Copy + PartialEq> Run<K> {
         if self.count == 0 {
             self.to = Some(to);
             self.stride = datagram.len();
-            self.bytes.reserve_exact(MAX_RUN_BYTES);
         } else if self.to != Some(to)
             || self.stride == 0
             || datagram.len() != self.stride
@@ -53,6 +52,11 @@ impl<K: Copy + PartialEq> Run<K> {
             || self.bytes.len() + datagram.len() > MAX_RUN_BYTES
         {
             return false;
+        } else if self.count == 1 {
+            // A second datagram makes it a batch: room for the largest run at once, so it
+            // grows without copying again, while a lone datagram (a DNS query, say) never
+            // holds 64 KB.
+            self.bytes.reserve_exact(MAX_RUN_BYTES - self.bytes.len());
         }
         self.bytes.extend_from_slice(datagram);
         self.count += 1;
@@ -144,5 +148,20 @@ mod tests {
         assert!(run.push(1u8, &big) && run.push(1, &big));
         assert!(!run.push(1, &big), "at most {MAX_RUN_BYTES} bytes");
         assert_eq!(run.bytes.len(), 60_000);
+    }
+
+    #[test]
+    fn a_lone_datagram_holds_only_its_own_bytes() {
+        let mut run = Run::new();
+        assert!(run.push(1u8, &[0; 100]));
+        assert!(
+            run.bytes.capacity() < 1_000,
+            "no 64 KB buffer for one datagram"
+        );
+        assert!(run.push(1, &[0; 100]));
+        assert!(
+            run.bytes.capacity() >= MAX_RUN_BYTES,
+            "a batch gets its room at once"
+        );
     }
 }
