@@ -693,9 +693,9 @@ async fn a_queued_burst_of_datagrams_arrives_whole_in_order_each_on_its_own() {
         let (_, mut receiver) = DatagramChannel::new(b).split();
         // All queued before the sender starts: the TCP transports carry them in a few
         // batched writes, which must still arrive as separate datagrams.
-        let (queue, mut queued) = mpsc::channel(BURST as usize);
+        let (queue, mut queued) = crate::session::datagram_queue::bounded();
         for seq in 0..BURST {
-            queue.try_send((seq % 3, datagram(seq))).expect("queue");
+            queue.try_send(seq % 3, datagram(seq)).expect("queue");
         }
         drop(queue);
         let receiving = async {

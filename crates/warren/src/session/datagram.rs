@@ -27,6 +27,7 @@ use crate::transport::wire::{WireReader, WireWriter};
 use bytes::Bytes;
 use tokio::sync::mpsc;
 
+use super::datagram_queue::QueuedDatagrams;
 use super::quic::{QuicReader, QuicWriter};
 use super::quic_datagram::{Datagrams, Received};
 use super::stream::{Chunk, Stream, StreamError, StreamReader, StreamWriter};
@@ -181,10 +182,7 @@ impl DatagramSender {
     ///
     /// # Errors
     /// As [`DatagramSender::send_datagram`]; the batch that failed is lost.
-    pub async fn send_queued(
-        &mut self,
-        queue: &mut mpsc::Receiver<(FlowId, Vec<u8>)>,
-    ) -> Result<(), DatagramError> {
+    pub async fn send_queued(&mut self, queue: &mut QueuedDatagrams) -> Result<(), DatagramError> {
         while let Some((flow, bytes)) = queue.recv().await {
             let Sender::Tcp(writer) = &mut self.0 else {
                 self.send_datagram(flow, &bytes).await?;
@@ -192,7 +190,7 @@ impl DatagramSender {
             };
             stage_datagram(writer, flow, &bytes)?;
             while writer.staged_len() < BATCH_BYTES
-                && let Ok((flow, bytes)) = queue.try_recv()
+                && let Some((flow, bytes)) = queue.try_recv()
             {
                 stage_datagram(writer, flow, &bytes)?;
             }

@@ -8,6 +8,7 @@
 //! channel per service carries every flow's datagrams.
 
 pub mod datagram;
+pub mod datagram_queue;
 pub mod io;
 pub mod link;
 pub mod quic;

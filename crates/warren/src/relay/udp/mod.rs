@@ -39,10 +39,6 @@ use crate::session::datagram::MAX_DATAGRAM_LEN;
 /// silently; anything longer than [`MAX_DATAGRAM_LEN`] is dropped and counted.
 pub const RECV_BUF_LEN: usize = 65_536;
 
-/// Datagrams waiting for a channel writer, per channel and direction; past this they are
-/// dropped and counted.
-const TUNNEL_QUEUE: usize = 512;
-
 /// Socket buffer asked of the kernel for service sockets (it may grant less).
 const SERVICE_SOCKET_BUFFER: usize = 4 * 1024 * 1024;
 

@@ -10,8 +10,9 @@
 //! connected to the target (so the target's replies come back on that socket and map to
 //! that flow), and a reader task per socket sends replies back tagged with the flow id.
 //! Flows live in a bounded [`FlowTable`] (LRU eviction, idle expiry refreshed by traffic in
-//! either direction). Readers hand replies to the channel writer through a bounded queue
-//! (`try_send`; full means dropped and counted), and hold no buffer while idle.
+//! either direction). Readers hand replies to the channel writer through a
+//! [`DatagramQueue`] (bounded by count and bytes; full means dropped and counted), and hold
+//! no buffer while idle.
 //!
 //! Datagrams of one flow that arrive together (a record read holds many) leave in one
 //! system call as a [`Run`] (GSO, see [`batch`](super::batch)); the target still reads
@@ -23,7 +24,6 @@ use std::time::Duration;
 
 use futures_util::FutureExt;
 use tokio::net::UdpSocket;
-use tokio::sync::mpsc;
 use tokio::time::{Instant, MissedTickBehavior};
 use tokio_util::sync::{CancellationToken, DropGuard};
 use tokio_util::task::TaskTracker;
@@ -31,10 +31,11 @@ use tracing::{debug, info, warn};
 
 use super::batch::BatchSocket;
 use super::run::Run;
-use super::{Counter, FlowTable, Received, TUNNEL_QUEUE, UdpStats, recv_connected, sweep_interval};
+use super::{Counter, FlowTable, Received, UdpStats, recv_connected, sweep_interval};
 use crate::config::{HostPort, UdpSettings};
 use crate::relay::limit::Bandwidth;
 use crate::session::datagram::{DatagramChannel, FlowId};
+use crate::session::datagram_queue::{self, DatagramQueue, Refused};
 use crate::session::stream::Stream;
 
 /// How long resolving the target's name may take.
@@ -100,7 +101,7 @@ async fn carry(side: TargetSide<'_>, channel: Stream) {
     let cancel = cancel.child_token();
     let stats = stats.unwrap_or_default();
     let flows: Flows = Arc::new(Mutex::new(FlowTable::new(settings)));
-    let (queue, mut outgoing) = mpsc::channel::<(FlowId, Vec<u8>)>(TUNNEL_QUEUE);
+    let (queue, mut outgoing) = datagram_queue::bounded();
     debug!(event = "udp_channel_opened", service = %name, %target, "datagram channel opened");
 
     let up = async {
@@ -247,7 +248,7 @@ async fn resolve(target: &HostPort) -> std::io::Result<SocketAddr> {
 /// What a flow's reader task hands the target's datagrams to.
 struct FlowReader<'a> {
     /// Towards the tunnel.
-    queue: &'a mpsc::Sender<(FlowId, Vec<u8>)>,
+    queue: &'a DatagramQueue,
     stats: &'a Arc<UdpStats>,
     limit: Option<&'a Arc<Bandwidth>>,
 }
@@ -313,13 +314,11 @@ async fn open_flow(
                 if !stats.within(limit.as_ref().map(|l| &l.to_tunnel), len) {
                     return;
                 }
-                match queue.try_send((flow, bytes.to_vec())) {
+                match queue.try_send(flow, bytes.to_vec()) {
                     Ok(()) => stats.carried(Counter::ToTunnel, len, false),
-                    Err(mpsc::error::TrySendError::Full(_)) => {
-                        stats.bump(Counter::DroppedQueueFull);
-                    }
+                    Err(Refused::Full) => stats.bump(Counter::DroppedQueueFull),
                     // The channel is gone; the loop below sees it and stops.
-                    Err(mpsc::error::TrySendError::Closed(_)) => {}
+                    Err(Refused::Closed) => {}
                 }
             }
             Received::Oversized(_) => stats.bump(Counter::DroppedOversized),

@@ -17,9 +17,9 @@
 //!
 //! Tasks: the service loop ([`serve`]) reads the socket (up to [`RECV_BATCH`] datagrams per
 //! call; with GRO on, a visitor's GSO batch arrives whole and is split by its stride), keeps
-//! the table and hands datagrams to the current channel through a bounded queue (`try_send`: a full queue drops
-//! and counts, the socket reader never blocks); each channel runs in its own task that
-//! writes the queue out and sends what comes back to the visitor the flow id names (a
+//! the table and hands datagrams to the current channel through a [`DatagramQueue`] (a full
+//! queue drops and counts, the socket reader never blocks); each channel runs in its own
+//! task that writes the queue out and sends what comes back to the visitor the flow id names (a
 //! visitor's datagrams that came out of the tunnel together leave in one call, a [`Run`]).
 
 use std::collections::HashMap;
@@ -31,7 +31,6 @@ use std::time::Duration;
 
 use futures_util::FutureExt;
 use tokio::net::UdpSocket;
-use tokio::sync::mpsc;
 use tokio::time::{Instant, MissedTickBehavior};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -39,12 +38,11 @@ use tracing::{debug, info, warn};
 
 use super::batch::{Batch, BatchSocket};
 use super::run::Run;
-use super::{
-    Counter, FlowTable, RECV_BUF_LEN, Received, TUNNEL_QUEUE, UdpStats, split, sweep_interval,
-};
+use super::{Counter, FlowTable, RECV_BUF_LEN, Received, UdpStats, split, sweep_interval};
 use crate::config::UdpSettings;
 use crate::relay::limit::Bandwidth;
 use crate::session::datagram::{DatagramChannel, FlowId};
+use crate::session::datagram_queue::{self, DatagramQueue};
 use crate::session::stream::Stream;
 
 /// Pause after a failed `recv_from` so a persistent socket error cannot spin.
@@ -158,7 +156,7 @@ const MAX_LINKS: usize = 64;
 /// The channel currently carrying this service's datagrams, and the session it belongs to.
 struct Link<T> {
     session: Arc<T>,
-    queue: mpsc::Sender<(FlowId, Vec<u8>)>,
+    queue: DatagramQueue,
 }
 
 /// What every channel task of one service shares with the service loop.
@@ -366,8 +364,9 @@ fn forward<S: ChannelSource>(
         return;
     }
     let link = &links[index];
-    match link.queue.try_send((flow, datagram.to_vec())) {
+    match link.queue.try_send(flow, datagram.to_vec()) {
         Ok(()) => stats.carried(Counter::ToTunnel, len, true),
+        // A closed queue is replaced at the next datagram.
         Err(_) => stats.bump(Counter::DroppedQueueFull),
     }
 }
@@ -379,7 +378,7 @@ fn open_link<S: ChannelSource>(
     tasks: &TaskTracker,
     session: Arc<S::Session>,
 ) -> Link<S::Session> {
-    let (queue, mut outgoing) = mpsc::channel::<(FlowId, Vec<u8>)>(TUNNEL_QUEUE);
+    let (queue, mut outgoing) = datagram_queue::bounded();
     let service = Arc::clone(service);
     let task_session = Arc::clone(&session);
     tasks.spawn(async move {
