@@ -19,8 +19,9 @@
 //! call; with GRO on, a visitor's GSO batch arrives whole and is split by its stride), keeps
 //! the table and hands datagrams to the current channel through a [`DatagramQueue`] (a full
 //! queue drops and counts, the socket reader never blocks); each channel runs in its own
-//! task that writes the queue out and sends what comes back to the visitor the flow id names (a
-//! visitor's datagrams that came out of the tunnel together leave in one call, a [`Run`]).
+//! task that writes the queue out and sends what comes back to the visitor the flow id
+//! names (a visitor's datagrams that came out of the tunnel together leave in one call, a
+//! [`Run`]).
 
 use std::collections::HashMap;
 use std::future::Future;
