@@ -11,8 +11,8 @@
 //!   reload. A connection reads the front in force when each request arrives, so a reload
 //!   changes routes between two requests of one keep-alive connection.
 //! * Backend connections are tunnel streams opened on a session serving the service
-//!   ([`TunnelConnector`]), kept alive in a pool per service (hyper-util's client), so a
-//!   request on a warm pool opens nothing.
+//!   ([`TunnelConnector`](super::backend::TunnelConnector)), kept alive in a pool per
+//!   service (hyper-util's client), so a request on a warm pool opens nothing.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;

@@ -90,7 +90,8 @@ pub enum Role {
 struct PongSlot {
     pending: AtomicBool,
     payload: Mutex<Option<Vec<u8>>>,
-    /// Wakes a writer waiting idle ([`WsWriter::keepalive_due`]) to send the pong.
+    /// Wakes a writer waiting idle
+    /// ([`keepalive_due`](super::wire::Keepalive::keepalive_due)) to send the pong.
     posted: tokio::sync::Notify,
 }
 

@@ -17,7 +17,6 @@
 //!    [`relay::join`] the server's relay and QUIC to the relay's address.
 //!
 //! Modules:
-//! * [`batch`]: the relay's socket read and written in GRO/GSO batches.
 //! * [`candidates`]: the addresses a peer can be reached at, serialisable for the mailbox.
 //! * [`demux`]: the shared socket (a `quinn::AsyncUdpSocket` splitting STUN from QUIC).
 //! * [`key`]: the check key and the integrity tag of a check.
@@ -25,7 +24,9 @@
 //! * [`punch`]: the connectivity checker.
 //! * [`reflector`]: the server's STUN Binding responder and the client's discovery call.
 //! * [`relay`]: the relay of last resort (the server forwards QUIC between two legs) and the
-//!   client's call to join it; its serve loop also runs the reflector, on one UDP port.
+//!   client's call to join it; its serve loop also runs the reflector, on one UDP port, and
+//!   reads and writes it in GRO/GSO batches ([`crate::relay::udp::batch`], shared with UDP
+//!   services).
 //! * [`tcp_leg`]: a relay leg over the peer's session with the server, for blocked UDP.
 //!
 //! The wire format and the rules are in `docs/protocol.md`, "P2P connectivity".

@@ -31,8 +31,9 @@
 //! * at most [`RelayConfig::max_pairs`] pairs and [`RelayConfig::max_waiting`] unpaired
 //!   legs, which expire after [`RelayConfig::waiting_ttl`];
 //! * forwarding allocates nothing: one receive buffer, the datagrams are sent on as
-//!   received, a batch of them (GRO on receive, GSO on send, [`super::batch`]) in one
-//!   call each way; every datagram of a batch is still counted and checked on its own.
+//!   received, a batch of them (GRO on receive, GSO on send,
+//!   [`crate::relay::udp::batch`]) in one call each way; every datagram of a batch is
+//!   still counted and checked on its own.
 //!
 //! The wire format is in `docs/protocol.md`, "Relay of last resort".
 
