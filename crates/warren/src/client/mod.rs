@@ -740,8 +740,8 @@ impl Shared {
         self.p2p.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Asks every link for a new session with the config in force (see [`Link::hold`]): at once,
-    /// whether a session is up, being established or awaited after a failure.
+    /// Asks every link for a new session with the config in force (see [`Link::hold`]): at
+    /// once, whether a session is up, being established or awaited after a failure.
     fn restart_session(&self) {
         self.restart.send_modify(|generation| *generation += 1);
     }
