@@ -1,7 +1,7 @@
 //! The QUIC foundation end to end, in-process on 127.0.0.1 with port 0: authentication in
 //! both modes (psk with and without a pin, mtls), refusals and their errors on both sides,
-//! resumption without 0-RTT, the handshake gate under garbage and Initial floods, and a
-//! 32 MiB transfer per settings preset.
+//! resumption without 0-RTT, the handshake gate under garbage and Initial floods, a 32 MiB
+//! transfer per settings preset, and how often the peer acknowledges.
 
 use std::net::{Ipv4Addr, SocketAddr, UdpSocket};
 use std::path::{Path, PathBuf};
@@ -795,6 +795,54 @@ async fn transfer_32_mib(settings: QuicSettings) -> f64 {
     );
     assert!(stats.path.current_mtu <= settings.max_udp_payload);
     gbps
+}
+
+/// ACK frames the server sent while the client wrote `PACKETS` one-byte packets, each read
+/// before the next was written, with the given ACK threshold on both ends.
+async fn acks_for_lone_packets(ack_eliciting_threshold: u32) -> u64 {
+    const PACKETS: usize = 100;
+    let dir = TempDir::new("acks");
+    let settings = QuicSettings {
+        ack_eliciting_threshold,
+        ..QuicSettings::internet()
+    };
+    let (mut server, _) = TestServer::psk(&settings, &dir);
+    let endpoint = client_endpoint(&settings);
+    let tls = ClientTls::psk(Secret::new(PSK), None).expect("tls");
+    let mut client = connect(&endpoint, server.addr, "warren", &tls)
+        .await
+        .expect("connect");
+    let mut accepted = server.next().await.expect("accepted");
+    let before = accepted.connection.stats().frame_tx.acks;
+    let work = async {
+        for i in 0..PACKETS {
+            let byte = [i as u8];
+            client.control.0.write_all(&byte).await.expect("write");
+            let mut got = [0u8; 1];
+            accepted.control.1.read_exact(&mut got).await.expect("read");
+            assert_eq!(got, byte);
+        }
+    };
+    tokio::time::timeout(TEST_TIMEOUT, work)
+        .await
+        .expect("the packets arrived in time");
+    accepted.connection.stats().frame_tx.acks - before
+}
+
+/// Both ends ask for an ACK every ten packets (QUIC's ACK frequency extension), not every
+/// second one: fewer packets to wake up for on a request's path.
+#[tokio::test]
+async fn the_peer_acknowledges_every_tenth_packet_not_every_second() {
+    let rfc_default = acks_for_lone_packets(1).await;
+    let warren = acks_for_lone_packets(QuicSettings::internet().ack_eliciting_threshold).await;
+    assert!(
+        rfc_default >= 40,
+        "an ACK every second packet: {rfc_default} ACKs for 100 packets"
+    );
+    assert!(
+        warren * 3 < rfc_default,
+        "{warren} ACKs with Warren's settings against {rfc_default} with an ACK every second packet"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

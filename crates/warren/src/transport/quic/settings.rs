@@ -14,6 +14,7 @@
 //! | `initial_mtu` ≥ 14,720 with Cubic's default initial window | the handshake never starts |
 //! | bigger socket buffers | no gain at 1452, +24–64 % with big packets, no more drops |
 //! | BBR | no better than Cubic; quinn marks it experimental |
+//! | an ACK every 10 packets, not every 2 (ACK frequency) | connect + first byte −11 to −16 %; throughput unchanged |
 //!
 //! * [`QuicSettings::internet`] (the default): packets start at 1200 bytes and PMTUD may
 //!   grow them to 1452 (what a 1500-byte Ethernet path carries for IPv6 + UDP + QUIC), never
@@ -39,7 +40,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use quinn::congestion::{BbrConfig, CubicConfig};
-use quinn::{EndpointConfig, IdleTimeout, MtuDiscoveryConfig, TransportConfig, VarInt};
+use quinn::{
+    AckFrequencyConfig, EndpointConfig, IdleTimeout, MtuDiscoveryConfig, TransportConfig, VarInt,
+};
 
 /// The minimum UDP payload every QUIC path must carry (RFC 9000 §14).
 pub const MIN_UDP_PAYLOAD: u16 = 1200;
@@ -163,6 +166,14 @@ pub struct QuicSettings {
     pub max_concurrent_bidi_streams: u32,
     /// Unidirectional streams the peer may have open at once. 64.
     pub max_concurrent_uni_streams: u32,
+    /// Ack-eliciting packets the peer may receive before it must send an ACK (QUIC's ACK
+    /// frequency extension, which both ends of a Warren connection speak; without it the
+    /// RFC 9000 rule is an ACK every second packet). 9: an ACK every ten packets, or after
+    /// the peer's `max_ack_delay` (25 ms), whichever comes first; a packet out of order
+    /// is still acknowledged at once, so loss is seen as early as before. Every ACK is a
+    /// packet the other end must wake up for: at one per two packets the ACKs of a short
+    /// request sat on its critical path (connect + first byte 11–16 % slower, measured).
+    pub ack_eliciting_threshold: u32,
     /// Server side: bounds on handshakes in flight.
     pub handshake: HandshakeLimits,
 }
@@ -234,7 +245,7 @@ pub enum SettingsError {
 impl QuicSettings {
     /// Settings for real networks: 16 MiB / 64 MiB windows, packets from 1200 up to 1452
     /// bytes by PMTUD, GSO on, 4 MiB socket buffers, Cubic, 10 s keep-alive, 30 s idle
-    /// timeout.
+    /// timeout, an ACK every ten packets.
     pub fn internet() -> Self {
         QuicSettings {
             stream_receive_window: 16 * 1024 * 1024,
@@ -253,6 +264,7 @@ impl QuicSettings {
             datagram_send_buffer: 2 * 1024 * 1024,
             max_concurrent_bidi_streams: 4096,
             max_concurrent_uni_streams: 64,
+            ack_eliciting_threshold: 9,
             handshake: HandshakeLimits::default(),
         }
     }
@@ -357,6 +369,9 @@ impl QuicSettings {
             .max_idle_timeout(IdleTimeout::try_from(self.idle_timeout).ok())
             .datagram_receive_buffer_size(Some(self.datagram_receive_buffer))
             .datagram_send_buffer_size(self.datagram_send_buffer);
+        let mut acks = AckFrequencyConfig::default();
+        acks.ack_eliciting_threshold(VarInt::from_u32(self.ack_eliciting_threshold));
+        config.ack_frequency_config(Some(acks));
         if self.mtu_discovery && self.max_udp_payload > self.initial_mtu {
             let mut mtud = MtuDiscoveryConfig::default();
             mtud.upper_bound(self.max_udp_payload);
