@@ -14,7 +14,7 @@
 //! | `initial_mtu` ≥ 14,720 with Cubic's default initial window | the handshake never starts |
 //! | bigger socket buffers | no gain at 1452, +24–64 % with big packets, no more drops |
 //! | BBR | no better than Cubic; quinn marks it experimental |
-//! | an ACK every 10 packets, not every 2 (ACK frequency) | connect + first byte −11 to −16 %; throughput unchanged |
+//! | an ACK every 10 packets, not every 2 (ACK frequency) | through the tunnel (bench/RESULTS.md, session 25): connect + first byte −7 to −16 %, throughput unchanged |
 //!
 //! * [`QuicSettings::internet`] (the default): packets start at 1200 bytes and PMTUD may
 //!   grow them to 1452 (what a 1500-byte Ethernet path carries for IPv6 + UDP + QUIC), never
@@ -172,7 +172,7 @@ pub struct QuicSettings {
     /// the peer's `max_ack_delay` (25 ms), whichever comes first; a packet out of order
     /// is still acknowledged at once, so loss is seen as early as before. Every ACK is a
     /// packet the other end must wake up for: at one per two packets the ACKs of a short
-    /// request sat on its critical path (connect + first byte 11–16 % slower, measured).
+    /// request sat on its critical path (connect + first byte 7–16 % slower, measured).
     pub ack_eliciting_threshold: u32,
     /// Server side: bounds on handshakes in flight.
     pub handshake: HandshakeLimits,
