@@ -759,18 +759,42 @@ async fn garbage_and_initial_floods_do_not_stop_a_real_client() {
         .expect("all handshake permits returned");
 }
 
+/// A client connected and authenticated with the PSK, both ends using `settings`, and
+/// everything that must live as long as the connection.
+struct PskPair {
+    client: Authenticated,
+    accepted: Authenticated,
+    _endpoint: QuicEndpoint,
+    _server: TestServer,
+    _dir: TempDir,
+}
+
+impl PskPair {
+    async fn connect(name: &str, settings: &QuicSettings) -> PskPair {
+        let dir = TempDir::new(name);
+        let (mut server, _) = TestServer::psk(settings, &dir);
+        let endpoint = client_endpoint(settings);
+        let tls = ClientTls::psk(Secret::new(PSK), None).expect("tls");
+        let client = connect(&endpoint, server.addr, "warren", &tls)
+            .await
+            .expect("connect");
+        let accepted = server.next().await.expect("accepted");
+        PskPair {
+            client,
+            accepted,
+            _endpoint: endpoint,
+            _server: server,
+            _dir: dir,
+        }
+    }
+}
+
 /// One 32 MiB stream with the given settings on both ends, checked by hash; returns the
 /// throughput (debug builds: a correctness check, not a benchmark).
 async fn transfer_32_mib(settings: QuicSettings) -> f64 {
     const LEN: usize = 32 * 1024 * 1024;
-    let dir = TempDir::new("transfer");
-    let (mut server, _) = TestServer::psk(&settings, &dir);
-    let endpoint = client_endpoint(&settings);
-    let tls = ClientTls::psk(Secret::new(PSK), None).expect("tls");
-    let client = connect(&endpoint, server.addr, "warren", &tls)
-        .await
-        .expect("connect");
-    let accepted = server.next().await.expect("accepted");
+    let pair = PskPair::connect("transfer", &settings).await;
+    let (client, accepted) = (&pair.client, &pair.accepted);
     let start = Instant::now();
     let work = async {
         let (mut send, _) = client.connection.open_bi().await.expect("stream");
@@ -801,18 +825,12 @@ async fn transfer_32_mib(settings: QuicSettings) -> f64 {
 /// before the next was written, with the given ACK threshold on both ends.
 async fn acks_for_lone_packets(ack_eliciting_threshold: u32) -> u64 {
     const PACKETS: usize = 100;
-    let dir = TempDir::new("acks");
     let settings = QuicSettings {
         ack_eliciting_threshold,
         ..QuicSettings::internet()
     };
-    let (mut server, _) = TestServer::psk(&settings, &dir);
-    let endpoint = client_endpoint(&settings);
-    let tls = ClientTls::psk(Secret::new(PSK), None).expect("tls");
-    let mut client = connect(&endpoint, server.addr, "warren", &tls)
-        .await
-        .expect("connect");
-    let mut accepted = server.next().await.expect("accepted");
+    let mut pair = PskPair::connect("acks", &settings).await;
+    let (client, accepted) = (&mut pair.client, &mut pair.accepted);
     let before = accepted.connection.stats().frame_tx.acks;
     let work = async {
         for i in 0..PACKETS {
