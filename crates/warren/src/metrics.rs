@@ -28,7 +28,8 @@
 //! | `warren_reconnects_total` | counter | |
 //! | `warren_config_reloads_total` | counter | `result` (`applied`, `refused`) |
 //! | `warren_udp_sessions_active` | gauge | `service` |
-//! | `warren_udp_datagrams_total` | counter | `service`, `direction` |
+//! | `warren_udp_datagrams_total` | counter | `service`, `direction` (`in`: visitors to target, `out`: back) |
+//! | `warren_udp_dropped_total` | counter | `service`, `reason` (`oversized`, `queue_full`, `no_client`, `unknown_flow`, `over_limit`, `send_error`) |
 //! | `warren_service_retries_total` | counter | `service` (server: visitors handed on to another session) |
 //! | `warren_service_sessions` | gauge | `service`, `state` (`ready`, `withdrawn`; server: sessions serving it) |
 //! | `warren_session_streams` | gauge | `session`, `peer` (open streams per session; client: `peer` is the server) |
@@ -59,6 +60,7 @@ use serde::Serialize;
 
 use crate::Side;
 use crate::relay::limit::Bandwidth;
+use crate::relay::udp::{UdpEnd, UdpStats};
 use crate::transport::compress::Codec;
 
 /// Most live connections listed by the admin API; past this, connections still work and
@@ -76,6 +78,13 @@ struct ServiceLabel {
 struct DirectionLabel {
     service: String,
     direction: &'static str,
+}
+
+/// Labels of `warren_udp_dropped`: the service and why its datagrams were dropped.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DropLabel {
+    service: String,
+    reason: &'static str,
 }
 
 /// Labels of handshake failures.
@@ -215,6 +224,10 @@ pub struct Metrics {
     config_reloads: Family<ResultLabel, Counter>,
     udp_active: Family<ServiceLabel, Gauge>,
     udp_datagrams: Family<DirectionLabel, Counter>,
+    udp_dropped: Family<DropLabel, Counter>,
+    /// Every UDP service's counters and which half of it this process runs; copied into
+    /// the `udp_*` families when metrics are encoded (the data path adds to plain atomics).
+    udp_services: Mutex<HashMap<String, (UdpEnd, Arc<UdpStats>)>>,
     retries: Family<ServiceLabel, Counter>,
     serving_sessions: Family<StateLabel, Gauge>,
     session_streams: Family<SessionLabel, Gauge>,
@@ -308,6 +321,8 @@ impl Metrics {
             config_reloads: Family::default(),
             udp_active: Family::default(),
             udp_datagrams: Family::default(),
+            udp_dropped: Family::default(),
+            udp_services: Mutex::default(),
             retries: Family::default(),
             serving_sessions: Family::default(),
             session_streams: Family::default(),
@@ -461,8 +476,13 @@ impl Metrics {
         );
         registry.register(
             "udp_datagrams",
-            "UDP datagrams relayed (in: towards the tunnel, out: from it)",
+            "UDP datagrams relayed (in: from visitors towards the target, out: back)",
             metrics.udp_datagrams.clone(),
+        );
+        registry.register(
+            "udp_dropped",
+            "UDP datagrams dropped, by reason (oversized, queue_full, no_client, unknown_flow, over_limit, send_error)",
+            metrics.udp_dropped.clone(),
         );
         Metrics {
             registry,
@@ -516,6 +536,7 @@ impl Metrics {
 
     /// The Prometheus text exposition of every metric.
     pub fn encode(&self) -> String {
+        self.copy_udp_counters();
         let mut out = String::new();
         // Writing into a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
@@ -660,23 +681,63 @@ impl Metrics {
             .inc();
     }
 
-    /// Sets a UDP service's gauges and counters from its stats (called before a scrape).
-    pub fn set_udp(&self, service: &str, active: i64, to_tunnel: u64, from_tunnel: u64) {
-        self.udp_active
-            .get_or_create(&ServiceLabel {
-                service: service.to_owned(),
-            })
-            .set(active);
-        for (direction, value) in [("in", to_tunnel), ("out", from_tunnel)] {
-            let counter = self.udp_datagrams.get_or_create_owned(&DirectionLabel {
-                service: service.to_owned(),
-                direction,
-            });
-            let now = counter.get();
-            if value > now {
-                counter.inc_by(value - now);
+    /// The counters of UDP service `service`, of which this process runs `end`: made at
+    /// the first call (with the service's byte counters) and shared by every later one, so
+    /// all of a service's channels and flows add to one set, which `/metrics` shows.
+    pub fn udp_stats(&self, service: &str, end: UdpEnd) -> Arc<UdpStats> {
+        let mut services = self
+            .udp_services
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let (_, stats) = services.entry(service.to_owned()).or_insert_with(|| {
+            let meter = self.service(service);
+            (
+                end,
+                Arc::new(UdpStats::with_bytes(meter.bytes_in, meter.bytes_out)),
+            )
+        });
+        Arc::clone(stats)
+    }
+
+    /// Copies every UDP service's counters into the `udp_*` families (before a scrape).
+    fn copy_udp_counters(&self) {
+        let services: Vec<_> = self
+            .udp_services
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .map(|(name, (end, stats))| (name.clone(), *end, stats.snapshot()))
+            .collect();
+        for (service, end, stats) in services {
+            self.udp_active
+                .get_or_create(&ServiceLabel {
+                    service: service.clone(),
+                })
+                .set(i64::try_from(stats.active_flows()).unwrap_or(i64::MAX));
+            let (towards_target, back) = stats.datagrams_in_out(end);
+            for (direction, value) in [("in", towards_target), ("out", back)] {
+                let counter = self.udp_datagrams.get_or_create_owned(&DirectionLabel {
+                    service: service.clone(),
+                    direction,
+                });
+                raise_to(&counter, value);
+            }
+            for (reason, value) in stats.drops() {
+                let counter = self.udp_dropped.get_or_create_owned(&DropLabel {
+                    service: service.clone(),
+                    reason,
+                });
+                raise_to(&counter, value);
             }
         }
+    }
+}
+
+/// Raises a counter to `value` (counters only go up; the stats they copy only grow).
+fn raise_to(counter: &Counter, value: u64) {
+    let now = counter.get();
+    if value > now {
+        counter.inc_by(value - now);
     }
 }
 

@@ -221,3 +221,150 @@ async fn wrong_psk_counts_a_handshake_failure() {
     }
     assert!(seen.is_some_and(|v| v >= 1.0), "{series}: {seen:?}");
 }
+
+/// Sends `payload` from `socket` to `entrance` until it comes back (a datagram may race its
+/// channel's opening); returns how many copies were sent.
+async fn echo_once(socket: &tokio::net::UdpSocket, entrance: SocketAddr, payload: &[u8]) -> usize {
+    for sent in 1..=10 {
+        socket.send_to(payload, entrance).await.unwrap();
+        let mut buf = vec![0u8; 65_536];
+        if let Ok(Ok(len)) =
+            tokio::time::timeout(Duration::from_millis(500), socket.recv(&mut buf)).await
+        {
+            assert_eq!(&buf[..len], payload);
+            return sent;
+        }
+    }
+    panic!("a datagram of {} bytes never came back", payload.len());
+}
+
+#[tokio::test]
+async fn udp_services_show_datagrams_bytes_and_drops_on_both_sides() {
+    // Echoes every datagram but the quiet ones, which it only counts: traffic one way only
+    // tells `in` from `out`.
+    let target_socket = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    let target = target_socket.local_addr().unwrap();
+    let (quiet_tx, mut quiet_rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        let mut buf = vec![0u8; 65_536];
+        while let Ok((len, peer)) = target_socket.recv_from(&mut buf).await {
+            if buf[..len].starts_with(b"quiet") {
+                let _ = quiet_tx.send(());
+            } else {
+                let _ = target_socket.send_to(&buf[..len], peer).await;
+            }
+        }
+    });
+    let bound = Server::builder()
+        .bind("127.0.0.1:0".parse().unwrap())
+        .psk(PSK)
+        .default_token(TOKEN)
+        .udp_service("dns", "127.0.0.1:0".parse().unwrap())
+        .admin("127.0.0.1:0".parse().unwrap(), None)
+        .build()
+        .expect("valid server")
+        .bind()
+        .await
+        .expect("binds");
+    let server_admin = bound.admin_addr().expect("admin bound");
+    let entrance = bound.service_addr("dns").unwrap();
+    let server = bound.local_addr();
+    let _stop = bound.shutdown_token();
+    tokio::spawn(bound.run());
+    let visitor = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+
+    // No client yet: what visitors send is dropped, and counted as such.
+    for _ in 0..3 {
+        visitor.send_to(b"nobody home", entrance).await.unwrap();
+    }
+    let dropped = r#"warren_udp_dropped_total{service="dns",reason="no_client"}"#;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let (_, text) = http(server_admin, "GET", "/metrics", None).await;
+        if metric(&text, dropped) == Some(3.0) {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{dropped}\n{text}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    let client_admin: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    let client = Client::builder(HostPort::from(server))
+        .psk(PSK)
+        .default_token(TOKEN)
+        .udp_service("dns", HostPort::from(target))
+        .admin(client_admin, None)
+        .build()
+        .unwrap();
+    let mut status = client.status();
+    let client_stop = tokio_util::sync::CancellationToken::new();
+    let _client_stop = client_stop.clone().drop_guard();
+    tokio::spawn(client.run(client_stop));
+    tokio::time::timeout(Duration::from_secs(10), status.wait_for(|s| s.connected))
+        .await
+        .unwrap()
+        .unwrap();
+
+    let (mut sent, mut bytes) = (0, 0);
+    for i in 0..20 {
+        let payload = random_bytes(50 + 13 * i);
+        let copies = echo_once(&visitor, entrance, &payload).await;
+        sent += copies;
+        bytes += copies * payload.len();
+    }
+    for _ in 0..5 {
+        visitor.send_to(b"quiet", entrance).await.unwrap();
+        tokio::time::timeout(Duration::from_secs(5), quiet_rx.recv())
+            .await
+            .expect("the quiet datagram reaches the target");
+    }
+    let (_, server_text) = http(server_admin, "GET", "/metrics", None).await;
+    let (_, client_text) = http(client_admin, "GET", "/metrics", None).await;
+    for (side, text) in [("server", &server_text), ("client", &client_text)] {
+        let value = |series: &str| {
+            metric(text, series).unwrap_or_else(|| panic!("{side}: no {series}\n{text}"))
+        };
+        // Every echoed datagram passed both ways, the quiet ones only in; a copy lost while
+        // the channel opened may count on the way in only.
+        let (datagrams_in, datagrams_out) = (
+            value(r#"warren_udp_datagrams_total{service="dns",direction="in"}"#),
+            value(r#"warren_udp_datagrams_total{service="dns",direction="out"}"#),
+        );
+        assert!(
+            datagrams_out >= 20.0 && datagrams_in >= datagrams_out + 5.0,
+            "{side}: {datagrams_in} in, {datagrams_out} out"
+        );
+        assert!(
+            datagrams_in <= (sent + 5) as f64,
+            "{side}: {datagrams_in} in of {sent} + 5 sent"
+        );
+        let bytes_in = value(r#"warren_service_bytes_total{service="dns",direction="in"}"#);
+        let bytes_out = value(r#"warren_service_bytes_total{service="dns",direction="out"}"#);
+        assert!(
+            bytes_out >= (50..).step_by(13).take(20).sum::<usize>() as f64,
+            "{side}: {bytes_out}"
+        );
+        assert!(
+            bytes_in >= bytes_out + 25.0 && bytes_in <= (bytes + 25) as f64,
+            "{side}: {bytes_in} of {bytes} + 25"
+        );
+        assert_eq!(
+            value(r#"warren_udp_sessions_active{service="dns"}"#),
+            1.0,
+            "{side}"
+        );
+        assert_eq!(
+            value(r#"warren_udp_dropped_total{service="dns",reason="queue_full"}"#),
+            0.0,
+            "{side}"
+        );
+    }
+    assert_eq!(metric(&server_text, dropped), Some(3.0));
+    assert_eq!(
+        metric(
+            &client_text,
+            r#"warren_udp_dropped_total{service="dns",reason="no_client"}"#
+        ),
+        Some(0.0)
+    );
+}

@@ -31,6 +31,7 @@ use crate::config::proxy::ProxyUrl;
 use crate::config::{ClientConfig, ClientForward, HostPort, ServiceKind, Transport, UdpSettings};
 use crate::metrics::Meter;
 use crate::relay;
+use crate::relay::udp::UdpEnd;
 use crate::relay::udp::visitors::{self, ChannelSource, VisitorSide};
 use crate::session::stream::Stream;
 use crate::transport::layers::{ClientLayers, Connected};
@@ -224,7 +225,7 @@ pub(super) fn start(
                 name: name.clone(),
                 socket,
                 settings,
-                stats: Arc::default(),
+                stats: shared.telemetry.metrics.udp_stats(&name, UdpEnd::Visitors),
                 limit: shared.limits.get(&name),
                 source: Arc::new(ForwardSource {
                     shared: shared_for_task,

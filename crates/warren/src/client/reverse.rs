@@ -16,6 +16,7 @@ use super::{ClientSession, Shared};
 use crate::config::ServiceKind;
 use crate::metrics::{LocalEnd, Meter};
 use crate::relay;
+use crate::relay::udp::UdpEnd;
 use crate::session::link::{Replenish, StreamHandler};
 use crate::session::stream::Stream;
 use crate::transport::tcp;
@@ -80,7 +81,10 @@ async fn serve_stream(
             settings,
             tasks: &shared.tasks,
             cancel: session.cancel.clone(),
-            stats: None,
+            stats: shared
+                .telemetry
+                .metrics
+                .udp_stats(&config.name, UdpEnd::Targets),
             limit: shared.limits.get(&config.name),
         };
         relay::udp::targets::serve(side, channel).await;

@@ -307,7 +307,7 @@ impl StreamHandler for ExitStreams {
                     settings: self.exit.udp,
                     tasks: &self.tasks,
                     cancel: self.cancel.clone(),
-                    stats: Some(Arc::clone(&self.stats.udp)),
+                    stats: Arc::clone(&self.stats.udp),
                     limit: self.stats.limit.clone(),
                 };
                 targets::serve(side, stream).await;

@@ -153,26 +153,6 @@ impl AdminSource for ServerAdmin {
             let (ready, withdrawn) = slot.readiness();
             metrics.set_serving(&slot.name, ready, withdrawn);
         }
-        let udp: Vec<_> = self
-            .shared
-            .services
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .iter()
-            .filter_map(|(name, binding)| Some((name.clone(), binding.udp_stats.clone()?)))
-            .collect();
-        for (name, stats) in &udp {
-            let s = stats.snapshot();
-            let active = s
-                .flows_opened
-                .saturating_sub(s.flows_evicted + s.flows_expired);
-            self.shared.telemetry.metrics.set_udp(
-                name,
-                i64::try_from(active).unwrap_or(i64::MAX),
-                s.to_tunnel,
-                s.from_tunnel,
-            );
-        }
     }
 
     fn reloader(&self) -> Option<Arc<dyn Reload>> {

@@ -42,6 +42,7 @@ use crate::crypto::keys::{self, SessionKeys};
 use crate::crypto::secret::Secret;
 use crate::metrics::Meter;
 use crate::relay;
+use crate::relay::udp::UdpEnd;
 use crate::session::link::{Replenish, StreamHandler};
 use crate::session::stream::Stream;
 use crate::transport::tcp;
@@ -403,7 +404,7 @@ pub(super) fn serve_declared(
                     slot,
                     socket: Arc::new(socket),
                     settings: UdpSettings::DEFAULT,
-                    stats: Arc::default(),
+                    stats: shared.telemetry.metrics.udp_stats(&name, UdpEnd::Visitors),
                 };
                 shared
                     .tasks
@@ -511,7 +512,10 @@ pub(super) async fn serve_forward(
             settings,
             tasks: &shared.tasks,
             cancel: session.cancel.clone(),
-            stats: None,
+            stats: shared
+                .telemetry
+                .metrics
+                .udp_stats(&forward.name, UdpEnd::Targets),
             limit: shared.limits.get(&forward.name),
         };
         relay::udp::targets::serve(side, channel).await;

@@ -58,6 +58,7 @@ use crate::metrics::{HandshakeFailure, LocalEnd, Telemetry};
 use crate::relay;
 use crate::relay::limit::{Bandwidth, Limits};
 use crate::relay::opening::{Opened, Opening};
+use crate::relay::udp::UdpEnd;
 use crate::relay::udp::{UdpStats, UdpStatsSnapshot};
 use crate::reload::{ConfigSource, Reloader, Requests};
 use crate::session::link::{Carrier, OpenError};
@@ -951,7 +952,8 @@ impl Binding {
         telemetry: &Telemetry,
         server_cancel: &CancellationToken,
     ) -> Binding {
-        let udp_stats = matches!(socket, ServiceSocket::Udp(_)).then(Arc::default);
+        let udp_stats = matches!(socket, ServiceSocket::Udp(_))
+            .then(|| telemetry.metrics.udp_stats(&service.name, UdpEnd::Visitors));
         Binding {
             slot: Arc::new(ServiceSlot::new(
                 service.name.clone(),

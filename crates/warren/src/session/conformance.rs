@@ -722,7 +722,10 @@ async fn a_queued_burst_of_datagrams_arrives_whole_in_order_each_on_its_own() {
         if matches!(kind, Kind::Quic) {
             // All 600 arrive on an idle machine; half leaves room for a loaded one while
             // still failing if datagrams stop reaching the receiver.
-            assert!(arrived >= BURST / 2, "{kind:?}: {arrived} of {BURST} arrived");
+            assert!(
+                arrived >= BURST / 2,
+                "{kind:?}: {arrived} of {BURST} arrived"
+            );
         } else {
             assert_eq!(arrived, BURST, "{kind:?}");
         }

@@ -287,7 +287,45 @@ impl UdpStats {
     }
 }
 
+/// Which half of a UDP service a process runs ([`visitors`] or [`targets`]): it decides
+/// which of its counters is traffic from visitors towards the target.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UdpEnd {
+    /// The socket visitors send to (a reverse service's server, a forward service's client).
+    Visitors,
+    /// The sockets towards the target (a reverse service's client, a forward service's
+    /// server).
+    Targets,
+}
+
 impl UdpStatsSnapshot {
+    /// Flows open now.
+    pub fn active_flows(&self) -> u64 {
+        self.flows_opened
+            .saturating_sub(self.flows_evicted + self.flows_expired)
+    }
+
+    /// Datagrams carried from visitors towards the target and back, as `(in, out)`, when
+    /// this process runs `end` of the service.
+    pub fn datagrams_in_out(&self, end: UdpEnd) -> (u64, u64) {
+        match end {
+            UdpEnd::Visitors => (self.to_tunnel, self.from_tunnel),
+            UdpEnd::Targets => (self.from_tunnel, self.to_tunnel),
+        }
+    }
+
+    /// Datagrams dropped, by reason (the metrics' `reason` label).
+    pub fn drops(&self) -> [(&'static str, u64); 6] {
+        [
+            ("oversized", self.dropped_oversized),
+            ("queue_full", self.dropped_queue_full),
+            ("no_client", self.dropped_no_client),
+            ("unknown_flow", self.dropped_unknown_flow),
+            ("over_limit", self.dropped_over_limit),
+            ("send_error", self.send_errors),
+        ]
+    }
+
     /// Whether anything other than the traffic counters changed since `earlier` (worth a
     /// log line).
     pub fn differs_in_drops(&self, earlier: &UdpStatsSnapshot) -> bool {

@@ -64,8 +64,8 @@ pub struct TargetSide<'a> {
     pub tasks: &'a TaskTracker,
     /// Cancelled when the session ends; the channel and its flows stop with it.
     pub cancel: CancellationToken,
-    /// The service's counters (shared by its channels), or fresh ones for this channel.
-    pub stats: Option<Arc<UdpStats>>,
+    /// The service's counters (shared by its channels).
+    pub stats: Arc<UdpStats>,
     /// The service's bandwidth limit: datagrams over it are dropped.
     pub limit: Option<Arc<Bandwidth>>,
 }
@@ -99,7 +99,6 @@ async fn carry(side: TargetSide<'_>, channel: Stream) {
         }
     };
     let cancel = cancel.child_token();
-    let stats = stats.unwrap_or_default();
     let flows: Flows = Arc::new(Mutex::new(FlowTable::new(settings)));
     let (queue, mut outgoing) = datagram_queue::bounded();
     debug!(event = "udp_channel_opened", service = %name, %target, "datagram channel opened");
