@@ -37,6 +37,7 @@
 //! | `warren_session_quic_cwnd_bytes` | gauge | `session`, `peer` (QUIC sessions: congestion window) |
 //! | `warren_session_quic_lost_packets` | gauge | `session`, `peer` (QUIC sessions: packets declared lost since the session began) |
 //! | `warren_session_quic_mtu_bytes` | gauge | `session`, `peer` (QUIC sessions: the UDP payload size PMTUD settled on) |
+//! | `warren_session_quic_datagrams_dropped` | gauge | `session`, `peer` (QUIC sessions: UDP-service datagrams dropped on receipt) |
 //! | `warren_health_checks_total` | counter | `service`, `state` (client: health-check transitions to `up` / `down`) |
 //! | `warren_p2p_relay_bytes_total` | counter | (server: bytes the P2P relay forwarded, both directions) |
 //! | `warren_p2p_relay_datagrams_total` | counter | (server: datagrams the P2P relay forwarded) |
@@ -158,6 +159,8 @@ pub struct QuicGauges {
     pub lost_packets: u64,
     /// UDP payload size, bytes.
     pub mtu: u16,
+    /// UDP-service datagrams dropped on receipt (full channel queues, no channel).
+    pub datagrams_dropped: u64,
 }
 
 /// Labels of `warren_build_info`.
@@ -235,6 +238,7 @@ pub struct Metrics {
     quic_cwnd: Family<SessionLabel, Gauge>,
     quic_lost: Family<SessionLabel, Gauge>,
     quic_mtu: Family<SessionLabel, Gauge>,
+    quic_datagrams_dropped: Family<SessionLabel, Gauge>,
     health_checks: Family<StateLabel, Counter>,
     http_requests: Family<StatusLabel, Counter>,
     http_duration: HistogramFamily,
@@ -330,6 +334,7 @@ impl Metrics {
             quic_cwnd: Family::default(),
             quic_lost: Family::default(),
             quic_mtu: Family::default(),
+            quic_datagrams_dropped: Family::default(),
             health_checks: Family::default(),
             http_requests: Family::default(),
             http_duration: HistogramFamily::new_with_constructor(latency_histogram),
@@ -388,6 +393,11 @@ impl Metrics {
             "session_quic_mtu_bytes",
             "QUIC sessions: UDP payload size found by path MTU discovery",
             metrics.quic_mtu.clone(),
+        );
+        registry.register(
+            "session_quic_datagrams_dropped",
+            "QUIC sessions: UDP-service datagrams dropped on receipt since the session began (full channel queues, no channel)",
+            metrics.quic_datagrams_dropped.clone(),
         );
         registry.register(
             "p2p_peer_rtt_seconds",
@@ -628,6 +638,7 @@ impl Metrics {
             &self.quic_cwnd,
             &self.quic_lost,
             &self.quic_mtu,
+            &self.quic_datagrams_dropped,
         ];
         for family in families {
             family.clear();
@@ -653,6 +664,9 @@ impl Metrics {
                 self.quic_mtu
                     .get_or_create(&label)
                     .set(int(quic.mtu.into()));
+                self.quic_datagrams_dropped
+                    .get_or_create(&label)
+                    .set(int(quic.datagrams_dropped));
             }
         }
     }

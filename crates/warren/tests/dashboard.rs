@@ -454,6 +454,7 @@ async fn metrics_show_each_sessions_round_trip_and_quic_path() {
                 "warren_session_quic_cwnd_bytes",
                 "warren_session_quic_lost_packets",
                 "warren_session_quic_mtu_bytes",
+                "warren_session_quic_datagrams_dropped",
             ] {
                 assert!(has(name), "{name} missing:\n{text}");
             }

@@ -852,6 +852,7 @@ async fn metrics(State(ctx): State<Arc<Ctx>>) -> Response {
                         cwnd: q.cwnd,
                         lost_packets: q.lost_packets,
                         mtu: q.mtu,
+                        datagrams_dropped: q.datagrams_dropped,
                     }),
                 }),
         );
