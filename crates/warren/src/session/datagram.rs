@@ -25,11 +25,10 @@ use std::sync::Arc;
 
 use crate::transport::wire::{WireReader, WireWriter};
 use bytes::Bytes;
-use tokio::sync::mpsc;
 
 use super::datagram_queue::QueuedDatagrams;
 use super::quic::{QuicReader, QuicWriter};
-use super::quic_datagram::{Datagrams, Received};
+use super::quic_datagram::Datagrams;
 use super::stream::{Chunk, Stream, StreamError, StreamReader, StreamWriter};
 use crate::crypto::record::RecordKind;
 use crate::transport::records::{Record, RecordIoError, RecordReader, RecordWriter};
@@ -248,7 +247,7 @@ enum Receiver {
 struct QuicReceiver {
     datagrams: Arc<Datagrams>,
     channel: u32,
-    queue: mpsc::Receiver<Received>,
+    queue: QueuedDatagrams<Bytes>,
     /// The channel's stream: it only ends.
     reader: QuicReader,
     /// The datagram the last receive handed out.

@@ -11,6 +11,10 @@
 //! job, so it holds what the kernel grants a service socket (8 MiB of a 4 MiB request);
 //! bounding by count alone would let 64 KB datagrams hold half a gigabyte. tokio's channel
 //! allocates its slots as they fill, so an idle queue costs nothing.
+//!
+//! The same queue carries what a QUIC connection receives to each datagram channel's
+//! writer (`T` = [`bytes::Bytes`], see [`super::quic_datagram`]); there the reader is
+//! quinn's datagram stream and the writer the sockets towards the target.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -26,11 +30,14 @@ pub const MAX_QUEUED_DATAGRAMS: usize = 8192;
 pub const MAX_QUEUED_BYTES: usize = 8 * 1024 * 1024;
 
 /// A new queue bounded by [`MAX_QUEUED_DATAGRAMS`] and [`MAX_QUEUED_BYTES`].
-pub fn bounded() -> (DatagramQueue, QueuedDatagrams) {
+pub fn bounded<T: AsRef<[u8]>>() -> (DatagramQueue<T>, QueuedDatagrams<T>) {
     with_bounds(MAX_QUEUED_DATAGRAMS, MAX_QUEUED_BYTES)
 }
 
-fn with_bounds(datagrams: usize, bytes: usize) -> (DatagramQueue, QueuedDatagrams) {
+fn with_bounds<T: AsRef<[u8]>>(
+    datagrams: usize,
+    bytes: usize,
+) -> (DatagramQueue<T>, QueuedDatagrams<T>) {
     let (tx, rx) = mpsc::channel(datagrams);
     let queued = Arc::new(AtomicUsize::new(0));
     (
@@ -54,21 +61,31 @@ pub enum Refused {
 
 /// The reader's end: queues without waiting. Cheap to clone (several readers may feed one
 /// channel).
-#[derive(Debug, Clone)]
-pub struct DatagramQueue {
-    tx: mpsc::Sender<(FlowId, Vec<u8>)>,
+#[derive(Debug)]
+pub struct DatagramQueue<T = Vec<u8>> {
+    tx: mpsc::Sender<(FlowId, T)>,
     /// Bytes queued and not yet taken, shared with the writer's end.
     queued: Arc<AtomicUsize>,
     max_bytes: usize,
 }
 
-impl DatagramQueue {
+impl<T> Clone for DatagramQueue<T> {
+    fn clone(&self) -> Self {
+        DatagramQueue {
+            tx: self.tx.clone(),
+            queued: Arc::clone(&self.queued),
+            max_bytes: self.max_bytes,
+        }
+    }
+}
+
+impl<T: AsRef<[u8]>> DatagramQueue<T> {
     /// Queues `datagram` of `flow`, or says why not; never waits.
     ///
     /// # Errors
     /// [`Refused::Full`] past either bound, [`Refused::Closed`] once the writer is gone.
-    pub fn try_send(&self, flow: FlowId, datagram: Vec<u8>) -> Result<(), Refused> {
-        let len = datagram.len();
+    pub fn try_send(&self, flow: FlowId, datagram: T) -> Result<(), Refused> {
+        let len = datagram.as_ref().len();
         // Claim the bytes first: concurrent readers can never together pass the bound.
         if self.queued.fetch_add(len, Ordering::Relaxed) + len > self.max_bytes {
             self.queued.fetch_sub(len, Ordering::Relaxed);
@@ -91,33 +108,39 @@ impl DatagramQueue {
     pub fn is_closed(&self) -> bool {
         self.tx.is_closed()
     }
+
+    /// Datagrams waiting now.
+    pub fn waiting(&self) -> usize {
+        self.tx.max_capacity() - self.tx.capacity()
+    }
 }
 
 /// The writer's end.
 #[derive(Debug)]
-pub struct QueuedDatagrams {
-    rx: mpsc::Receiver<(FlowId, Vec<u8>)>,
+pub struct QueuedDatagrams<T = Vec<u8>> {
+    rx: mpsc::Receiver<(FlowId, T)>,
     queued: Arc<AtomicUsize>,
 }
 
-impl QueuedDatagrams {
+impl<T: AsRef<[u8]>> QueuedDatagrams<T> {
     /// The next datagram, waiting for one; `None` once every reader's end is gone.
     ///
     /// Cancel safe.
-    pub async fn recv(&mut self) -> Option<(FlowId, Vec<u8>)> {
+    pub async fn recv(&mut self) -> Option<(FlowId, T)> {
         let taken = self.rx.recv().await;
         self.release(taken)
     }
 
     /// The next datagram if one is queued, without waiting.
-    pub fn try_recv(&mut self) -> Option<(FlowId, Vec<u8>)> {
+    pub fn try_recv(&mut self) -> Option<(FlowId, T)> {
         let taken = self.rx.try_recv().ok();
         self.release(taken)
     }
 
-    fn release(&self, taken: Option<(FlowId, Vec<u8>)>) -> Option<(FlowId, Vec<u8>)> {
+    fn release(&self, taken: Option<(FlowId, T)>) -> Option<(FlowId, T)> {
         if let Some((_, datagram)) = &taken {
-            self.queued.fetch_sub(datagram.len(), Ordering::Relaxed);
+            self.queued
+                .fetch_sub(datagram.as_ref().len(), Ordering::Relaxed);
         }
         taken
     }
