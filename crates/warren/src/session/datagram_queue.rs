@@ -14,7 +14,8 @@
 //!
 //! The same queue carries what a QUIC connection receives to each datagram channel's
 //! writer (`T` = [`bytes::Bytes`], see [`super::quic_datagram`]); there the reader is
-//! quinn's datagram stream and the writer the sockets towards the target.
+//! quinn's datagram stream and the writer the channel's sockets (towards the target, or
+//! back to the visitors).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
