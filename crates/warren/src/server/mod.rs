@@ -589,8 +589,15 @@ impl BoundServer {
     pub fn udp_stats(&self, name: &str) -> Option<UdpStatsHandle> {
         self.shared
             .binding(name)
-            .and_then(|binding| binding.udp_stats)
-            .map(UdpStatsHandle)
+            .filter(|binding| matches!(binding.socket, ServiceSocket::Udp(_)))
+            .map(|_| {
+                UdpStatsHandle(
+                    self.shared
+                        .telemetry
+                        .metrics
+                        .udp_stats(name, UdpEnd::Visitors),
+                )
+            })
     }
 
     /// A token that stops the server when cancelled (graceful: sessions get a goodbye).
@@ -761,7 +768,6 @@ fn spawn_service(shared: &Arc<Shared>, binding: Binding) {
     let Binding {
         slot,
         socket,
-        udp_stats,
         service,
     } = binding;
     match (socket, service.kind) {
@@ -778,11 +784,15 @@ fn spawn_service(shared: &Arc<Shared>, binding: Binding) {
                 ServiceKind::Tcp | ServiceKind::Http => UdpSettings::DEFAULT,
             };
             let until = slot.stop.clone();
+            let stats = shared
+                .telemetry
+                .metrics
+                .udp_stats(&slot.name, UdpEnd::Visitors);
             let service = udp::UdpService {
                 slot,
                 socket,
                 settings,
-                stats: udp_stats.unwrap_or_default(),
+                stats,
             };
             shared
                 .tasks
@@ -939,8 +949,6 @@ struct Binding {
     service: ServerService,
     slot: Arc<ServiceSlot>,
     socket: ServiceSocket,
-    /// A UDP service's counters.
-    udp_stats: Option<Arc<UdpStats>>,
 }
 
 impl Binding {
@@ -952,8 +960,6 @@ impl Binding {
         telemetry: &Telemetry,
         server_cancel: &CancellationToken,
     ) -> Binding {
-        let udp_stats = matches!(socket, ServiceSocket::Udp(_))
-            .then(|| telemetry.metrics.udp_stats(&service.name, UdpEnd::Visitors));
         Binding {
             slot: Arc::new(ServiceSlot::new(
                 service.name.clone(),
@@ -965,7 +971,6 @@ impl Binding {
             )),
             service: service.clone(),
             socket,
-            udp_stats,
         }
     }
 }
