@@ -87,6 +87,21 @@ impl<T: AsRef<[u8]>> DatagramQueue<T> {
     /// [`Refused::Full`] past either bound, [`Refused::Closed`] once the writer is gone.
     pub fn try_send(&self, flow: FlowId, datagram: T) -> Result<(), Refused> {
         let len = datagram.as_ref().len();
+        self.try_send_with(flow, len, || datagram)
+    }
+
+    /// Like [`DatagramQueue::try_send`], for a datagram of `len` bytes that `make` makes
+    /// only once the queue has a place for it: a datagram that is dropped costs nothing to
+    /// make (QUIC's receive side copies some of them, [`super::quic_datagram`]).
+    ///
+    /// # Errors
+    /// As [`DatagramQueue::try_send`].
+    pub fn try_send_with(
+        &self,
+        flow: FlowId,
+        len: usize,
+        make: impl FnOnce() -> T,
+    ) -> Result<(), Refused> {
         // Claim the bytes first: concurrent readers can never together pass the bound.
         if self.queued.fetch_add(len, Ordering::Relaxed) + len > self.max_bytes {
             self.queued.fetch_sub(len, Ordering::Relaxed);
@@ -96,13 +111,21 @@ impl<T: AsRef<[u8]>> DatagramQueue<T> {
                 Refused::Full
             });
         }
-        self.tx.try_send((flow, datagram)).map_err(|error| {
-            self.queued.fetch_sub(len, Ordering::Relaxed);
-            match error {
-                mpsc::error::TrySendError::Full(_) => Refused::Full,
-                mpsc::error::TrySendError::Closed(_) => Refused::Closed,
+        match self.tx.try_reserve() {
+            Ok(place) => {
+                let datagram = make();
+                debug_assert_eq!(datagram.as_ref().len(), len, "the bytes claimed");
+                place.send((flow, datagram));
+                Ok(())
             }
-        })
+            Err(error) => {
+                self.queued.fetch_sub(len, Ordering::Relaxed);
+                Err(match error {
+                    mpsc::error::TrySendError::Full(()) => Refused::Full,
+                    mpsc::error::TrySendError::Closed(()) => Refused::Closed,
+                })
+            }
+        }
     }
 
     /// Whether the writer's end is gone.
@@ -166,6 +189,25 @@ mod tests {
             .map(|(flow, _)| flow)
             .collect();
         assert_eq!(order, [2, 4, 6]);
+        assert_eq!(queued.queued.load(Ordering::Relaxed), 0);
+    }
+
+    #[test]
+    fn a_datagram_the_queue_refuses_is_never_made() {
+        let (queue, mut queued) = with_bounds(2, 3000);
+        let made = std::cell::Cell::new(0);
+        let make = |byte: u8| {
+            made.set(made.get() + 1);
+            vec![byte; 1400]
+        };
+        assert_eq!(queue.try_send_with(1, 1400, || make(1)), Ok(()));
+        assert_eq!(queue.try_send_with(2, 1400, || make(2)), Ok(()));
+        // Past the count bound, and past the byte bound: refused before it is made.
+        assert_eq!(queue.try_send_with(3, 100, || make(3)), Err(Refused::Full));
+        assert_eq!(queued.try_recv(), Some((1, vec![1; 1400])));
+        assert_eq!(queue.try_send_with(4, 1601, || make(4)), Err(Refused::Full));
+        assert_eq!(made.get(), 2);
+        assert_eq!(queued.try_recv(), Some((2, vec![2; 1400])));
         assert_eq!(queued.queued.load(Ordering::Relaxed), 0);
     }
 

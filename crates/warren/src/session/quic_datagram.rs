@@ -200,12 +200,15 @@ impl Datagrams {
     fn route(&self, key: FlowKey, payload: Bytes) {
         let mut routes = self.routes();
         if let Some(tx) = routes.channels.get(&key.channel) {
-            let payload = if tx.waiting() < SHARED_MAX {
-                payload
-            } else {
-                Bytes::copy_from_slice(&payload)
+            let (len, shared) = (payload.len(), tx.waiting() < SHARED_MAX);
+            let make = move || {
+                if shared {
+                    payload
+                } else {
+                    Bytes::copy_from_slice(&payload)
+                }
             };
-            if tx.try_send(key.flow, payload).is_err() {
+            if tx.try_send_with(key.flow, len, make).is_err() {
                 routes.dropped += 1;
             }
             return;
