@@ -150,7 +150,18 @@ impl<K: Copy + Eq, T> ServingSet<K, T> {
     /// the stream as open on it, and returns it. `random` is only read by
     /// [`Strategy::Random`]. `None` when no member qualifies.
     pub fn pick(&mut self, exclude: &[K], random: u64) -> Option<&Member<K, T>> {
-        let eligible = |m: &Member<K, T>| m.ready && !exclude.contains(&m.key);
+        self.pick_if(exclude, random, |_| true)
+    }
+
+    /// [`ServingSet::pick`] among the members whose value `accept` takes (a session whose
+    /// peer answers, say).
+    pub fn pick_if(
+        &mut self,
+        exclude: &[K],
+        random: u64,
+        accept: impl Fn(&T) -> bool,
+    ) -> Option<&Member<K, T>> {
+        let eligible = |m: &Member<K, T>| m.ready && !exclude.contains(&m.key) && accept(&m.value);
         let index = match self.strategy {
             Strategy::LeastConnections => self.pick_least(eligible),
             Strategy::RoundRobin => self.pick_round_robin(eligible),

@@ -25,6 +25,9 @@
 //! | `warren_handshake_failures_total` | counter | `reason` |
 //! | `warren_sessions_active` | gauge | |
 //! | `warren_sessions_total` | counter | |
+//! | `warren_sessions_suspect_total` | counter | (a peer left a heartbeat unanswered past its suspect deadline) |
+//! | `warren_sessions_dead_total` | counter | (a peer left a heartbeat unanswered past its dead deadline; its session ended) |
+//! | `warren_streams_moved_total` | counter | (server: visitors moved off a session that stopped answering before their first answer) |
 //! | `warren_reconnects_total` | counter | |
 //! | `warren_config_reloads_total` | counter | `result` (`applied`, `refused`) |
 //! | `warren_udp_sessions_active` | gauge | `service` |
@@ -223,6 +226,9 @@ pub struct Metrics {
     handshake_failures: Family<ReasonLabel, Counter>,
     sessions_active: Gauge,
     sessions_total: Counter,
+    sessions_suspect: Counter,
+    sessions_dead: Counter,
+    streams_moved: Counter,
     reconnects: Counter,
     config_reloads: Family<ResultLabel, Counter>,
     udp_active: Family<ServiceLabel, Gauge>,
@@ -321,6 +327,9 @@ impl Metrics {
             handshake_failures: Family::default(),
             sessions_active: Gauge::default(),
             sessions_total: Counter::default(),
+            sessions_suspect: Counter::default(),
+            sessions_dead: Counter::default(),
+            streams_moved: Counter::default(),
             reconnects: Counter::default(),
             config_reloads: Family::default(),
             udp_active: Family::default(),
@@ -448,6 +457,21 @@ impl Metrics {
             "sessions",
             "Sessions established since start",
             metrics.sessions_total.clone(),
+        );
+        registry.register(
+            "sessions_suspect",
+            "Times a peer left a heartbeat unanswered past its suspect deadline (given no new streams)",
+            metrics.sessions_suspect.clone(),
+        );
+        registry.register(
+            "sessions_dead",
+            "Sessions ended because the peer left a heartbeat unanswered past its dead deadline",
+            metrics.sessions_dead.clone(),
+        );
+        registry.register(
+            "streams_moved",
+            "Server: visitors moved to another session because theirs stopped answering before their first answer",
+            metrics.streams_moved.clone(),
         );
         registry.register(
             "reconnects",
@@ -599,6 +623,21 @@ impl Metrics {
     pub fn session_started(&self) {
         self.sessions_active.inc();
         self.sessions_total.inc();
+    }
+
+    /// A session's peer turned suspect.
+    pub fn session_suspect(&self) {
+        self.sessions_suspect.inc();
+    }
+
+    /// A session's peer was declared dead.
+    pub fn session_dead(&self) {
+        self.sessions_dead.inc();
+    }
+
+    /// A visitor was moved off a session that stopped answering.
+    pub fn stream_moved(&self) {
+        self.streams_moved.inc();
     }
 
     /// A session ended.

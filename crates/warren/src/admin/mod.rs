@@ -156,6 +156,9 @@ pub struct SessionInfo {
     pub services: Vec<String>,
     /// Streams open on the session now.
     pub open_streams: u64,
+    /// `"alive"`, or `"suspect"` while the peer leaves a heartbeat unanswered past its
+    /// deadline (a suspect session is given no new stream).
+    pub state: &'static str,
     /// Client side: the server this session is with, as configured.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub server: Option<String>,

@@ -269,7 +269,8 @@ impl ChannelSource for ForwardSource {
 
 /// The session a forward stream of `name` goes through: among the sessions up whose
 /// server accepted the service, the one with the shortest handshake round trip (the newest
-/// of a server's sessions, when a reload made a second one).
+/// of a server's sessions, when a reload made a second one), preferring a server that
+/// answers its heartbeats to a suspect one.
 fn current_session(shared: &Shared, name: &str) -> Option<Arc<ClientSession>> {
     let sessions = shared
         .sessions
@@ -280,7 +281,8 @@ fn current_session(shared: &Shared, name: &str) -> Option<Arc<ClientSession>> {
         if !session.forwards.contains(name) || session.cancel.is_cancelled() {
             continue;
         }
-        if best.is_none_or(|b| session.rtt < b.rtt) {
+        let rank = |s: &ClientSession| (s.vitals.is_suspect(), s.rtt);
+        if best.is_none_or(|b| rank(session) < rank(b)) {
             best = Some(session);
         }
     }

@@ -38,7 +38,7 @@ use tokio_util::task::TaskTracker;
 use tracing::{debug, error, info, warn};
 use warren_proto::CipherSuite;
 use warren_proto::handshake::Refusal;
-use warren_proto::liveness::Backoff;
+use warren_proto::liveness::{Backoff, Heartbeat, PeerState};
 use warren_proto::message::{ClaimKind, ControlMessage, HelloMode, Verdict};
 
 use crate::Side;
@@ -57,6 +57,7 @@ use crate::reload::{ConfigSource, Reloader, Requests};
 use crate::session::link::ClientLink;
 use crate::session::stream::Stream;
 use crate::session::tcp::Dialer;
+use crate::session::vitals::Vitals;
 use crate::session::{self as control, CONTROL_QUEUE, Liveness, SessionEnd, short_id, summarize};
 use crate::transport::compress::Codec;
 use crate::transport::layers::ClientLayers;
@@ -834,8 +835,8 @@ pub(crate) struct ClientSession {
     shutdown: CancellationToken,
     /// When the server accepted the session (for the admin API).
     since: std::time::SystemTime,
-    /// Streams open on the session now.
-    open_streams: std::sync::atomic::AtomicU64,
+    /// Streams open on the session now, and whether the server still answers.
+    vitals: Vitals,
 }
 
 /// How long a replaced session still takes streams from the server: it may have opened one
@@ -855,9 +856,14 @@ impl ClientSession {
             cipher_choice: self.keys.negotiation().into(),
             since: unix_seconds(self.since),
             services: self.service_names(),
-            open_streams: self.open_streams.load(Ordering::Relaxed),
+            open_streams: self.vitals.open_streams(),
+            state: self.vitals.state().into(),
             server: Some(self.server.to_string()),
-            rtt_ms: Some(self.rtt.as_secs_f64() * 1e3),
+            rtt_ms: Some(
+                self.vitals
+                    .rtt_millis()
+                    .unwrap_or(self.rtt.as_secs_f64() * 1e3),
+            ),
             version: warren_proto::handshake::PROTOCOL_VERSION,
             quic,
         }
@@ -894,10 +900,16 @@ impl ClientSession {
 
     /// Counts a stream on this session while `f` runs.
     pub(crate) async fn counting<T>(&self, f: impl std::future::Future<Output = T>) -> T {
-        self.open_streams.fetch_add(1, Ordering::Relaxed);
-        let out = f.await;
-        self.open_streams.fetch_sub(1, Ordering::Relaxed);
-        out
+        /// Uncounts the stream however `f` ends (dropped too).
+        struct Open<'a>(&'a Vitals);
+        impl Drop for Open<'_> {
+            fn drop(&mut self) {
+                self.0.stream_closed();
+            }
+        }
+        self.vitals.stream_opened();
+        let _open = Open(&self.vitals);
+        f.await
     }
 }
 
@@ -1072,7 +1084,7 @@ async fn establish_session(
         replaced: AtomicBool::new(false),
         shutdown: shared.cancel.clone(),
         since: std::time::SystemTime::now(),
-        open_streams: std::sync::atomic::AtomicU64::new(0),
+        vitals: Vitals::default(),
         keys,
     });
     // A target whose health changed while the hello was under way: say so now.
@@ -1235,15 +1247,16 @@ async fn serve_session(shared: Arc<Shared>, established: Established) -> Session
         session: Arc::clone(&session),
     });
     session.link.serve(&streams);
+    // The client pings too (a third of its timeout apart while idle, as the server does by
+    // default), so it learns the round trip and a frozen server within seconds.
     let liveness = Liveness {
-        ping_interval: None,
+        idle_interval: config.heartbeat_timeout / 3,
         timeout: config.heartbeat_timeout,
     };
-    // The client only answers pings; its RTT is the handshake's.
     let end = control::run_control(
         channel,
         liveness,
-        &control::Rtt::default(),
+        &session.vitals,
         control_rx,
         session.cancel.clone(),
         || {
@@ -1253,6 +1266,7 @@ async fn serve_session(shared: Arc<Shared>, established: Established) -> Session
                 "the client's config changed; a new session took over".to_owned()
             }
         },
+        |state, heartbeat| on_peer_state(&shared, &session, state, heartbeat),
         |message| match message {
             ControlMessage::NeedChannels { count } => session.link.more_streams(&streams, count),
             ControlMessage::Reclaim { reason } => {
@@ -1277,6 +1291,31 @@ async fn serve_session(shared: Arc<Shared>, established: Established) -> Session
         .retain(|s| !Arc::ptr_eq(s, &session));
     shared.refresh_status(false);
     end
+}
+
+/// Logs and counts a change in what the heartbeat believes of a session's server.
+fn on_peer_state(
+    shared: &Shared,
+    session: &ClientSession,
+    state: PeerState,
+    heartbeat: &Heartbeat,
+) {
+    let id = short_id(session.keys.session_id());
+    let open = session.vitals.open_streams();
+    let rtt_ms = heartbeat.srtt().map(|rtt| rtt.as_secs_f64() * 1e3);
+    match state {
+        PeerState::Suspect => {
+            shared.telemetry.metrics.session_suspect();
+            warn!(event = "session_suspect", session = %id, server = %session.server, open_streams = open, ?rtt_ms, waited_ms = heartbeat.suspect_after().as_millis() as u64, "the server left a heartbeat unanswered; sending forward visitors through other servers");
+        }
+        PeerState::Dead => {
+            shared.telemetry.metrics.session_dead();
+            warn!(event = "session_dead", session = %id, server = %session.server, cut = open, ?rtt_ms, waited_ms = heartbeat.dead_after().as_millis() as u64, "the server stopped answering; ending the session and reconnecting");
+        }
+        PeerState::Alive => {
+            info!(event = "session_recovered", session = %id, server = %session.server, ?rtt_ms, "the server answers again");
+        }
+    }
 }
 
 /// One server's link while a session is up: what [`Link::hold`] needs from [`run_link`].

@@ -10,6 +10,7 @@
 //! same [`Opening`]. A visitor that sends more than the limit before any answer commits the
 //! stream too: past that point a replay could not be complete.
 
+use std::future::Future;
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -32,6 +33,9 @@ const READ_LEN: usize = 4 * 1024;
 
 /// How long telling the far end of an abort may take.
 const CLOSE_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// How long telling a session that stopped answering of an abandoned stream may take.
+const ABANDON_TIMEOUT: Duration = Duration::from_millis(100);
 
 /// What the visitor has sent so far on a stream that no session has answered yet.
 #[derive(Debug, Default)]
@@ -58,23 +62,34 @@ pub enum Opened {
 
 impl Opening {
     /// Opens the stream on `channel` (whose `StreamOpen` is staged or sent): replays what
-    /// the visitor sent on earlier attempts, then relays until the first answer.
+    /// the visitor sent on earlier attempts, then relays until the first answer. If
+    /// `abandon` resolves first (the session stopped answering), the stream is reset and
+    /// counts as refused: nothing reached the visitor, so another session may take it.
     pub async fn open(
         &mut self,
         visitor: &mut TcpStream,
         channel: &mut Stream,
         cancel: &CancellationToken,
+        abandon: impl Future<Output = ()>,
     ) -> Opened {
         if let Err(error) = self.replay(visitor, channel).await {
             return Opened::Refused(error);
         }
         let mut buf = vec![0u8; READ_LEN];
+        let mut abandon = std::pin::pin!(abandon);
         loop {
             let Stream { reader, writer } = &mut *channel;
             tokio::select! {
                 () = cancel.cancelled() => {
                     close(channel, "shutting down").await;
                     return Opened::Aborted(RelayError::Cancelled);
+                }
+                () = &mut abandon => {
+                    // Bounded tighter than a close: the peer may not read, and the visitor
+                    // waits for its next session.
+                    let reason = "the session stopped answering; the stream was moved";
+                    let _ = tokio::time::timeout(ABANDON_TIMEOUT, channel.writer.reset(reason)).await;
+                    return Opened::Refused(reason.to_owned());
                 }
                 chunk = reader.read() => {
                     return match chunk {

@@ -68,9 +68,10 @@ impl AdminSource for ServerAdmin {
                     cipher_choice: session.keys.negotiation().into(),
                     since: unix_seconds(session.since),
                     services: session.services.clone(),
-                    open_streams: session.open_streams(),
+                    open_streams: session.vitals.open_streams(),
+                    state: session.vitals.state().into(),
                     server: None,
-                    rtt_ms: session.rtt.millis(),
+                    rtt_ms: session.vitals.rtt_millis(),
                     version: session.version,
                     quic,
                 }

@@ -43,6 +43,7 @@ use tokio_util::task::TaskTracker;
 use tracing::{debug, info, warn};
 use warren_proto::balance::Strategy;
 use warren_proto::handshake::{self as proto_handshake, DataHello, HandshakeError, SessionId};
+use warren_proto::liveness::{Heartbeat, PeerState};
 use warren_proto::message::{ControlMessage, HelloClaim, StreamOpen};
 use warren_proto::{CipherPolicy, CipherSuite, message};
 
@@ -1493,7 +1494,7 @@ async fn run_session(shared: &Arc<Shared>, session: Arc<ServerSession>, channel:
     }
     let interval = shared.live().config.heartbeat_interval;
     let liveness = Liveness {
-        ping_interval: Some(interval),
+        idle_interval: interval,
         timeout: interval.saturating_mul(3),
     };
     let outgoing = session.take_control_receiver();
@@ -1506,10 +1507,11 @@ async fn run_session(shared: &Arc<Shared>, session: Arc<ServerSession>, channel:
     let end = control::run_control(
         channel,
         liveness,
-        &session.rtt,
+        &session.vitals,
         outgoing,
         session.cancel.clone(),
         || session.goodbye_reason(),
+        |state, heartbeat| on_peer_state(shared, &session, state, heartbeat),
         |message| match message {
             ControlMessage::Health { services, ready } => {
                 apply_health(shared, &session, &services, ready)
@@ -1548,6 +1550,31 @@ async fn run_session(shared: &Arc<Shared>, session: Arc<ServerSession>, channel:
         }
         other => {
             info!(event = "session_ended", session = %short_id(&session.id()), peer = %session.peer, reason = %other, "client disconnected")
+        }
+    }
+}
+
+/// Logs and counts a change in what the heartbeat believes of a session's client.
+fn on_peer_state(
+    shared: &Shared,
+    session: &ServerSession,
+    state: PeerState,
+    heartbeat: &Heartbeat,
+) {
+    let id = short_id(&session.id());
+    let open = session.vitals.open_streams();
+    let rtt_ms = heartbeat.srtt().map(|rtt| rtt.as_secs_f64() * 1e3);
+    match state {
+        PeerState::Suspect => {
+            shared.telemetry.metrics.session_suspect();
+            warn!(event = "session_suspect", session = %id, peer = %session.peer, open_streams = open, ?rtt_ms, waited_ms = heartbeat.suspect_after().as_millis() as u64, "the client left a heartbeat unanswered; giving it no new visitors, and moving those still waiting for their first answer to other sessions");
+        }
+        PeerState::Dead => {
+            shared.telemetry.metrics.session_dead();
+            warn!(event = "session_dead", session = %id, peer = %session.peer, moved = session.vitals.moved_streams(), cut = open, ?rtt_ms, waited_ms = heartbeat.dead_after().as_millis() as u64, "the client stopped answering; ending its session and resetting its visitors");
+        }
+        PeerState::Alive => {
+            info!(event = "session_recovered", session = %id, peer = %session.peer, ?rtt_ms, "the client answers again; giving it visitors again");
         }
     }
 }
@@ -1617,6 +1644,7 @@ async fn serve_visitor(
         &mut opening,
         (peer, local),
         &cancel,
+        &telemetry,
     ))
     .await;
     let (lease, mut channel, start) = match opened {
@@ -1636,7 +1664,17 @@ async fn serve_visitor(
     let meter = meter.paced(shaping.limit).compressing(shaping.codec);
     meter.to_tunnel(start.moved.to_tunnel);
     meter.to_local(start.moved.to_local);
-    match relay::pump_from(visitor, &mut channel, &cancel, Some(&meter), start).await {
+    // A session that stopped answering for good cuts its streams: the pump is dropped, and
+    // a visitor it holds is reset (its linger is zero until the stream ends cleanly).
+    let pumped = tokio::select! {
+        pumped = relay::pump_from(visitor, &mut channel, &cancel, Some(&meter), start) => pumped,
+        () = lease.session.vitals.died() => {
+            slot.meter.error();
+            debug!(event = "stream_cut", service = %slot.name, %peer, session = %short_id(&lease.session.id()), "the session stopped answering; visitor reset");
+            return;
+        }
+    };
+    match pumped {
         Ok(moved) => {
             debug!(event = "stream_closed", service = %slot.name, %peer, up = moved.to_tunnel, down = moved.to_local, "visitor done");
             // The transport may carry another stream on it. Boxed: this step's state is
@@ -1662,6 +1700,7 @@ async fn open_for_visitor(
     opening: &mut Opening,
     (peer, local): (SocketAddr, Option<SocketAddr>),
     cancel: &CancellationToken,
+    telemetry: &Telemetry,
 ) -> Result<(serving::Lease, Stream, relay::StreamStart), bool> {
     let mut tried: Vec<SessionId> = Vec::new();
     loop {
@@ -1678,8 +1717,29 @@ async fn open_for_visitor(
             slot.retried();
         }
         tried.push(lease.session.id());
+        // A session that was answering when picked and stops before the first answer hands
+        // the visitor on; one picked while already suspect (no other was left) is given
+        // until it is declared dead.
+        let vitals = &lease.session.vitals;
+        let picked_suspect = vitals.is_suspect();
+        let abandon = || async move {
+            if picked_suspect {
+                vitals.died().await;
+            } else {
+                vitals.stopped_answering().await;
+            }
+        };
+        let moved = || {
+            telemetry.metrics.stream_moved();
+            vitals.stream_moved();
+            debug!(event = "stream_moved", service = %slot.name, %peer, session = %short_id(&lease.session.id()), "the session stopped answering before the first answer; moving the visitor to another session");
+        };
         let opened = tokio::select! {
             () = cancel.cancelled() => return Err(false),
+            () = abandon() => {
+                moved();
+                continue;
+            }
             opened = tokio::time::timeout(
                 STREAM_OPEN_TIMEOUT,
                 open_stream(&lease.session, &slot.name, Some(peer), local),
@@ -1696,8 +1756,9 @@ async fn open_for_visitor(
                 continue;
             }
         };
-        match opening.open(visitor, &mut channel, cancel).await {
+        match opening.open(visitor, &mut channel, cancel, abandon()).await {
             Opened::Answered(start) => return Ok((lease, channel, start)),
+            Opened::Refused(_) if opening.replayable() && vitals.is_suspect() => moved(),
             Opened::Refused(reason) if opening.replayable() => {
                 debug!(event = "stream_refused", service = %slot.name, %peer, session = %short_id(&lease.session.id()), %reason, "the client could not serve the stream; trying another session");
             }

@@ -81,15 +81,22 @@ impl ServiceSlot {
         self.set().set_ready(*session, ready)
     }
 
-    /// Picks the session for the next visitor among those not in `tried`.
+    /// Picks the session for the next visitor among those not in `tried`: one whose client
+    /// answers, or a suspect one when no other is left (it may only be slow).
     pub(super) fn pick(self: &Arc<Self>, tried: &[SessionId]) -> Option<Lease> {
         let random = if self.set().strategy() == Strategy::Random {
             rand::random()
         } else {
             0
         };
-        let session = Arc::clone(&self.set().pick(tried, random)?.value);
-        session.streams_opened();
+        let session = {
+            let mut set = self.set();
+            match set.pick_if(tried, random, |session| !session.vitals.is_suspect()) {
+                Some(member) => Arc::clone(&member.value),
+                None => Arc::clone(&set.pick(tried, random)?.value),
+            }
+        };
+        session.vitals.stream_opened();
         Some(Lease {
             slot: Arc::clone(self),
             session,
@@ -144,6 +151,6 @@ pub(super) struct Lease {
 impl Drop for Lease {
     fn drop(&mut self) {
         self.slot.set().release(self.session.id());
-        self.session.stream_closed();
+        self.session.vitals.stream_closed();
     }
 }

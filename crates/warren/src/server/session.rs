@@ -3,7 +3,6 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -17,6 +16,7 @@ use crate::config::ServerForward;
 use crate::crypto::keys::SessionKeys;
 use crate::session::CONTROL_QUEUE;
 use crate::session::link::{Carrier, ServerLink};
+use crate::session::vitals::Vitals;
 /// How long a client asked to claim again may take before the server ends its session.
 pub(super) const RECLAIM_GRACE: Duration = Duration::from_secs(10);
 
@@ -28,8 +28,6 @@ pub struct ServerSession {
     pub(super) version: u16,
     /// A diagnostic session (`warren doctor`, `warren ping`): it serves nothing.
     pub(super) probe: bool,
-    /// Streams open on this session now (visitors of every service it serves).
-    open_streams: AtomicU64,
     /// Services this session was accepted for.
     pub(super) services: Vec<String>,
     /// Forward services this session may open streams for: the client's name -> the
@@ -47,8 +45,9 @@ pub struct ServerSession {
     control_rx: Mutex<Option<mpsc::Receiver<ControlMessage>>>,
     /// The session's streams.
     pub(super) link: ServerLink,
-    /// The heartbeat's last round trip.
-    pub(super) rtt: crate::session::Rtt,
+    /// Its round trip, streams open (visitors of every service it serves), and whether
+    /// the client still answers.
+    pub(super) vitals: Vitals,
 }
 
 impl ServerSession {
@@ -68,7 +67,6 @@ impl ServerSession {
             peer,
             version: warren_proto::handshake::PROTOCOL_VERSION,
             probe: false,
-            open_streams: AtomicU64::new(0),
             services: Vec::new(),
             forwards: HashMap::new(),
             unserved: Vec::new(),
@@ -78,27 +76,12 @@ impl ServerSession {
             control,
             control_rx: Mutex::new(Some(control_rx)),
             link,
-            rtt: crate::session::Rtt::default(),
+            vitals: Vitals::default(),
         }
     }
 
     pub(super) fn id(&self) -> SessionId {
         *self.keys.session_id()
-    }
-
-    /// Counts a stream picked on this session.
-    pub(super) fn streams_opened(&self) {
-        self.open_streams.fetch_add(1, Ordering::Relaxed);
-    }
-
-    /// Counts a stream of this session that ended.
-    pub(super) fn stream_closed(&self) {
-        self.open_streams.fetch_sub(1, Ordering::Relaxed);
-    }
-
-    /// Streams open on this session now.
-    pub(super) fn open_streams(&self) -> u64 {
-        self.open_streams.load(Ordering::Relaxed)
     }
 
     /// Ends the session from the server's side; the client reads `reason` in the goodbye.

@@ -15,6 +15,7 @@ pub mod quic;
 pub mod quic_datagram;
 pub mod stream;
 pub mod tcp;
+pub mod vitals;
 
 #[cfg(test)]
 mod conformance;
@@ -24,10 +25,11 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use warren_proto::liveness::{Heartbeat, HeartbeatAction};
+use warren_proto::liveness::{Heartbeat, HeartbeatAction, HeartbeatConfig, PeerState};
 use warren_proto::message::{self, ControlMessage};
 
 use stream::{Stream, StreamError};
+use vitals::Vitals;
 
 /// Capacity of a session's outgoing control queue; senders that find it full drop the
 /// message (requests are retried) rather than block the data path.
@@ -84,62 +86,45 @@ pub async fn recv_control(channel: &mut Stream) -> Result<ControlMessage, Sessio
     }
 }
 
-/// The last heartbeat round trip of a session (what the dashboard shows as its RTT).
-#[derive(Debug, Default)]
-pub struct Rtt {
-    /// Microseconds; 0 until the first pong.
-    micros: std::sync::atomic::AtomicU64,
-}
-
-impl Rtt {
-    fn record(&self, rtt: Duration) {
-        let micros = u64::try_from(rtt.as_micros()).unwrap_or(u64::MAX).max(1);
-        self.micros
-            .store(micros, std::sync::atomic::Ordering::Relaxed);
-    }
-
-    /// The last round trip in milliseconds, once one was measured.
-    pub fn millis(&self) -> Option<f64> {
-        match self.micros.load(std::sync::atomic::Ordering::Relaxed) {
-            0 => None,
-            micros => Some(micros as f64 / 1000.0),
-        }
-    }
-}
-
 /// Heartbeat settings of one side.
 #[derive(Debug, Clone, Copy)]
 pub struct Liveness {
-    /// How often this side pings; `None` to only answer pings.
-    pub ping_interval: Option<Duration>,
-    /// Silence after which the peer counts as dead.
+    /// How often this side pings while the session carries no stream.
+    pub idle_interval: Duration,
+    /// The longest an answer may be outstanding before the peer counts as dead (the
+    /// heartbeat shortens it on a fast path; see [`HeartbeatConfig::new`]).
     pub timeout: Duration,
 }
 
+impl Liveness {
+    fn heartbeat(self) -> HeartbeatConfig {
+        HeartbeatConfig::new(self.idle_interval, self.timeout)
+    }
+}
+
 /// Drives an established control channel until it ends: answers pings, sends our pings and
-/// the messages queued on `outgoing`, enforces the heartbeat timeout, and hands every other
-/// message to `on_message`. When `cancel` fires it says goodbye with `goodbye_reason()`.
-/// Each answered ping's round trip goes to `rtt`.
+/// the messages queued on `outgoing`, judges the peer's liveness (publishing it in
+/// `vitals`, and telling `on_state` of each change), and hands every other message to
+/// `on_message`. When `cancel` fires it says goodbye with `goodbye_reason()`.
+#[allow(clippy::too_many_arguments)] // one call site per side; a struct would only rename them
 pub async fn run_control(
     mut channel: Stream,
     liveness: Liveness,
-    rtt: &Rtt,
+    vitals: &Vitals,
     mut outgoing: mpsc::Receiver<ControlMessage>,
     cancel: CancellationToken,
     goodbye_reason: impl Fn() -> String,
+    mut on_state: impl FnMut(PeerState, &Heartbeat),
     mut on_message: impl FnMut(ControlMessage),
 ) -> SessionEnd {
-    let mut heartbeat = Heartbeat::new(
-        Instant::now().into_std(),
-        liveness.ping_interval,
-        liveness.timeout,
-    );
-    let mut ping_seq = 0u64;
-    let mut ping_sent = Instant::now();
+    let mut heartbeat = Heartbeat::new(Instant::now().into_std(), liveness.heartbeat());
     let mut outgoing_open = true;
     loop {
         let wake = Instant::from_std(heartbeat.poll_timeout());
+        // Biased, messages before timers: a side that was itself frozen (SIGSTOP, a paused
+        // VM) reads what its peer sent meanwhile before it judges the peer by its clock.
         let to_send = tokio::select! {
+            biased;
             () = cancel.cancelled() => {
                 let goodbye = ControlMessage::Goodbye { reason: goodbye_reason() };
                 let _ = tokio::time::timeout(Duration::from_secs(1), send_control(&mut channel, &goodbye)).await;
@@ -147,12 +132,14 @@ pub async fn run_control(
                 return SessionEnd::Cancelled;
             }
             received = recv_control(&mut channel) => {
-                heartbeat.on_received(Instant::now().into_std());
+                let now = Instant::now().into_std();
+                heartbeat.on_received(now);
                 match received {
                     Ok(ControlMessage::Ping { seq }) => Some(ControlMessage::Pong { seq }),
                     Ok(ControlMessage::Pong { seq }) => {
-                        if seq == ping_seq {
-                            rtt.record(ping_sent.elapsed());
+                        heartbeat.on_pong(now, seq);
+                        if let Some(srtt) = heartbeat.srtt() {
+                            vitals.record_rtt(srtt);
                         }
                         None
                     }
@@ -168,27 +155,46 @@ pub async fn run_control(
                 outgoing_open = queued.is_some();
                 queued
             }
+            () = vitals.turned_busy() => {
+                heartbeat.set_busy(Instant::now().into_std(), true);
+                None
+            }
             () = tokio::time::sleep_until(wake) => {
-                match heartbeat.handle_timeout(Instant::now().into_std()) {
-                    Some(HeartbeatAction::SendPing) => {
-                        ping_seq += 1;
-                        ping_sent = Instant::now();
-                        Some(ControlMessage::Ping { seq: ping_seq })
+                let now = Instant::now().into_std();
+                heartbeat.set_busy(now, vitals.open_streams() > 0);
+                match heartbeat.handle_timeout(now) {
+                    Some(HeartbeatAction::SendPing { seq }) => Some(ControlMessage::Ping { seq }),
+                    Some(HeartbeatAction::PeerDead) => {
+                        publish(vitals, &heartbeat, &mut on_state);
+                        return SessionEnd::HeartbeatTimeout(heartbeat.dead_after());
                     }
-                    Some(HeartbeatAction::PeerDead) => return SessionEnd::HeartbeatTimeout(liveness.timeout),
                     None => None,
                 }
             }
         };
+        publish(vitals, &heartbeat, &mut on_state);
         if let Some(message) = to_send {
-            // A peer that stops reading must not wedge us past the heartbeat timeout.
-            match tokio::time::timeout(liveness.timeout, send_control(&mut channel, &message)).await
+            // A peer that stops reading must not wedge us past its dead deadline.
+            match tokio::time::timeout(heartbeat.dead_after(), send_control(&mut channel, &message))
+                .await
             {
                 Ok(Ok(())) => {}
                 Ok(Err(e)) => return SessionEnd::Transport(e),
-                Err(_) => return SessionEnd::HeartbeatTimeout(liveness.timeout),
+                Err(_) => return SessionEnd::HeartbeatTimeout(heartbeat.dead_after()),
             }
         }
+    }
+}
+
+/// Publishes the heartbeat's judgement, telling `on_state` when it changed.
+fn publish(
+    vitals: &Vitals,
+    heartbeat: &Heartbeat,
+    on_state: &mut impl FnMut(PeerState, &Heartbeat),
+) {
+    let state = heartbeat.state(Instant::now().into_std());
+    if vitals.set_state(state) {
+        on_state(state, heartbeat);
     }
 }
 

@@ -285,13 +285,18 @@ impl Proc {
 
     /// Sends SIGTERM (through `kill -TERM PID`: the crate has no signal bindings).
     pub fn terminate(&mut self) {
-        assert!(self.is_running(), "{} exited before SIGTERM", self.name);
+        self.signal("TERM");
+    }
+
+    /// Sends the signal `name` (`"STOP"`, `"CONT"`, ...) through `kill -NAME PID`.
+    pub fn signal(&mut self, name: &str) {
+        assert!(self.is_running(), "{} exited before SIG{name}", self.name);
         let status = Command::new("kill")
-            .arg("-TERM")
+            .arg(format!("-{name}"))
             .arg(self.pid().to_string())
             .status()
-            .expect("run kill -TERM");
-        assert!(status.success(), "kill -TERM {} failed", self.pid());
+            .unwrap_or_else(|e| panic!("run kill -{name}: {e}"));
+        assert!(status.success(), "kill -{name} {} failed", self.pid());
     }
 
     /// Polls stdout until it contains `needle`, for at most `timeout`.

@@ -554,7 +554,10 @@
           const rtt = s.rtt_ms != null ? s.rtt_ms : s.quic && s.quic.rtt_ms;
           const isArmed = armed.has(s.id);
           return h('tr', { 'data-key': s.id, 'data-session': s.id },
-            h('td', { class: 'mono' }, s.id), h('td', { class: 'mono' }, s.server ? `${s.server} (${s.peer})` : s.peer),
+            h('td', { class: 'mono' }, s.id, s.state === 'suspect'
+              ? [' ', h('span', { class: 'badge warn', title: 'The peer left a heartbeat unanswered: it gets no new streams until it answers, and is dropped if it stays silent.' }, 'suspect')]
+              : false),
+            h('td', { class: 'mono' }, s.server ? `${s.server} (${s.peer})` : s.peer),
             h('td', {}, s.version != null ? 'v' + s.version : '—'), h('td', {}, s.transport), h('td', { class: 'mono' }, s.cipher),
             h('td', { title: stamp(s.since) }, ago(s.since)), h('td', { class: 'num' }, rtt == null ? '—' : rtt.toFixed(rtt < 10 ? 2 : 1) + ' ms'),
             h('td', { class: 'num' }, num(s.open_streams)),
