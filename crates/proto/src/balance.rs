@@ -323,6 +323,28 @@ mod tests {
     }
 
     #[test]
+    fn pick_if_skips_what_the_caller_refuses_under_every_strategy() {
+        for strategy in [
+            Strategy::LeastConnections,
+            Strategy::RoundRobin,
+            Strategy::Random,
+        ] {
+            let mut set: ServingSet<u8, bool> = ServingSet::new(strategy);
+            // The value says whether the member's peer answers.
+            set.insert(0, false, 1, true);
+            set.insert(1, true, 1, true);
+            for random in 0..50 {
+                let picked = set.pick_if(&[], random, |answers| *answers).expect("pick");
+                assert_eq!(picked.key, 1, "{strategy:?}");
+                set.release(1);
+            }
+            assert!(set.pick_if(&[1], 0, |answers| *answers).is_none());
+            assert_eq!(set.members()[1].picked, 50);
+            assert_eq!(set.members()[0].picked, 0);
+        }
+    }
+
+    #[test]
     fn least_connections_prefers_the_least_loaded() {
         let mut set = set(Strategy::LeastConnections, &[1, 1, 1]);
         // Three long streams land on three members; releasing member 1's makes it the pick.

@@ -66,8 +66,8 @@ impl HeartbeatConfig {
     /// Linux, doubling on each loss). With [`SUSPECT_RTOS`] and [`DEAD_RTOS`] timeouts of
     /// patience past one round trip, a session turns suspect only when one message is lost
     /// three times in a row and dead only when five; at 300 ms RTT and 2 % loss a busy
-    /// session (a ping a second) is suspect for a moment about once in ten hours and never
-    /// dead (`no_flap_at_300_ms_and_2_percent_loss`). On a LAN the floors rule: suspect 1 s
+    /// session (a ping a second) was never suspect in ten simulated hours
+    /// (`no_flap_at_300_ms_and_2_percent_loss`). On a LAN the floors rule: suspect 1 s
     /// and dead 6 s after an unanswered ping.
     pub fn new(idle_interval: Duration, max_dead: Duration) -> Self {
         HeartbeatConfig {
@@ -534,12 +534,8 @@ mod tests {
         let changes = simulate(&mut hb, t0, secs(36_000.0), |_| {
             Some(lossy_rtt(secs(0.3), 0.02, &mut random))
         });
-        assert!(
-            !changes.iter().any(|(_, state)| *state == PeerState::Dead),
-            "{changes:?}"
-        );
-        let suspect = changes.iter().filter(|(_, s)| *s == PeerState::Suspect);
-        assert!(suspect.count() <= 1, "{changes:?}");
+        // Neither dead nor, for a moment, suspect.
+        assert!(changes.is_empty(), "{changes:?}");
     }
 
     #[test]

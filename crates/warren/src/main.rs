@@ -829,7 +829,13 @@ async fn run_client(
         None => client,
     };
     let cancel = CancellationToken::new();
-    tokio::spawn(stop_on_signal(cancel.clone()));
+    let drain = CancellationToken::new();
+    if exposing.is_some() {
+        // A one-liner in a terminal stops at once, as ngrok does.
+        tokio::spawn(stop_on_signal(cancel.clone()));
+    } else {
+        tokio::spawn(drain_on_signal(drain.clone(), cancel.clone()));
+    }
     if let Some(local) = exposing {
         let mut status = client.status();
         let cancel = cancel.clone();
@@ -875,7 +881,7 @@ async fn run_client(
             }
         });
     }
-    match client.run(cancel).await {
+    match client.run_draining(drain, cancel).await {
         Ok(()) => Outcome::Clean,
         Err(error) => {
             error!(event = "client_failed", %error, "the client stopped");
@@ -940,6 +946,35 @@ async fn demo(port: u16) -> Outcome {
     stop_on_signal(cancel.clone()).await;
     demo.stop().await;
     Outcome::Clean
+}
+
+/// A long-running client's signals: SIGTERM drains (`drain`: the servers send no new
+/// visitors, streams in flight finish), a second SIGTERM or a SIGINT stops at once
+/// (`cancel`).
+async fn drain_on_signal(drain: CancellationToken, cancel: CancellationToken) {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        if let Ok(mut term) = signal(SignalKind::terminate()) {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {
+                    tracing::info!(event = "shutdown_requested", "SIGTERM: draining before stopping; send it again to stop at once");
+                    drain.cancel();
+                    tokio::select! {
+                        _ = tokio::signal::ctrl_c() => {}
+                        _ = term.recv() => {}
+                        () = cancel.cancelled() => return,
+                    }
+                }
+            }
+            tracing::info!(event = "shutdown_requested", "shutting down");
+            cancel.cancel();
+            return;
+        }
+    }
+    let _ = &drain;
+    stop_on_signal(cancel).await;
 }
 
 /// Cancels `cancel` on SIGINT or SIGTERM.

@@ -26,6 +26,7 @@ use e2e_support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 
 /// How one visitor ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -109,18 +110,20 @@ impl Kill {
     }
 }
 
-/// `workers` visitors in a loop until `until`.
+/// `workers` visitors in a loop until `until` or `stop`.
 fn steady_load(
     addr: SocketAddr,
     workers: usize,
     until: Instant,
+    stop: &CancellationToken,
     log: &Log,
 ) -> Vec<tokio::task::JoinHandle<()>> {
     (0..workers)
         .map(|_| {
             let log = Arc::clone(log);
+            let stop = stop.clone();
             tokio::spawn(async move {
-                while Instant::now() < until {
+                while Instant::now() < until && !stop.is_cancelled() {
                     let started = Instant::now();
                     let outcome = visit(addr).await;
                     log.lock()
@@ -301,9 +304,20 @@ impl Cluster {
     /// Steady load until `until`: 16 visitors at a time through HAProxy (`log`), and 2 at
     /// each server's port (`direct`), where only Warren decides what a visitor sees.
     fn load(&self, until: Instant, log: &Log, direct: &Log) -> Vec<tokio::task::JoinHandle<()>> {
-        let mut workers = steady_load(loopback(self.front), 16, until, log);
-        workers.extend(steady_load(loopback(self.webs[0]), 2, until, direct));
-        workers.extend(steady_load(loopback(self.webs[1]), 2, until, direct));
+        self.load_until(until, &CancellationToken::new(), log, direct)
+    }
+
+    /// [`Cluster::load`] that also ends when `stop` fires (no visitor starts after it).
+    fn load_until(
+        &self,
+        until: Instant,
+        stop: &CancellationToken,
+        log: &Log,
+        direct: &Log,
+    ) -> Vec<tokio::task::JoinHandle<()>> {
+        let mut workers = steady_load(loopback(self.front), 16, until, stop, log);
+        workers.extend(steady_load(loopback(self.webs[0]), 2, until, stop, direct));
+        workers.extend(steady_load(loopback(self.webs[1]), 2, until, stop, direct));
         workers
     }
 
@@ -521,8 +535,23 @@ async fn a_frozen_client_strands_no_visitor_that_arrives_after_the_freeze() {
     tokio::time::sleep(Duration::from_secs(4)).await;
     cluster.client_a.signal("STOP");
     let frozen = Instant::now();
-    // Long enough for the servers to give up on it (its dead deadline is 6 s on loopback).
-    tokio::time::sleep(Duration::from_secs(10)).await;
+    // When each server judged it (polled from their logs, so up to 20 ms late), within the
+    // 10 s it stays frozen: long enough for the servers to give up on it (its dead
+    // deadline is 6 s on loopback).
+    let mut suspect_at = [None; 2];
+    let mut dead_at = [None; 2];
+    while frozen.elapsed() < Duration::from_secs(10) {
+        for (n, server) in [&cluster.server1, &cluster.server2].into_iter().enumerate() {
+            let logs = server.logs();
+            if suspect_at[n].is_none() && logs.contains("session_suspect") {
+                suspect_at[n] = Some(frozen.elapsed());
+            }
+            if dead_at[n].is_none() && logs.contains("session_dead") {
+                dead_at[n] = Some(frozen.elapsed());
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     cluster.client_a.signal("CONT");
     let thawed = Instant::now();
     for worker in workers {
@@ -564,6 +593,9 @@ async fn a_frozen_client_strands_no_visitor_that_arrives_after_the_freeze() {
     println!("  started while it was frozen  {:?}", tally(&after_freeze));
     println!("  slowest of those             {slowest:?}");
     println!("  started after SIGCONT        {:?}", tally(&after_thaw));
+    println!(
+        "  from SIGSTOP to suspect (no new visitor goes there) {suspect_at:?}, to dead {dead_at:?}"
+    );
     for (n, server) in [&cluster.server1, &cluster.server2].into_iter().enumerate() {
         let logs = server.logs();
         let dead: Vec<&str> = logs
@@ -627,5 +659,75 @@ async fn a_frozen_client_strands_no_visitor_that_arrives_after_the_freeze() {
         wait_sessions(server, 3, "the thawed client did not reconnect").await;
     }
     cluster.whole("after the thaw").await;
+    cluster.stop();
+}
+
+/// A rolling restart of both clients under load, as an operator does it: SIGTERM one (it
+/// drains: the servers send it no new visitors, its streams in flight finish, then it
+/// exits), start it again, wait until both servers have it back, then the other. No
+/// visitor may fail or be cut.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rolling_restart_of_both_clients_fails_no_visitor() {
+    if !have_tool("haproxy", "haproxy", "e2e_ha") {
+        return;
+    }
+    let _one = ONE_AT_A_TIME.lock().await;
+    let mut cluster = Cluster::start("e2e-ha-drain", Heartbeats::Default).await;
+
+    let log: Log = Arc::default();
+    let direct: Log = Arc::default();
+    let until = Instant::now() + Duration::from_secs(60);
+    let stop_load = CancellationToken::new();
+    let workers = cluster.load_until(until, &stop_load, &log, &direct);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let mut drains = Vec::new();
+    for (which, sessions) in [("a", 3), ("b", 4)] {
+        let client = if which == "a" {
+            &mut cluster.client_a
+        } else {
+            &mut cluster.client_b
+        };
+        let asked = Instant::now();
+        client.terminate();
+        let status = client.wait_exit(Duration::from_secs(40)).await;
+        let took = asked.elapsed();
+        assert!(
+            status.is_some_and(|s| s.success()),
+            "client {which} did not drain and exit cleanly ({status:?}):\n{}",
+            client.logs()
+        );
+        assert!(
+            client.logs().contains("drain_finished"),
+            "client {which} did not say it drained:\n{}",
+            client.logs()
+        );
+        drains.push((which, took));
+        *client = start_client(&cluster.dir, &cluster.client_toml, PSK);
+        for server in [&mut cluster.server1, &mut cluster.server2] {
+            wait_sessions(server, sessions, "the restarted client did not come back").await;
+        }
+        // Let the restarted client take visitors before the next one goes.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+    stop_load.cancel();
+    for worker in workers {
+        worker.await.expect("visitor worker");
+    }
+    let everyone: Vec<Visit> = log
+        .lock()
+        .expect("log")
+        .iter()
+        .chain(direct.lock().expect("log").iter())
+        .copied()
+        .collect();
+    let whole = tally(&everyone);
+    println!("rolling restart of both clients (started, succeeded, errors, truncated): {whole:?}");
+    println!("  SIGTERM to exit: {drains:?}");
+    assert_eq!(whole.1, whole.0, "visitors failed during a rolling restart");
+    assert!(
+        whole.0 > 1_000,
+        "the load was too light to mean much: {whole:?}"
+    );
+    cluster.whole("after the rolling restart").await;
     cluster.stop();
 }

@@ -168,6 +168,10 @@ fn transition(shared: &Shared, name: &str, up: bool, error: Option<String>) {
     } else {
         warn!(event = "health_down", service = %name, error = %error.unwrap_or_default(), "the service's target fails its health check; withdrawing it from the servers");
     }
+    if !shared.offers(name) && up {
+        // Draining: the service stays withdrawn.
+        return;
+    }
     for session in shared.sessions_now() {
         if session.services.contains(name) {
             report(&session, vec![name.to_owned()], up);

@@ -14,6 +14,7 @@
 //! [`ClientStatus`] (watch the connection from outside).
 
 mod admin;
+mod drain;
 pub mod establish;
 mod forward;
 pub(crate) use forward::{client_layers, dial_server, offered_ciphers};
@@ -441,6 +442,21 @@ impl Client {
     /// # Errors
     /// [`ClientError`] for refusals that retrying cannot fix.
     pub async fn run(self, cancel: CancellationToken) -> Result<(), ClientError> {
+        self.run_draining(CancellationToken::new(), cancel).await
+    }
+
+    /// [`Client::run`] that also drains when `drain` fires: every server is told to send
+    /// this client no new visitors, the streams in flight finish (up to the config's
+    /// `drain_timeout`), and then the client stops as if `cancel` had fired. `cancel`
+    /// still stops it at once, draining or not.
+    ///
+    /// # Errors
+    /// As [`Client::run`].
+    pub async fn run_draining(
+        self,
+        drain: CancellationToken,
+        cancel: CancellationToken,
+    ) -> Result<(), ClientError> {
         let Client {
             config,
             status,
@@ -485,6 +501,7 @@ impl Client {
             quic_clients: Mutex::new(Vec::new()),
             #[cfg(unix)]
             p2p: Mutex::new(HashMap::new()),
+            draining: AtomicBool::new(false),
         });
         #[cfg(unix)]
         {
@@ -520,6 +537,16 @@ impl Client {
             forward::start(&shared, forward, socket);
         }
         health::start_checks(&shared);
+        let draining = Arc::clone(&shared);
+        shared.tasks.spawn(async move {
+            tokio::select! {
+                () = draining.cancel.cancelled() => {}
+                () = drain.cancelled() => {
+                    drain::drain(&draining).await;
+                    draining.cancel.cancel();
+                }
+            }
+        });
         let config = shared.config();
         let servers: Vec<String> = config.servers().iter().map(|s| s.to_string()).collect();
         info!(
@@ -662,6 +689,8 @@ struct Shared {
     p2p: Mutex<HashMap<String, p2p::Running>>,
     /// Services' bandwidth limits (a reload changes them in place).
     limits: Limits,
+    /// Set once a drain began: services are claimed and reported withdrawn.
+    draining: AtomicBool,
 }
 
 /// Every reverse, forward and P2P service of the config with its bandwidth limit, if any.
@@ -748,6 +777,12 @@ impl Shared {
     }
 
     /// The sessions up now.
+    /// Whether `service` is offered to the servers: its target passes its check (or has
+    /// none) and the client is not draining.
+    fn offers(&self, service: &str) -> bool {
+        !self.draining.load(Ordering::Acquire) && self.health.is_up(service)
+    }
+
     fn sessions_now(&self) -> Vec<Arc<ClientSession>> {
         self.sessions
             .lock()
@@ -934,7 +969,7 @@ async fn establish_session(
     };
     let mut claims = claims_of(&config);
     for claim in &mut claims {
-        claim.ready = shared.health.is_up(claim.name);
+        claim.ready = shared.offers(claim.name);
     }
     let attempt = |entry: TransportEntry| {
         attempt_transport(shared, &config, server, entry, proxy.as_ref(), &claims)
@@ -1090,7 +1125,7 @@ async fn establish_session(
     // A target whose health changed while the hello was under way: say so now.
     let mut changed: Vec<(String, bool)> = Vec::new();
     for claim in &claims {
-        let up = shared.health.is_up(claim.name);
+        let up = shared.offers(claim.name);
         if up != claim.ready && session.services.contains(claim.name) {
             changed.push((claim.name.to_owned(), up));
         }

@@ -24,12 +24,12 @@ use super::proxy::{PortRange, ProxySetting};
 use super::quic::{self, FileQuic, QuicConfig, Side as QuicSide};
 use super::suggest::did_you_mean;
 use super::typed::{
-    AdminConfig, ClientConfig, ClientForward, ClientP2p, ClientService, DEFAULT_HANDSHAKE_TIMEOUT,
-    DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_HEARTBEAT_TIMEOUT, DEFAULT_RECONNECT_INITIAL_DELAY,
-    DEFAULT_RECONNECT_MAX_DELAY, DEFAULT_TRANSPORT_RETRY, DEFAULT_UDP_IDLE_TIMEOUT,
-    DEFAULT_UDP_MAX_SESSIONS, HostPort, HostPortError, MAX_TRANSPORTS, P2pEnd, ProxyProtocol,
-    ServerConfig, ServerForward, ServerService, ServiceKind, Transport, TransportEntry,
-    TransportEntryError, UdpSettings, has_aes_hardware, service_key,
+    AdminConfig, ClientConfig, ClientForward, ClientP2p, ClientService, DEFAULT_DRAIN_TIMEOUT,
+    DEFAULT_HANDSHAKE_TIMEOUT, DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_HEARTBEAT_TIMEOUT,
+    DEFAULT_RECONNECT_INITIAL_DELAY, DEFAULT_RECONNECT_MAX_DELAY, DEFAULT_TRANSPORT_RETRY,
+    DEFAULT_UDP_IDLE_TIMEOUT, DEFAULT_UDP_MAX_SESSIONS, HostPort, HostPortError, MAX_TRANSPORTS,
+    P2pEnd, ProxyProtocol, ServerConfig, ServerForward, ServerService, ServiceKind, Transport,
+    TransportEntry, TransportEntryError, UdpSettings, has_aes_hardware, service_key,
 };
 use super::web;
 use crate::crypto::secret::Secret;
@@ -546,6 +546,12 @@ pub(crate) fn convert_client(file: FileClient, report: &mut Report) -> ClientCon
         "client.heartbeat_timeout",
         file.heartbeat_timeout.as_ref(),
         DEFAULT_HEARTBEAT_TIMEOUT,
+    );
+    config.drain_timeout = duration(
+        report,
+        "client.drain_timeout",
+        file.drain_timeout.as_ref(),
+        DEFAULT_DRAIN_TIMEOUT,
     );
     config.reconnect_initial_delay = duration(
         report,

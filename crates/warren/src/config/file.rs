@@ -190,6 +190,9 @@ pub struct FileClient {
     pub cipher_choice: Option<String>,
     /// Reconnect when the server has been silent this long. Default `"30s"`.
     pub heartbeat_timeout: Option<RawDuration>,
+    /// On SIGTERM, how long streams in flight may take to finish after the servers were
+    /// told to send no new visitors. Default `"30s"`.
+    pub drain_timeout: Option<RawDuration>,
     /// First wait before reconnecting. Default `"1s"`.
     pub reconnect_initial_delay: Option<RawDuration>,
     /// Longest wait between reconnects; at least the initial delay. Default `"30s"`.

@@ -415,6 +415,7 @@ fn type_hint(key: &str) -> Option<&'static str> {
         "udp_max_sessions" => "write a whole number without quotes, e.g. udp_max_sessions = 4096",
         "heartbeat_interval"
         | "heartbeat_timeout"
+        | "drain_timeout"
         | "handshake_timeout"
         | "reconnect_initial_delay"
         | "reconnect_max_delay"
@@ -539,6 +540,7 @@ psk = "${WARREN_TEST_PSK}"
 transport = "noise"
 ciphers = ["chacha20-poly1305"]
 heartbeat_timeout = "45s"
+drain_timeout = "2m"
 reconnect_initial_delay = "500ms"
 reconnect_max_delay = "1m"
 handshake_timeout = "5s"
@@ -565,6 +567,7 @@ token = "db-token-0123456789"
         assert_eq!(client.default_token, None);
         assert_eq!(client.ciphers, [CipherSuite::ChaCha20Poly1305]);
         assert_eq!(client.heartbeat_timeout, Duration::from_secs(45));
+        assert_eq!(client.drain_timeout, Duration::from_secs(120));
         assert_eq!(client.reconnect_initial_delay, Duration::from_millis(500));
         assert_eq!(client.reconnect_max_delay, Duration::from_secs(60));
         assert_eq!(client.handshake_timeout, Duration::from_secs(5));
@@ -600,6 +603,7 @@ token = "db-token-0123456789"
             ClientConfig::new("example.com:7000".parse().expect("hp"), Secret::new(PSK))
         );
         assert_eq!(client.heartbeat_timeout, Duration::from_secs(30));
+        assert_eq!(client.drain_timeout, Duration::from_secs(30));
         assert_eq!(client.reconnect_initial_delay, Duration::from_secs(1));
         assert_eq!(client.reconnect_max_delay, Duration::from_secs(30));
     }

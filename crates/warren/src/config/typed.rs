@@ -30,6 +30,8 @@ pub const MAX_SERVICE_NAME_LEN: usize = 64;
 pub const DEFAULT_HEARTBEAT_INTERVAL: Duration = Duration::from_secs(10);
 /// Default `[client] heartbeat_timeout`.
 pub const DEFAULT_HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(30);
+/// Default time a draining client gives its streams in flight.
+pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
 /// Default `handshake_timeout` on both sides.
 pub const DEFAULT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Default `[client] reconnect_initial_delay`.
@@ -577,6 +579,9 @@ pub struct ClientConfig {
     pub cipher_choice: CipherChoice,
     /// Reconnect when the server has been silent this long.
     pub heartbeat_timeout: Duration,
+    /// On SIGTERM (or [`crate::Client::run_draining`]'s drain), how long streams in flight
+    /// may take to finish after the servers were told to send no new visitors.
+    pub drain_timeout: Duration,
     /// First wait before reconnecting.
     pub reconnect_initial_delay: Duration,
     /// Longest wait between reconnects (at least `reconnect_initial_delay`).
@@ -902,6 +907,7 @@ impl ClientConfig {
             ciphers: CipherSuite::default_preference(has_aes_hardware()),
             cipher_choice: CipherChoice::default(),
             heartbeat_timeout: DEFAULT_HEARTBEAT_TIMEOUT,
+            drain_timeout: DEFAULT_DRAIN_TIMEOUT,
             reconnect_initial_delay: DEFAULT_RECONNECT_INITIAL_DELAY,
             reconnect_max_delay: DEFAULT_RECONNECT_MAX_DELAY,
             handshake_timeout: DEFAULT_HANDSHAKE_TIMEOUT,
