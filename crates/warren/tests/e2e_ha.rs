@@ -41,16 +41,22 @@ enum Outcome {
     Truncated,
 }
 
-/// A free port outside the ephemeral range, so that no outgoing connection takes it
-/// while its server is down between a kill and a restart.
-fn stable_port() -> u16 {
-    for _ in 0..1000 {
+/// `N` distinct free ports outside the ephemeral range, so that no outgoing connection
+/// takes one while its server is down between a kill and a restart. Each is held bound
+/// until all are chosen: two draws can never return the same port.
+fn stable_ports<const N: usize>() -> [u16; N] {
+    let mut held = Vec::with_capacity(N);
+    for _ in 0..10_000 {
+        if held.len() == N {
+            break;
+        }
         let port = 20_000 + rand::random::<u16>() % 10_000;
-        if std::net::TcpListener::bind(loopback(port)).is_ok() {
-            return port;
+        if let Ok(listener) = std::net::TcpListener::bind(loopback(port)) {
+            held.push((port, listener));
         }
     }
-    panic!("no free port in 20000-29999");
+    assert_eq!(held.len(), N, "no {N} free ports in 20000-29999");
+    std::array::from_fn(|i| held[i].0)
 }
 
 /// One visitor: 8 KiB in four pieces 20 ms apart (so some are in flight at every moment),
@@ -252,9 +258,8 @@ impl Cluster {
     async fn start(name: &str, heartbeats: Heartbeats) -> Cluster {
         let dir = TestDir::new(name);
         let target = echo_target().await;
-        let ports = [stable_port(), stable_port()];
-        let webs = [stable_port(), stable_port()];
-        let front = stable_port();
+        let [port1, port2, web1, web2, front] = stable_ports();
+        let (ports, webs) = ([port1, port2], [web1, web2]);
         let server1_toml = dir.write(
             "server1.toml",
             &server_config(ports[0], webs[0], heartbeats),
