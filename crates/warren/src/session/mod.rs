@@ -22,6 +22,7 @@ mod conformance;
 
 use std::time::Duration;
 
+use futures_util::FutureExt;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -121,10 +122,7 @@ pub async fn run_control(
     let mut outgoing_open = true;
     loop {
         let wake = Instant::from_std(heartbeat.poll_timeout());
-        // Biased, messages before timers: a side that was itself frozen (SIGSTOP, a paused
-        // VM) reads what its peer sent meanwhile before it judges the peer by its clock.
         let to_send = tokio::select! {
-            biased;
             () = cancel.cancelled() => {
                 let goodbye = ControlMessage::Goodbye { reason: goodbye_reason() };
                 let _ = tokio::time::timeout(Duration::from_secs(1), send_control(&mut channel, &goodbye)).await;
@@ -132,22 +130,8 @@ pub async fn run_control(
                 return SessionEnd::Cancelled;
             }
             received = recv_control(&mut channel) => {
-                let now = Instant::now().into_std();
-                heartbeat.on_received(now);
-                match received {
-                    Ok(ControlMessage::Ping { seq }) => Some(ControlMessage::Pong { seq }),
-                    Ok(ControlMessage::Pong { seq }) => {
-                        heartbeat.on_pong(now, seq);
-                        if let Some(srtt) = heartbeat.srtt() {
-                            vitals.record_rtt(srtt);
-                        }
-                        None
-                    }
-                    Ok(ControlMessage::Goodbye { reason }) => return SessionEnd::Goodbye(reason),
-                    Ok(other) => {
-                        on_message(other);
-                        None
-                    }
+                match on_control(received, &mut heartbeat, vitals, &mut on_message) {
+                    Ok(answer) => answer,
                     Err(end) => return end,
                 }
             }
@@ -162,6 +146,17 @@ pub async fn run_control(
             () = tokio::time::sleep_until(wake) => {
                 let now = Instant::now().into_std();
                 heartbeat.set_busy(now, vitals.open_streams() > 0);
+                // A last look before giving up: a side that was itself frozen (SIGSTOP, a
+                // paused VM) wakes with its timers due and its peer's messages unread.
+                let waiting = (heartbeat.state(now) == PeerState::Dead)
+                    .then(|| recv_control(&mut channel).now_or_never())
+                    .flatten();
+                if let Some(received) = waiting {
+                    match on_control(received, &mut heartbeat, vitals, &mut on_message) {
+                        Ok(answer) => answer,
+                        Err(end) => return end,
+                    }
+                } else {
                 match heartbeat.handle_timeout(now) {
                     Some(HeartbeatAction::SendPing { seq }) => Some(ControlMessage::Ping { seq }),
                     Some(HeartbeatAction::PeerDead) => {
@@ -169,6 +164,7 @@ pub async fn run_control(
                         return SessionEnd::HeartbeatTimeout(heartbeat.dead_after());
                     }
                     None => None,
+                }
                 }
             }
         };
@@ -182,6 +178,34 @@ pub async fn run_control(
                 Ok(Err(e)) => return SessionEnd::Transport(e),
                 Err(_) => return SessionEnd::HeartbeatTimeout(heartbeat.dead_after()),
             }
+        }
+    }
+}
+
+/// Handles one received control message: it answers whatever the heartbeat waited for; a
+/// ping wants its pong sent (`Ok(Some)`), a goodbye or an error ends the session (`Err`),
+/// anything else goes to `on_message`.
+fn on_control(
+    received: Result<ControlMessage, SessionEnd>,
+    heartbeat: &mut Heartbeat,
+    vitals: &Vitals,
+    on_message: &mut impl FnMut(ControlMessage),
+) -> Result<Option<ControlMessage>, SessionEnd> {
+    let now = Instant::now().into_std();
+    heartbeat.on_received(now);
+    match received? {
+        ControlMessage::Ping { seq } => Ok(Some(ControlMessage::Pong { seq })),
+        ControlMessage::Pong { seq } => {
+            heartbeat.on_pong(now, seq);
+            if let Some(srtt) = heartbeat.srtt() {
+                vitals.record_rtt(srtt);
+            }
+            Ok(None)
+        }
+        ControlMessage::Goodbye { reason } => Err(SessionEnd::Goodbye(reason)),
+        other => {
+            on_message(other);
+            Ok(None)
         }
     }
 }
