@@ -36,7 +36,7 @@
 //! | `warren_service_retries_total` | counter | `service` (server: visitors handed on to another session) |
 //! | `warren_service_sessions` | gauge | `service`, `state` (`ready`, `withdrawn`; server: sessions serving it) |
 //! | `warren_session_streams` | gauge | `session`, `peer` (open streams per session; client: `peer` is the server) |
-//! | `warren_session_rtt_seconds` | gauge | `session`, `peer` (server: the heartbeat's last round trip; client: the handshake's) |
+//! | `warren_session_rtt_seconds` | gauge | `session`, `peer` (the heartbeats' smoothed round trip; until the first pong, the client's handshake) |
 //! | `warren_session_quic_cwnd_bytes` | gauge | `session`, `peer` (QUIC sessions: congestion window) |
 //! | `warren_session_quic_lost_packets` | gauge | `session`, `peer` (QUIC sessions: packets declared lost since the session began) |
 //! | `warren_session_quic_mtu_bytes` | gauge | `session`, `peer` (QUIC sessions: the UDP payload size PMTUD settled on) |

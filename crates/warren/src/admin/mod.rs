@@ -164,8 +164,8 @@ pub struct SessionInfo {
     pub server: Option<String>,
     /// The Warren protocol version the session speaks.
     pub version: u16,
-    /// Round trip in milliseconds: server side, the last heartbeat's on the session's
-    /// control stream (`None` before the first came back); client side, the handshake's.
+    /// Round trip in milliseconds: the heartbeats' smoothed round trip (server side `None`
+    /// before the first pong; client side the handshake's until then).
     pub rtt_ms: Option<f64>,
     /// QUIC sessions: RTT, congestion window, packet size, losses.
     #[serde(skip_serializing_if = "Option::is_none")]
