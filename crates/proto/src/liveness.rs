@@ -132,7 +132,8 @@ pub struct Heartbeat {
     /// [`Heartbeat::handle_timeout`] saw the suspect deadline pass (the next wake is the
     /// dead one).
     suspected: bool,
-    dead: bool,
+    /// When [`Heartbeat::handle_timeout`] declared the peer dead (for good).
+    dead_at: Option<Instant>,
 }
 
 impl Heartbeat {
@@ -150,7 +151,7 @@ impl Heartbeat {
             pings: [(0, now); REMEMBERED_PINGS],
             srtt: None,
             suspected: false,
-            dead: false,
+            dead_at: None,
         }
     }
 
@@ -221,7 +222,7 @@ impl Heartbeat {
 
     /// What the peer is believed to be at `now`.
     pub fn state(&self, now: Instant) -> PeerState {
-        if self.dead {
+        if self.dead_at.is_some() {
             return PeerState::Dead;
         }
         match self.unanswered_since {
@@ -242,6 +243,9 @@ impl Heartbeat {
     /// The next instant at which [`Heartbeat::handle_timeout`] has something to do, or at
     /// which [`Heartbeat::state`] changes.
     pub fn poll_timeout(&self) -> Instant {
+        if let Some(dead_at) = self.dead_at {
+            return dead_at;
+        }
         match self.unanswered_since {
             Some(since) if self.suspected => self.next_ping.min(since + self.dead_after()),
             Some(since) => self.next_ping.min(since + self.suspect_after()),
@@ -253,7 +257,7 @@ impl Heartbeat {
     pub fn handle_timeout(&mut self, now: Instant) -> Option<HeartbeatAction> {
         match self.state(now) {
             PeerState::Dead => {
-                self.dead = true;
+                self.dead_at.get_or_insert(now);
                 return Some(HeartbeatAction::PeerDead);
             }
             PeerState::Suspect => self.suspected = true,
