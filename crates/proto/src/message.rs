@@ -19,8 +19,13 @@
 //!                                       <-  NeedChannels { count }  (pool ran dry)
 //!                                       <-  Reclaim { reason }  (claim again: config changed)
 //!   Health { services, ready }        ->   (v2: targets failed or recovered)
+//!                                       <-  Draining { reason }  (no new streams here)
 //!   Goodbye { reason }                <->   (orderly shutdown, either side)
 //! ```
+//!
+//! A message kind this version does not know (a later version's) decodes as
+//! [`DecodeError::UnknownKind`], which the session skips: new kinds never end an old peer's
+//! session. (Releases before `Draining` end the session on one instead, and reconnect.)
 //!
 //! A v2 hello travels in parts ([`hello_parts`]) so that a client with thousands of
 //! services never meets the size cap; the server collects them ([`HelloAssembler`]) and
@@ -288,7 +293,19 @@ pub enum ControlMessage {
         /// The datagram, at most [`MAX_P2P_DATAGRAM`] bytes.
         bytes: Vec<u8>,
     },
+    /// Server → client: this server is draining for a restart. It takes no new visitors
+    /// and no new sessions; the streams in flight finish, then it ends the session. The
+    /// client opens no new forward streams through it and reconnects once it is gone (to
+    /// its successor).
+    Draining {
+        /// Why, for the client's log.
+        reason: String,
+    },
 }
+
+/// How many kinds of [`ControlMessage`] this version knows: the postcard index of the
+/// first kind it does not.
+const CONTROL_KINDS: u32 = 15;
 
 /// Most bytes of one [`ControlMessage::P2pDatagram`] (the largest UDP payload).
 pub const MAX_P2P_DATAGRAM: usize = 65_527;
@@ -433,6 +450,10 @@ pub enum DecodeError {
         /// Limit.
         max: usize,
     },
+    /// A control message of a kind this version does not know, from a later version:
+    /// skip it (its sender does not rely on an answer).
+    #[error("control message of unknown kind {0} (from a later version); skipped")]
+    UnknownKind(u32),
 }
 
 /// Encodes a message.
@@ -452,7 +473,16 @@ pub fn encode<T: Serialize>(message: &T) -> Vec<u8> {
 /// [`MAX_CONTROL_LEN`]; [`DecodeError::Malformed`] for bytes that are not a message;
 /// [`DecodeError::FieldTooLong`] for too many services or too long names.
 pub fn decode_control(bytes: &[u8]) -> Result<ControlMessage, DecodeError> {
-    let message: ControlMessage = decode(bytes)?;
+    let message: ControlMessage = match decode(bytes) {
+        Ok(message) => message,
+        Err(error) => {
+            // The kind is the leading varint: a later version's kind is skipped, not fatal.
+            return Err(match postcard::take_from_bytes::<u32>(bytes) {
+                Ok((kind, _)) if kind >= CONTROL_KINDS => DecodeError::UnknownKind(kind),
+                _ => error,
+            });
+        }
+    };
     if let ControlMessage::Hello { services } = &message {
         check_len("services", services.len(), MAX_SERVICES_PER_SESSION)?;
         for claim in services {
@@ -472,6 +502,7 @@ pub fn decode_control(bytes: &[u8]) -> Result<ControlMessage, DecodeError> {
         ControlMessage::HelloReplyPart { verdicts, .. } => check_verdicts(verdicts)?,
         ControlMessage::Goodbye { reason }
         | ControlMessage::Reclaim { reason }
+        | ControlMessage::Draining { reason }
         | ControlMessage::Refuse { reason, .. } => {
             check_len("reason", reason.len(), MAX_REASON_LEN)?
         }
@@ -756,6 +787,7 @@ mod tests {
             any::<u16>().prop_map(|count| ControlMessage::NeedChannels { count }),
             ".{0,100}".prop_map(|reason| ControlMessage::Goodbye { reason }),
             ".{0,100}".prop_map(|reason| ControlMessage::Reclaim { reason }),
+            ".{0,100}".prop_map(|reason| ControlMessage::Draining { reason }),
             (
                 prop::collection::vec((claim, any::<u16>(), any::<bool>()), 0..20),
                 any::<bool>(),
@@ -1020,6 +1052,36 @@ mod tests {
             }),
             11
         );
+        assert_eq!(
+            index(ControlMessage::Draining {
+                reason: String::new()
+            }),
+            14
+        );
+        assert_eq!(
+            u32::from(index(ControlMessage::Draining {
+                reason: String::new()
+            })) + 1,
+            CONTROL_KINDS
+        );
+    }
+
+    #[test]
+    fn a_later_versions_kind_is_unknown_not_malformed() {
+        // Kind 15 with a string body, as a later version might send.
+        let mut bytes = encode(&ControlMessage::Draining { reason: "x".into() });
+        bytes[0] = 15;
+        assert_eq!(decode_control(&bytes), Err(DecodeError::UnknownKind(15)));
+        // A multi-byte varint kind too.
+        assert_eq!(
+            decode_control(&[0x80, 0x01, 0]),
+            Err(DecodeError::UnknownKind(128))
+        );
+        // A known kind with a corrupt body is still malformed.
+        assert!(matches!(
+            decode_control(&[14, 5, b'a']),
+            Err(DecodeError::Malformed(_))
+        ));
     }
 
     #[test]

@@ -48,6 +48,7 @@ pub mod config;
 pub mod crypto;
 pub mod demo;
 pub mod doctor;
+pub mod drain;
 pub mod http;
 pub mod metrics;
 pub mod p2p;

@@ -72,6 +72,10 @@ enum Command {
         /// Override the port of the config's `bind` (clients connect here).
         #[arg(short = 'p', long = "port")]
         port: Option<u16>,
+        /// On SIGTERM, how long streams in flight may take to finish (overrides the
+        /// config's drain_timeout), e.g. 10s.
+        #[arg(long, value_name = "DURATION", value_parser = drain_timeout)]
+        drain_timeout: Option<std::time::Duration>,
     },
     /// Run the client behind NAT: connects to the server and serves local targets.
     #[command(
@@ -90,6 +94,10 @@ enum Command {
         /// Override the `target` of the config's only forward service.
         #[arg(short = 't', long = "target", value_name = "HOST:PORT")]
         target: Option<String>,
+        /// On SIGTERM, how long streams in flight may take to finish (overrides the
+        /// config's drain_timeout), e.g. 10s.
+        #[arg(long, value_name = "DURATION", value_parser = drain_timeout)]
+        drain_timeout: Option<std::time::Duration>,
         #[command(flatten)]
         overrides: cli::ClientOverrides,
     },
@@ -398,12 +406,23 @@ async fn run(command: Command) -> Outcome {
                 Outcome::Failed
             }
         },
-        Command::Server { config, port } => {
+        Command::Server {
+            config,
+            port,
+            drain_timeout,
+        } => {
+            // The flags, applied to the file and again to each reload of it.
+            let flags = move |server: &mut warren::ServerConfig| {
+                if let Some(port) = port {
+                    server.bind.set_port(port);
+                }
+                if let Some(timeout) = drain_timeout {
+                    server.drain_timeout = timeout;
+                }
+            };
             let server_config = match load(&config) {
                 Ok(Config::Server(mut server)) => {
-                    if let Some(port) = port {
-                        server.bind.set_port(port);
-                    }
+                    flags(&mut server);
                     server
                 }
                 Ok(Config::Client(_)) => return wrong_kind(&config, "server", "client"),
@@ -423,14 +442,11 @@ async fn run(command: Command) -> Outcome {
             // A reload reads the file again and re-applies the same flags.
             let source = warren::ConfigSource::new(config, move |path| {
                 let mut server = warren::ServerConfig::load(path)?;
-                if let Some(port) = port {
-                    server.bind.set_port(port);
-                }
+                flags(&mut server);
                 Ok(server)
             });
             let bound = bound.reload_from(source);
-            let cancel = bound.shutdown_token();
-            tokio::spawn(stop_on_signal(cancel));
+            tokio::spawn(drain_on_signal(bound.drain_token(), bound.shutdown_token()));
             bound.run().await;
             Outcome::Clean
         }
@@ -439,6 +455,7 @@ async fn run(command: Command) -> Outcome {
             server,
             local,
             target,
+            drain_timeout,
             overrides,
         } => {
             let mut client_config = match load(&config) {
@@ -450,6 +467,7 @@ async fn run(command: Command) -> Outcome {
                 server,
                 local,
                 target,
+                drain_timeout,
                 overrides,
             };
             if let Err(message) = flags.apply(&mut client_config) {
@@ -775,12 +793,16 @@ struct ClientFlags {
     server: Option<String>,
     local: Option<String>,
     target: Option<String>,
+    drain_timeout: Option<std::time::Duration>,
     overrides: cli::ClientOverrides,
 }
 
 impl ClientFlags {
     /// Applies `-r`, `-l`, `-t`, `-x` to a loaded client config.
     fn apply(&self, config: &mut warren::ClientConfig) -> Result<(), String> {
+        if let Some(timeout) = self.drain_timeout {
+            config.drain_timeout = timeout;
+        }
         if let Some(server) = &self.server {
             // `-r` names the one server to use, instead of the file's list.
             config.server = cli::server_addr(server)?;
@@ -948,9 +970,14 @@ async fn demo(port: u16) -> Outcome {
     Outcome::Clean
 }
 
-/// A long-running client's signals: SIGTERM drains (`drain`: the servers send no new
-/// visitors, streams in flight finish), a second SIGTERM or a SIGINT stops at once
-/// (`cancel`).
+/// `--drain-timeout`: a duration such as `10s`.
+fn drain_timeout(text: &str) -> Result<std::time::Duration, String> {
+    warren::config::duration::parse_duration(text)
+        .map_err(|error| format!("{error} (write e.g. --drain-timeout 10s)"))
+}
+
+/// A long-running client's or server's signals: SIGTERM drains (`drain`: no new visitors
+/// come, streams in flight finish), a second SIGTERM or a SIGINT stops at once (`cancel`).
 async fn drain_on_signal(drain: CancellationToken, cancel: CancellationToken) {
     #[cfg(unix)]
     {

@@ -1,20 +1,23 @@
 //! High availability end to end: the release binary behind HAProxy, as the README's
-//! "High availability" section describes it. HAProxy (`mode tcp`, `option redispatch`,
-//! `retries`, health checks) spreads visitors over **two servers**; **two clients** each
-//! keep a session with both servers and serve one echo service. Visitors arrive at a steady
-//! ~200 connections/s, each checking its bytes, while one client and then one server are
-//! SIGKILLed and both are started again (first test), or while one client is frozen with
-//! SIGSTOP, its sockets open and nobody answering, and later thawed (second test).
+//! "High availability" section describes it. HAProxy (`option redispatch`, `retries`,
+//! health checks of each server's `/readyz`) spreads visitors over **two servers**; **two
+//! clients** each keep a session with both servers and serve one service. Visitors arrive
+//! steadily, each checking its bytes, while
 //!
-//! What must hold: every connection that starts after a kill succeeds (the servers hand
-//! visitors on to the surviving client, HAProxy redispatches away from the dead server); a
-//! connection in flight on a killed process ends in an error, never in a clean close with
-//! short data (checked straight at the servers' ports, where only Warren decides; see the
-//! assertion for what HAProxy itself does with a stream whose server side was reset); and after
-//! the restarts the service is whole again with no operator action. A frozen client strands
-//! no visitor that arrives after the freeze: the servers' heartbeats judge it suspect within
-//! about two seconds and hand its waiting visitors on to the other client. The counts are
-//! printed for the README. The tests run one at a time (each loads both cores).
+//! - one client and then one server are SIGKILLed and started again;
+//! - one client stops answering for 10 s with its sockets open: frozen with SIGSTOP, or its
+//!   packets dropped both ways (iptables), and then answers again;
+//! - one server is frozen (HAProxy in HTTP mode with L7 retries, nginx as the target: a
+//!   frozen server's kernel still takes connections, so only the balancer can move them);
+//! - both clients, then both servers, are restarted one at a time with SIGTERM (a drain).
+//!
+//! What must hold: every connection that starts after a kill succeeds; a connection in
+//! flight on a killed process ends in an error, never in a clean close with short data
+//! (checked straight at the servers' ports, where only Warren decides); a client or server
+//! that stops answering strands no visitor that arrives afterwards, and none waits more than
+//! 3 s; a rolling restart fails no visitor; and afterwards the service is whole again with no
+//! operator action. The counts are printed for the README. The tests run one at a time
+//! (each loads both cores).
 
 mod e2e_support;
 
@@ -88,6 +91,63 @@ async fn visit(addr: SocketAddr) -> Outcome {
     }
 }
 
+/// One HTTP visitor: `GET` one of `files` (served by nginx behind the tunnel) on a fresh
+/// connection, and check the body byte for byte.
+async fn get(addr: SocketAddr, files: &[Vec<u8>]) -> Outcome {
+    let n = rand::random::<u64>() as usize % files.len();
+    let attempt = async {
+        let mut stream = TcpStream::connect(addr).await?;
+        let request = format!("GET /f{n} HTTP/1.1\r\nHost: echo\r\nConnection: close\r\n\r\n");
+        stream.write_all(request.as_bytes()).await?;
+        let mut reply = Vec::new();
+        stream.read_to_end(&mut reply).await?;
+        std::io::Result::Ok(reply)
+    };
+    let reply = match tokio::time::timeout(Duration::from_secs(15), attempt).await {
+        Ok(Ok(reply)) => reply,
+        Ok(Err(_)) | Err(_) => return Outcome::Error,
+    };
+    let Some(split) = reply.windows(4).position(|w| w == b"\r\n\r\n") else {
+        return Outcome::Error;
+    };
+    let (head, body) = (&reply[..split], &reply[split + 4..]);
+    if !head.starts_with(b"HTTP/1.1 200 ") {
+        return Outcome::Error;
+    }
+    match body {
+        body if body == files[n].as_slice() => Outcome::Ok,
+        body if body.len() < files[n].len() => Outcome::Truncated,
+        _ => Outcome::Error,
+    }
+}
+
+/// What every visitor of a run does.
+#[derive(Clone)]
+enum Visitor {
+    /// 8 KiB echoed over raw TCP ([`visit`]).
+    Echo,
+    /// An 8 KiB file fetched over HTTP ([`get`]).
+    Get(Arc<Vec<Vec<u8>>>),
+}
+
+impl Visitor {
+    /// A worker's rest between two visits: an HTTP fetch takes a fraction of an 8 KiB echo's
+    /// 80 ms, and the load should be steady, not a flood.
+    fn pause(&self) -> Duration {
+        match self {
+            Visitor::Echo => Duration::ZERO,
+            Visitor::Get(_) => Duration::from_millis(40),
+        }
+    }
+
+    async fn visit(&self, addr: SocketAddr) -> Outcome {
+        match self {
+            Visitor::Echo => visit(addr).await,
+            Visitor::Get(files) => get(addr, files).await,
+        }
+    }
+}
+
 /// One visitor: when it started, when it ended and how.
 type Visit = (Instant, Instant, Outcome);
 
@@ -118,6 +178,7 @@ impl Kill {
 
 /// `workers` visitors in a loop until `until` or `stop`.
 fn steady_load(
+    visitor: &Visitor,
     addr: SocketAddr,
     workers: usize,
     until: Instant,
@@ -128,16 +189,19 @@ fn steady_load(
         .map(|_| {
             let log = Arc::clone(log);
             let stop = stop.clone();
+            let visitor = visitor.clone();
             tokio::spawn(async move {
                 while Instant::now() < until && !stop.is_cancelled() {
                     let started = Instant::now();
-                    let outcome = visit(addr).await;
+                    let outcome = visitor.visit(addr).await;
                     log.lock()
                         .expect("log")
                         .push((started, Instant::now(), outcome));
                     if outcome != Outcome::Ok {
                         // A dead server refuses at once: do not spin on it.
                         tokio::time::sleep(Duration::from_millis(50)).await;
+                    } else {
+                        tokio::time::sleep(visitor.pause()).await;
                     }
                 }
             })
@@ -153,20 +217,40 @@ enum Heartbeats {
     Default,
 }
 
-fn server_config(port: u16, web: u16, heartbeats: Heartbeats) -> String {
+/// A server's ports: clients', the echo service's, and the admin API's (HAProxy checks
+/// its `/readyz`).
+#[derive(Clone, Copy)]
+struct ServerPorts {
+    control: u16,
+    web: u16,
+    admin: u16,
+}
+
+fn server_config(ports: ServerPorts, heartbeats: Heartbeats) -> String {
+    let ServerPorts {
+        control,
+        web,
+        admin,
+    } = ports;
     let heartbeat = match heartbeats {
         Heartbeats::Short => "heartbeat_interval = \"1s\"\n",
         Heartbeats::Default => "",
     };
+    // The grace outlasts HAProxy's `fall 2` of `/readyz` checks 300 ms apart: by the time
+    // the service port closes, HAProxy sends it nobody.
     format!(
         r#"[server]
-bind = "127.0.0.1:{port}"
+bind = "127.0.0.1:{control}"
 psk = "${{WARREN_PSK}}"
 default_token = "{TOKEN}"
+drain_grace = "2s"
 {heartbeat}
 
 [server.services.echo]
 bind = "127.0.0.1:{web}"
+
+[admin]
+bind = "127.0.0.1:{admin}"
 "#
     )
 }
@@ -191,20 +275,37 @@ target = "{target}"
     )
 }
 
-fn haproxy_config(front: u16, webs: [u16; 2]) -> String {
+/// What HAProxy speaks to visitors and servers.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// `mode tcp`: a connection it handed a server is that server's.
+    Tcp,
+    /// `mode http` with L7 retries: a request that got no answer within `timeout server`
+    /// (a frozen server) is sent again to the other server.
+    Http,
+}
+
+/// HAProxy as the README's "High availability" section sets it up: each server checked at
+/// its `/readyz` (which fails while it drains, while no client serves the service, and when
+/// it is frozen or gone), refused connects retried elsewhere.
+fn haproxy_config(front: u16, servers: [ServerPorts; 2], mode: Mode) -> String {
+    let mode = match mode {
+        Mode::Tcp => "mode tcp\n    option tcplog\n    timeout server 20s",
+        Mode::Http => {
+            "mode http\n    option httplog\n    timeout server 1s\n    retry-on conn-failure empty-response response-timeout"
+        }
+    };
     format!(
         r#"global
     maxconn 4096
     log stdout format raw local0
 
 defaults
-    mode tcp
+    {mode}
     log global
-    option tcplog
     # A refused connect is retried after min(1 s, timeout connect): keep it short.
     timeout connect 200ms
     timeout client 20s
-    timeout server 20s
     retries 3
     option redispatch 1
 
@@ -214,10 +315,12 @@ frontend visitors
 
 backend warren
     balance roundrobin
-    server s1 127.0.0.1:{} check inter 500ms fall 2 rise 2
-    server s2 127.0.0.1:{} check inter 500ms fall 2 rise 2
+    option httpchk GET /readyz
+    timeout check 300ms
+    server s1 127.0.0.1:{} check port {} inter 300ms fall 2 rise 2
+    server s2 127.0.0.1:{} check port {} inter 300ms fall 2 rise 2
 "#,
-        webs[0], webs[1]
+        servers[0].web, servers[0].admin, servers[1].web, servers[1].admin
     )
 }
 
@@ -243,9 +346,15 @@ static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(())
 /// Two servers, two clients with a session each to both, HAProxy in front.
 struct Cluster {
     dir: TestDir,
+    visitor: Visitor,
+    /// nginx, the target of an HTTP run.
+    nginx: Option<Proc>,
+    controls: [u16; 2],
     webs: [u16; 2],
+    admins: [u16; 2],
     front: u16,
     server1_toml: std::path::PathBuf,
+    server2_toml: std::path::PathBuf,
     client_toml: std::path::PathBuf,
     server1: Proc,
     server2: Proc,
@@ -256,26 +365,68 @@ struct Cluster {
 
 impl Cluster {
     async fn start(name: &str, heartbeats: Heartbeats) -> Cluster {
+        Cluster::start_with(name, heartbeats, None, Mode::Tcp).await
+    }
+
+    /// [`Cluster::start`] with client A in group `group_a` (its packets can be told apart),
+    /// and in HTTP `mode` nginx as the target.
+    async fn start_with(
+        name: &str,
+        heartbeats: Heartbeats,
+        group_a: Option<u32>,
+        mode: Mode,
+    ) -> Cluster {
         let dir = TestDir::new(name);
-        let target = echo_target().await;
-        let [port1, port2, web1, web2, front] = stable_ports();
-        let (ports, webs) = ([port1, port2], [web1, web2]);
-        let server1_toml = dir.write(
-            "server1.toml",
-            &server_config(ports[0], webs[0], heartbeats),
-        );
-        let server2_toml = dir.write(
-            "server2.toml",
-            &server_config(ports[1], webs[1], heartbeats),
-        );
+        let (target, visitor, nginx) = match mode {
+            Mode::Tcp => (echo_target().await, Visitor::Echo, None),
+            Mode::Http => {
+                let files: Vec<Vec<u8>> = (0..8).map(|_| random_bytes(8 * 1024)).collect();
+                std::fs::create_dir_all(dir.path().join("www")).expect("www");
+                for (n, file) in files.iter().enumerate() {
+                    std::fs::write(dir.path().join(format!("www/f{n}")), file).expect("file");
+                }
+                let [port] = stable_ports();
+                let nginx = spawn_nginx(
+                    &dir,
+                    &format!(
+                        "  server {{ listen 127.0.0.1:{port}; root {}/www; }}\n",
+                        dir.path().display()
+                    ),
+                );
+                wait_listening(port, "nginx").await;
+                (loopback(port), Visitor::Get(Arc::new(files)), Some(nginx))
+            }
+        };
+        let [port1, port2, web1, web2, admin1, admin2, front] = stable_ports();
+        let (ports, webs, admins) = ([port1, port2], [web1, web2], [admin1, admin2]);
+        let servers = [0, 1].map(|n| ServerPorts {
+            control: ports[n],
+            web: webs[n],
+            admin: admins[n],
+        });
+        let server1_toml = dir.write("server1.toml", &server_config(servers[0], heartbeats));
+        let server2_toml = dir.write("server2.toml", &server_config(servers[1], heartbeats));
         let client_toml = dir.write("client.toml", &client_config(ports, target, heartbeats));
-        let haproxy_cfg = dir.write("haproxy.cfg", &haproxy_config(front, webs));
+        let haproxy_cfg = dir.write("haproxy.cfg", &haproxy_config(front, servers, mode));
 
         let mut server1 = start_server(&dir, &server1_toml);
         let mut server2 = start_server(&dir, &server2_toml);
         wait_listening(ports[0], "server 1").await;
         wait_listening(ports[1], "server 2").await;
-        let client_a = start_client(&dir, &client_toml, PSK);
+        let client_a = match group_a {
+            Some(gid) => Proc::spawn_with(
+                &dir,
+                "client",
+                WARREN,
+                &["client", client_toml.to_str().expect("path")],
+                &[("WARREN_PSK", PSK)],
+                |command| {
+                    use std::os::unix::process::CommandExt;
+                    command.gid(gid);
+                },
+            ),
+            None => start_client(&dir, &client_toml, PSK),
+        };
         let client_b = start_client(&dir, &client_toml, PSK);
         let haproxy = Proc::spawn(
             &dir,
@@ -289,14 +440,26 @@ impl Cluster {
         for server in [&mut server1, &mut server2] {
             wait_sessions(server, 2, "clients did not connect").await;
         }
+        for admin in admins {
+            wait_ready(admin, "a server with both clients").await;
+        }
         for addr in [loopback(webs[0]), loopback(webs[1]), loopback(front)] {
-            assert_eq!(visit(addr).await, Outcome::Ok, "{addr} before the run");
+            assert_eq!(
+                visitor.visit(addr).await,
+                Outcome::Ok,
+                "{addr} before the run"
+            );
         }
         Cluster {
             dir,
+            visitor,
+            nginx,
+            controls: ports,
             webs,
+            admins,
             front,
             server1_toml,
+            server2_toml,
             client_toml,
             server1,
             server2,
@@ -320,9 +483,24 @@ impl Cluster {
         log: &Log,
         direct: &Log,
     ) -> Vec<tokio::task::JoinHandle<()>> {
-        let mut workers = steady_load(loopback(self.front), 16, until, stop, log);
-        workers.extend(steady_load(loopback(self.webs[0]), 2, until, stop, direct));
-        workers.extend(steady_load(loopback(self.webs[1]), 2, until, stop, direct));
+        let v = &self.visitor;
+        let mut workers = steady_load(v, loopback(self.front), 16, until, stop, log);
+        workers.extend(steady_load(
+            v,
+            loopback(self.webs[0]),
+            2,
+            until,
+            stop,
+            direct,
+        ));
+        workers.extend(steady_load(
+            v,
+            loopback(self.webs[1]),
+            2,
+            until,
+            stop,
+            direct,
+        ));
         workers
     }
 
@@ -334,12 +512,15 @@ impl Cluster {
             loopback(self.front),
         ] {
             for _ in 0..10 {
-                assert_eq!(visit(addr).await, Outcome::Ok, "{addr} {when}");
+                assert_eq!(self.visitor.visit(addr).await, Outcome::Ok, "{addr} {when}");
             }
         }
     }
 
     fn stop(mut self) {
+        if let Some(nginx) = &mut self.nginx {
+            nginx.kill();
+        }
         for proc in [
             &mut self.haproxy,
             &mut self.client_a,
@@ -350,6 +531,42 @@ impl Cluster {
             proc.kill();
         }
     }
+}
+
+/// Waits until the server with admin port `admin` says it is ready (`/readyz`), then as long
+/// again as HAProxy takes to believe it (`rise 2` checks 300 ms apart).
+async fn wait_ready(admin: u16, what: &str) {
+    let deadline = Instant::now() + READY_TIMEOUT;
+    loop {
+        let answer = readyz(admin).await;
+        if answer.as_deref() == Some("ready") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{what} not ready: {answer:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(1_200)).await;
+}
+
+/// The first line of `GET /readyz` at `admin`, or `None` when it does not answer.
+async fn readyz(admin: u16) -> Option<String> {
+    let attempt = async {
+        let mut stream = TcpStream::connect(loopback(admin)).await?;
+        stream
+            .write_all(b"GET /readyz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+            .await?;
+        let mut answer = String::new();
+        stream.read_to_string(&mut answer).await?;
+        std::io::Result::Ok(answer)
+    };
+    let answer = tokio::time::timeout(Duration::from_secs(2), attempt)
+        .await
+        .ok()?
+        .ok()?;
+    answer
+        .split("\r\n\r\n")
+        .nth(1)
+        .map(|body| body.trim().to_owned())
 }
 
 /// Waits until `server` has logged `count` client sessions in all.
@@ -520,25 +737,170 @@ async fn two_servers_two_clients_behind_haproxy_survive_sigkill_of_each() {
 }
 
 /// A client frozen with SIGSTOP keeps its sockets open and answers nothing: the failure a
-/// swapping process, a paused VM or a stuck NAT box looks like. With the default heartbeat
-/// settings the servers must judge it suspect within a couple of seconds, give it no new
-/// visitor, move the visitors still waiting for their first answer to the other client,
-/// and drop its sessions; once thawed it reconnects by itself.
+/// swapping process or a paused VM looks like. With the default heartbeat settings the
+/// servers must judge it suspect within a couple of seconds, give it no new visitor, move
+/// the visitors still waiting for their first answer to the other client, and drop its
+/// sessions; once thawed it reconnects by itself.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_frozen_client_strands_no_visitor_that_arrives_after_the_freeze() {
     if !have_tool("haproxy", "haproxy", "e2e_ha") {
         return;
     }
     let _one = ONE_AT_A_TIME.lock().await;
-    let mut cluster = Cluster::start("e2e-ha-freeze", Heartbeats::Default).await;
+    let cluster = Cluster::start("e2e-ha-freeze", Heartbeats::Default).await;
+    a_silent_client_strands_no_visitor(cluster, Fault::Freeze).await;
+}
 
+/// A path that drops every packet of one client's connections, both ways (iptables DROP):
+/// what a NAT box that forgot its mappings, or a cut link, looks like. The client process
+/// runs on; the servers must treat it as they treat a frozen one, and once the path is back
+/// it reconnects by itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_black_holed_client_strands_no_visitor_that_arrives_after_the_cut() {
+    if !have_tool("haproxy", "haproxy", "e2e_ha") || !have_tool("iptables", "iptables", "e2e_ha") {
+        return;
+    }
+    let _one = ONE_AT_A_TIME.lock().await;
+    let hole = BlackHole::prepare();
+    let cluster = Cluster::start_with(
+        "e2e-ha-black-hole",
+        Heartbeats::Default,
+        Some(hole.gid),
+        Mode::Tcp,
+    )
+    .await;
+    a_silent_client_strands_no_visitor(cluster, Fault::BlackHole(hole)).await;
+}
+
+/// How client A stops answering.
+enum Fault {
+    /// SIGSTOP, later SIGCONT.
+    Freeze,
+    /// Its packets dropped, later let through again.
+    BlackHole(BlackHole),
+}
+
+impl Fault {
+    fn name(&self) -> &'static str {
+        match self {
+            Fault::Freeze => "a frozen client",
+            Fault::BlackHole(_) => "a black-holed client",
+        }
+    }
+
+    fn begin(&mut self, cluster: &mut Cluster) {
+        match self {
+            Fault::Freeze => cluster.client_a.signal("STOP"),
+            Fault::BlackHole(hole) => hole.drop_packets(true),
+        }
+    }
+
+    fn end(&mut self, cluster: &mut Cluster) {
+        match self {
+            Fault::Freeze => cluster.client_a.signal("CONT"),
+            Fault::BlackHole(hole) => hole.drop_packets(false),
+        }
+    }
+}
+
+/// iptables rules that mark every connection of the processes in group `gid` and, while
+/// dropping, drop all their packets both ways (on loopback both pass OUTPUT); removed when
+/// dropped. Only that group's connections ever match.
+struct BlackHole {
+    gid: u32,
+    mark: String,
+    dropping: bool,
+}
+
+impl BlackHole {
+    fn prepare() -> BlackHole {
+        let gid = 47_000 + std::process::id() % 1_000;
+        let hole = BlackHole {
+            gid,
+            mark: format!("0x{gid:x}"),
+            dropping: false,
+        };
+        hole.iptables(&[
+            "-t",
+            "mangle",
+            "-I",
+            "OUTPUT",
+            "-m",
+            "owner",
+            "--gid-owner",
+            &gid.to_string(),
+            "-j",
+            "CONNMARK",
+            "--set-mark",
+            &hole.mark,
+        ]);
+        hole
+    }
+
+    fn drop_packets(&mut self, on: bool) {
+        if on != self.dropping {
+            let action = if on { "-I" } else { "-D" };
+            self.iptables(&[
+                action, "OUTPUT", "-m", "connmark", "--mark", &self.mark, "-j", "DROP",
+            ]);
+            self.dropping = on;
+        }
+    }
+
+    fn iptables(&self, args: &[&str]) {
+        let status = std::process::Command::new("iptables")
+            .arg("-w")
+            .args(args)
+            .status()
+            .unwrap_or_else(|e| panic!("run iptables {args:?}: {e}"));
+        assert!(status.success(), "iptables {args:?} failed");
+    }
+}
+
+impl Drop for BlackHole {
+    fn drop(&mut self) {
+        let gid = self.gid.to_string();
+        let rules: [&[&str]; 2] = [
+            &[
+                "-D", "OUTPUT", "-m", "connmark", "--mark", &self.mark, "-j", "DROP",
+            ],
+            &[
+                "-t",
+                "mangle",
+                "-D",
+                "OUTPUT",
+                "-m",
+                "owner",
+                "--gid-owner",
+                &gid,
+                "-j",
+                "CONNMARK",
+                "--set-mark",
+                &self.mark,
+            ],
+        ];
+        for (n, rule) in rules.into_iter().enumerate() {
+            if n == 0 && !self.dropping {
+                continue;
+            }
+            let _ = std::process::Command::new("iptables")
+                .arg("-w")
+                .args(rule)
+                .status();
+        }
+    }
+}
+
+/// Client A stops answering (`fault`) under steady load for 10 s, then answers again; see
+/// the two tests above for what must hold.
+async fn a_silent_client_strands_no_visitor(mut cluster: Cluster, mut fault: Fault) {
     let log: Log = Arc::default();
     let direct: Log = Arc::default();
     let started = Instant::now();
     let until = started + Duration::from_secs(20);
     let workers = cluster.load(until, &log, &direct);
     tokio::time::sleep(Duration::from_secs(4)).await;
-    cluster.client_a.signal("STOP");
+    fault.begin(&mut cluster);
     let frozen = Instant::now();
     // When each server judged it (polled from their logs, so up to 20 ms late), within the
     // 10 s it stays frozen: long enough for the servers to give up on it (its dead
@@ -557,7 +919,7 @@ async fn a_frozen_client_strands_no_visitor_that_arrives_after_the_freeze() {
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    cluster.client_a.signal("CONT");
+    fault.end(&mut cluster);
     let thawed = Instant::now();
     for worker in workers {
         worker.await.expect("visitor worker");
@@ -589,17 +951,20 @@ async fn a_frozen_client_strands_no_visitor_that_arrives_after_the_freeze() {
         .max()
         .unwrap_or_default();
     let whole = tally(&everyone);
-    println!("HA run with a frozen client (started, succeeded, errors, truncated):");
+    println!(
+        "HA run with {} (started, succeeded, errors, truncated):",
+        fault.name()
+    );
     println!("  whole run                    {whole:?}");
     println!(
-        "  in flight at SIGSTOP         {:?}",
+        "  in flight at the fault       {:?}",
         tally(&in_flight(&everyone))
     );
-    println!("  started while it was frozen  {:?}", tally(&after_freeze));
+    println!("  started during the fault     {:?}", tally(&after_freeze));
     println!("  slowest of those             {slowest:?}");
-    println!("  started after SIGCONT        {:?}", tally(&after_thaw));
+    println!("  started after it ended       {:?}", tally(&after_thaw));
     println!(
-        "  from SIGSTOP to suspect (no new visitor goes there) {suspect_at:?}, to dead {dead_at:?}"
+        "  from the fault to suspect (no new visitor goes there) {suspect_at:?}, to dead {dead_at:?}"
     );
     for (n, server) in [&cluster.server1, &cluster.server2].into_iter().enumerate() {
         let logs = server.logs();
@@ -655,7 +1020,8 @@ async fn a_frozen_client_strands_no_visitor_that_arrives_after_the_freeze() {
         let logs = server.logs();
         assert!(
             logs.contains("session_suspect") && logs.contains("session_dead"),
-            "a server did not judge the frozen client:\n{logs}"
+            "a server did not judge {}:\n{logs}",
+            fault.name()
         );
     }
 
@@ -734,5 +1100,241 @@ async fn a_rolling_restart_of_both_clients_fails_no_visitor() {
         "the load was too light to mean much: {whole:?}"
     );
     cluster.whole("after the rolling restart").await;
+    cluster.stop();
+}
+
+/// A rolling restart of both servers under load, as an operator does it behind a load
+/// balancer: SIGTERM one (it drains: `/readyz` fails so HAProxy stops sending it visitors,
+/// its service port closes after `drain_grace`, its streams in flight finish, then it
+/// exits), start it again, wait until it is ready (a client serves the service there) and
+/// HAProxy believes it, then the other. No visitor through HAProxy may fail.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rolling_restart_of_both_servers_fails_no_visitor() {
+    if !have_tool("haproxy", "haproxy", "e2e_ha") {
+        return;
+    }
+    let _one = ONE_AT_A_TIME.lock().await;
+    let mut cluster = Cluster::start("e2e-ha-server-drain", Heartbeats::Default).await;
+
+    // Through HAProxy only: a server's own port refuses visitors while it drains, by design.
+    let log: Log = Arc::default();
+    let until = Instant::now() + Duration::from_secs(90);
+    let stop_load = CancellationToken::new();
+    let workers = steady_load(
+        &cluster.visitor,
+        loopback(cluster.front),
+        16,
+        until,
+        &stop_load,
+        &log,
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let mut drains = Vec::new();
+    for which in [1, 2] {
+        let (server, toml, admin) = if which == 1 {
+            (
+                &mut cluster.server1,
+                &cluster.server1_toml,
+                cluster.admins[0],
+            )
+        } else {
+            (
+                &mut cluster.server2,
+                &cluster.server2_toml,
+                cluster.admins[1],
+            )
+        };
+        let asked = Instant::now();
+        server.terminate();
+        let status = server.wait_exit(Duration::from_secs(60)).await;
+        let took = asked.elapsed();
+        let logs = server.logs();
+        assert!(
+            status.is_some_and(|s| s.success()),
+            "server {which} did not drain and exit cleanly ({status:?}):\n{logs}"
+        );
+        assert!(
+            logs.contains("service_ports_closed") && logs.contains("drain_finished"),
+            "server {which} did not say it drained:\n{logs}"
+        );
+        drains.push((which, took));
+        *server = start_server(&cluster.dir, toml);
+        wait_sessions(
+            server,
+            2,
+            "the clients did not come back to the restarted server",
+        )
+        .await;
+        wait_ready(admin, "the restarted server").await;
+        // Let the restarted server take visitors before the next one goes.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+    stop_load.cancel();
+    for worker in workers {
+        worker.await.expect("visitor worker");
+    }
+    let everyone = log.lock().expect("log").clone();
+    let whole = tally(&everyone);
+    println!("rolling restart of both servers (started, succeeded, errors, truncated): {whole:?}");
+    println!("  SIGTERM to exit: {drains:?}");
+    for (n, server) in [&cluster.client_a, &cluster.client_b]
+        .into_iter()
+        .enumerate()
+    {
+        println!(
+            "  client {}: told of a drain {} times",
+            n + 1,
+            server.logs().matches("server_draining").count()
+        );
+    }
+    assert_eq!(
+        whole.1, whole.0,
+        "visitors failed during a rolling restart of the servers"
+    );
+    assert!(
+        whole.0 > 1_000,
+        "the load was too light to mean much: {whole:?}"
+    );
+    cluster
+        .whole("after the rolling restart of the servers")
+        .await;
+    cluster.stop();
+}
+
+/// A server frozen with SIGSTOP: its kernel still completes TCP handshakes on its ports, so
+/// a TCP health check passes, and nothing Warren does can answer for it. The load balancer
+/// must see it fail at `/readyz` (which then times out) and send elsewhere what it gave it:
+/// with HAProxy in HTTP mode and L7 retries, no visitor that arrives after the freeze fails
+/// or waits more than 3 s. The clients judge the server suspect, then dead, and once it is
+/// thawed they come back to it by themselves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_server_strands_no_visitor_behind_a_balancer_that_checks_readyz() {
+    if !have_tool("haproxy", "haproxy", "e2e_ha") || !have_tool("nginx", "nginx", "e2e_ha") {
+        return;
+    }
+    let _one = ONE_AT_A_TIME.lock().await;
+    let mut cluster = Cluster::start_with(
+        "e2e-ha-frozen-server",
+        Heartbeats::Default,
+        None,
+        Mode::Http,
+    )
+    .await;
+    let server1 = format!("server=127.0.0.1:{}", cluster.controls[0]);
+
+    let log: Log = Arc::default();
+    let until = Instant::now() + Duration::from_secs(20);
+    let stop_load = CancellationToken::new();
+    let workers = steady_load(
+        &cluster.visitor,
+        loopback(cluster.front),
+        16,
+        until,
+        &stop_load,
+        &log,
+    );
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    cluster.server1.signal("STOP");
+    let frozen = Instant::now();
+    // When each client judged server 1 (polled from their logs), within the 10 s it stays
+    // frozen.
+    let mut suspect_at = [None; 2];
+    let mut dead_at = [None; 2];
+    let judged = |logs: &str, event: &str| {
+        logs.lines()
+            .any(|line| line.contains(event) && line.contains(&server1))
+    };
+    while frozen.elapsed() < Duration::from_secs(10) {
+        for (n, client) in [&cluster.client_a, &cluster.client_b]
+            .into_iter()
+            .enumerate()
+        {
+            let logs = client.logs();
+            if suspect_at[n].is_none() && judged(&logs, "session_suspect") {
+                suspect_at[n] = Some(frozen.elapsed());
+            }
+            if dead_at[n].is_none() && judged(&logs, "session_dead") {
+                dead_at[n] = Some(frozen.elapsed());
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    cluster.server1.signal("CONT");
+    let thawed = Instant::now();
+    for worker in workers {
+        worker.await.expect("visitor worker");
+    }
+    let everyone = log.lock().expect("log").clone();
+    let in_flight: Vec<Visit> = everyone
+        .iter()
+        .filter(|(at, end, _)| *at < frozen && *end > frozen)
+        .copied()
+        .collect();
+    let after_freeze: Vec<Visit> = everyone
+        .iter()
+        .filter(|(at, _, _)| *at >= frozen && *at < thawed)
+        .copied()
+        .collect();
+    let after_thaw: Vec<Visit> = everyone
+        .iter()
+        .filter(|(at, _, _)| *at >= thawed)
+        .copied()
+        .collect();
+    let slowest = after_freeze
+        .iter()
+        .map(|(at, end, _)| end.duration_since(*at))
+        .max()
+        .unwrap_or_default();
+    println!(
+        "HA run with a frozen server, HAProxy in HTTP mode (started, succeeded, errors, truncated):"
+    );
+    println!("  whole run                    {:?}", tally(&everyone));
+    println!("  in flight at SIGSTOP         {:?}", tally(&in_flight));
+    println!("  started while it was frozen  {:?}", tally(&after_freeze));
+    println!("  slowest of those             {slowest:?}");
+    println!("  started after SIGCONT        {:?}", tally(&after_thaw));
+    println!("  from SIGSTOP to the clients' suspect {suspect_at:?}, to dead {dead_at:?}");
+
+    let failed: Vec<String> = after_freeze
+        .iter()
+        .chain(&after_thaw)
+        .filter(|visit| visit.2 != Outcome::Ok)
+        .map(|(at, end, outcome)| {
+            format!(
+                "{outcome:?} {:?}..{:?} after the freeze",
+                at.duration_since(frozen),
+                end.duration_since(frozen)
+            )
+        })
+        .collect();
+    assert!(
+        failed.is_empty(),
+        "visitors that arrived after a server froze failed: {failed:?}"
+    );
+    assert!(
+        slowest <= Duration::from_secs(3),
+        "a visitor that arrived while a server was frozen took {slowest:?}"
+    );
+    assert!(
+        after_freeze.len() > 300,
+        "the load was too light to mean much: {} visitors in 10 s",
+        after_freeze.len()
+    );
+    for client in [&cluster.client_a, &cluster.client_b] {
+        let logs = client.logs();
+        assert!(
+            judged(&logs, "session_suspect") && judged(&logs, "session_dead"),
+            "a client did not judge the frozen server:\n{logs}"
+        );
+    }
+    // Thawed, the server finds its sessions gone; both clients come back to it.
+    wait_sessions(
+        &mut cluster.server1,
+        4,
+        "the clients did not come back to the thawed server",
+    )
+    .await;
+    wait_ready(cluster.admins[0], "the thawed server").await;
+    cluster.whole("after the thaw").await;
     cluster.stop();
 }

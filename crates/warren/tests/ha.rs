@@ -639,3 +639,77 @@ async fn udp_flows_spread_over_clients_and_each_stays_on_its_own() {
     b.stop.cancel();
     stop_server.cancel();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_draining_server_closes_its_port_finishes_the_stream_in_flight_and_stops() {
+    let bound = server(Strategy::default(), true).await;
+    let addr = bound.local_addr();
+    let service = bound.service_addr("web").expect("web");
+    let admin = bound.admin_addr().expect("admin");
+    let running = tokio::spawn(bound.run());
+    // Ready only once a client serves the service.
+    let (status, body) = http(admin, "GET", "/readyz", None).await;
+    assert_eq!(
+        (status, body.as_str()),
+        (
+            503,
+            "not ready: 1 of 1 services have no client ready to serve them\n"
+        )
+    );
+    let mut client = run(client(addr, tagged_echo(4).await).build().expect("client"));
+    client.wait_for("connected", |s| s.connected).await;
+    let (status, body) = http(admin, "GET", "/readyz", None).await;
+    assert_eq!((status, body.as_str()), (200, "ready\n"));
+
+    // A visitor in flight when the drain begins.
+    let mut visitor = TcpStream::connect(service).await.expect("connect");
+    let mut id = [0u8; 1];
+    visitor.read_exact(&mut id).await.expect("tag");
+    assert_eq!(id, [4]);
+    let first = random_bytes(4096);
+    visitor.write_all(&first).await.expect("send");
+    let mut echoed = vec![0u8; first.len()];
+    visitor.read_exact(&mut echoed).await.expect("echo");
+    assert_eq!(echoed, first);
+
+    let (status, body) = http(admin, "POST", "/api/v1/drain", None).await;
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = http(admin, "GET", "/readyz", None).await;
+    assert_eq!((status, body.as_str()), (503, "not ready: draining\n"));
+    let (_, body) = http(admin, "GET", "/api/v1/status", None).await;
+    let status: serde_json::Value = serde_json::from_str(&body).expect("json");
+    assert_eq!(status["draining"], true, "{body}");
+    // The service port closes: a load balancer's next connection is refused.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while TcpStream::connect(service).await.is_ok() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the service port still takes connections 10 s into the drain"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // The stream in flight goes on, byte for byte, and the server waits for it.
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert!(
+        !running.is_finished(),
+        "the server stopped with a stream open"
+    );
+    let second = random_bytes(64 * 1024);
+    visitor
+        .write_all(&second)
+        .await
+        .expect("send during the drain");
+    visitor.shutdown().await.expect("half-close");
+    let mut rest = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), visitor.read_to_end(&mut rest))
+        .await
+        .expect("the echo within 10 s")
+        .expect("a clean end");
+    assert_eq!(hash(&rest), hash(&second), "{} bytes back", rest.len());
+    // With the last stream done, the server stops by itself.
+    tokio::time::timeout(Duration::from_secs(15), running)
+        .await
+        .expect("the drained server stopped within 15 s")
+        .expect("server task");
+    client.stop.cancel();
+}

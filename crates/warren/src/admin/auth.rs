@@ -269,7 +269,7 @@ pub fn harden(response: &mut Response) {
 
 /// Paths anyone may fetch: the login page and the static assets (no data in them).
 fn is_public(path: &str) -> bool {
-    path == "/login" || path.starts_with("/assets/")
+    path == "/login" || path == "/readyz" || path.starts_with("/assets/")
 }
 
 /// Paths a browser navigates to (answered with the login page's address, not JSON).

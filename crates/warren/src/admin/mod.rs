@@ -71,6 +71,11 @@ pub struct StatusInfo {
     /// Server: where clients connect (`bind`), for the command the dashboard suggests.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub bind: Option<String>,
+    /// Whether the side is draining for a restart (SIGTERM or `POST /api/v1/drain`).
+    pub draining: bool,
+    /// How long the drain has been going, while draining.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub draining_for_ms: Option<u64>,
 }
 
 /// Entries of a list answered when the request names no `limit`.
@@ -403,6 +408,19 @@ pub trait AdminSource: Send + Sync + 'static {
         None
     }
 
+    /// The side's graceful drain.
+    fn drain(&self) -> &crate::drain::Drain;
+
+    /// Whether a load balancer should send this side visitors (`GET /readyz`); `Err` says
+    /// why not, without naming services (the answer is public).
+    fn readiness(&self) -> Result<(), String> {
+        if self.drain().is_draining() {
+            Err("draining".to_owned())
+        } else {
+            Ok(())
+        }
+    }
+
     /// Closes the session whose short id is `id` (its client connects again); `Err` says
     /// why not.
     fn disconnect(&self, id: &str) -> Result<(), String> {
@@ -484,6 +502,8 @@ pub fn router(source: Arc<dyn AdminSource>, access: Access, cancel: Cancellation
         .route("/api/v1/services", get(services))
         .route("/api/v1/connections", get(connections))
         .route("/api/v1/reload", post(reload))
+        .route("/api/v1/drain", post(drain))
+        .route("/readyz", get(readyz))
         .route("/api/v1/config", get(config))
         .route("/api/v1/logs", get(recent_logs))
         .route("/api/v1/events", get(events::events))
@@ -590,6 +610,40 @@ fn status_info(ctx: &Ctx) -> StatusInfo {
         uptime_seconds: started.elapsed().map_or(0, |d| d.as_secs()),
         auth: ctx.gate.needs_login(),
         bind: ctx.source.bind(),
+        draining: ctx.source.drain().is_draining(),
+        draining_for_ms: ctx
+            .source
+            .drain()
+            .elapsed()
+            .map(|elapsed| elapsed.as_millis() as u64),
+    }
+}
+
+/// `POST /api/v1/drain`: what SIGTERM does (see [`crate::drain`]); the side stops once its
+/// streams finished.
+async fn drain(State(ctx): State<Arc<Ctx>>) -> axum::Json<serde_json::Value> {
+    let drain = ctx.source.drain();
+    if !drain.is_draining() {
+        info!(
+            event = "admin_drain",
+            side = ctx.source.side(),
+            "drain asked for from the admin API"
+        );
+    }
+    drain.ask();
+    axum::Json(serde_json::json!({ "draining": true }))
+}
+
+/// `GET /readyz`, for load balancers' health checks (public: it says no more than ready or
+/// not): `200 ready`, or `503` and why not (draining; services with no client).
+async fn readyz(State(ctx): State<Arc<Ctx>>) -> Response {
+    match ctx.source.readiness() {
+        Ok(()) => (StatusCode::OK, "ready\n").into_response(),
+        Err(why) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("not ready: {why}\n"),
+        )
+            .into_response(),
     }
 }
 

@@ -24,6 +24,20 @@ impl AdminSource for ClientAdmin {
         "client"
     }
 
+    fn drain(&self) -> &crate::drain::Drain {
+        &self.shared.drain
+    }
+
+    fn readiness(&self) -> Result<(), String> {
+        if self.shared.drain.is_draining() {
+            return Err("draining".to_owned());
+        }
+        if self.shared.sessions_now().is_empty() {
+            return Err("no session with a server".to_owned());
+        }
+        Ok(())
+    }
+
     fn sessions(&self, page: Page) -> Paged<SessionInfo> {
         let sessions = self.shared.sessions_now();
         let total = sessions.len();

@@ -18,6 +18,7 @@
 
 use std::io;
 use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, PoisonError};
 use std::time::Duration;
 
@@ -270,7 +271,7 @@ impl ChannelSource for ForwardSource {
 /// The session a forward stream of `name` goes through: among the sessions up whose
 /// server accepted the service, the one with the shortest handshake round trip (the newest
 /// of a server's sessions, when a reload made a second one), preferring a server that
-/// answers its heartbeats to a suspect one.
+/// answers its heartbeats to a suspect or draining one.
 fn current_session(shared: &Shared, name: &str) -> Option<Arc<ClientSession>> {
     let sessions = shared
         .sessions
@@ -281,7 +282,10 @@ fn current_session(shared: &Shared, name: &str) -> Option<Arc<ClientSession>> {
         if !session.forwards.contains(name) || session.cancel.is_cancelled() {
             continue;
         }
-        let rank = |s: &ClientSession| (s.vitals.is_suspect(), s.rtt);
+        let rank = |s: &ClientSession| {
+            let avoid = s.vitals.is_suspect() || s.server_draining.load(Ordering::Acquire);
+            (avoid, s.rtt)
+        };
         if best.is_none_or(|b| rank(session) < rank(b)) {
             best = Some(session);
         }
@@ -321,6 +325,7 @@ async fn serve_tcp(
                 shared.tasks.spawn(async move {
                     let local = (local, peer, shaping);
                     session
+                        .vitals
                         .counting(serve_local(&session, local, name, &stop))
                         .await;
                 });

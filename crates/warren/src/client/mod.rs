@@ -501,7 +501,7 @@ impl Client {
             quic_clients: Mutex::new(Vec::new()),
             #[cfg(unix)]
             p2p: Mutex::new(HashMap::new()),
-            draining: AtomicBool::new(false),
+            drain: crate::drain::Drain::new(drain),
         });
         #[cfg(unix)]
         {
@@ -541,7 +541,7 @@ impl Client {
         shared.tasks.spawn(async move {
             tokio::select! {
                 () = draining.cancel.cancelled() => {}
-                () = drain.cancelled() => {
+                () = draining.drain.asked() => {
                     drain::drain(&draining).await;
                     draining.cancel.cancel();
                 }
@@ -689,8 +689,9 @@ struct Shared {
     p2p: Mutex<HashMap<String, p2p::Running>>,
     /// Services' bandwidth limits (a reload changes them in place).
     limits: Limits,
-    /// Set once a drain began: services are claimed and reported withdrawn.
-    draining: AtomicBool,
+    /// The drain (SIGTERM, the admin API): once asked, services are claimed and reported
+    /// withdrawn.
+    drain: crate::drain::Drain,
 }
 
 /// Every reverse, forward and P2P service of the config with its bandwidth limit, if any.
@@ -780,7 +781,7 @@ impl Shared {
     /// Whether `service` is offered to the servers: its target passes its check (or has
     /// none) and the client is not draining.
     fn offers(&self, service: &str) -> bool {
-        !self.draining.load(Ordering::Acquire) && self.health.is_up(service)
+        !self.drain.is_draining() && self.health.is_up(service)
     }
 
     fn sessions_now(&self) -> Vec<Arc<ClientSession>> {
@@ -866,6 +867,8 @@ pub(crate) struct ClientSession {
     cancel: CancellationToken,
     /// Set when a newer session took this one's place (a reload).
     replaced: AtomicBool,
+    /// Set when the server said it drains: forward streams go through other servers.
+    server_draining: AtomicBool,
     /// The client's own shutdown.
     shutdown: CancellationToken,
     /// When the server accepted the session (for the admin API).
@@ -931,20 +934,6 @@ impl ClientSession {
             }
             session.link.close();
         });
-    }
-
-    /// Counts a stream on this session while `f` runs.
-    pub(crate) async fn counting<T>(&self, f: impl std::future::Future<Output = T>) -> T {
-        /// Uncounts the stream however `f` ends (dropped too).
-        struct Open<'a>(&'a Vitals);
-        impl Drop for Open<'_> {
-            fn drop(&mut self) {
-                self.0.stream_closed();
-            }
-        }
-        self.vitals.stream_opened();
-        let _open = Open(&self.vitals);
-        f.await
     }
 }
 
@@ -1117,6 +1106,7 @@ async fn establish_session(
         control_rx: Mutex::new(Some(control_rx)),
         cancel: shared.cancel.child_token(),
         replaced: AtomicBool::new(false),
+        server_draining: AtomicBool::new(false),
         shutdown: shared.cancel.clone(),
         since: std::time::SystemTime::now(),
         vitals: Vitals::default(),
@@ -1307,6 +1297,10 @@ async fn serve_session(shared: Arc<Shared>, established: Established) -> Session
             ControlMessage::Reclaim { reason } => {
                 info!(event = "reclaim_requested", server = %session.server, %reason, "the server asks for a new session");
                 shared.restart_session();
+            }
+            ControlMessage::Draining { reason } => {
+                info!(event = "server_draining", server = %session.server, %reason, "the server drains: no new forward streams go through it; reconnecting once it is gone");
+                session.server_draining.store(true, Ordering::Release);
             }
             other => warn!(
                 event = "control_ignored",

@@ -39,7 +39,7 @@ impl StreamHandler for ReverseStreams {
         stream: Stream,
         replenish: Replenish,
     ) -> impl std::future::Future<Output = Option<Stream>> + Send {
-        self.session.counting(serve_stream(
+        self.session.vitals.counting(serve_stream(
             &self.shared,
             &self.session,
             stream,

@@ -176,6 +176,18 @@ pub(crate) fn convert_server(file: FileServer, report: &mut Report) -> ServerCon
         file.heartbeat_interval.as_ref(),
         DEFAULT_HEARTBEAT_INTERVAL,
     );
+    config.drain_timeout = duration(
+        report,
+        "server.drain_timeout",
+        file.drain_timeout.as_ref(),
+        DEFAULT_DRAIN_TIMEOUT,
+    );
+    config.drain_grace = duration(
+        report,
+        "server.drain_grace",
+        file.drain_grace.as_ref(),
+        std::time::Duration::ZERO,
+    );
     config.handshake_timeout = duration(
         report,
         "server.handshake_timeout",

@@ -61,6 +61,12 @@ pub struct FileServer {
     pub cipher_choice: Option<String>,
     /// How often the server sends a heartbeat. Default `"10s"`.
     pub heartbeat_interval: Option<RawDuration>,
+    /// On SIGTERM, how long streams in flight may take to finish after the service ports
+    /// closed. Default `"30s"`.
+    pub drain_timeout: Option<RawDuration>,
+    /// On SIGTERM, how long the service ports keep taking visitors after `/readyz` turned
+    /// 503, for a load balancer's health check to notice. Default `"0s"`.
+    pub drain_grace: Option<RawDuration>,
     /// One deadline for handshake, hello and auth. Default `"10s"`.
     pub handshake_timeout: Option<RawDuration>,
     /// Allows weak or placeholder secrets, `transport = "tcp"` and the `none` cipher.

@@ -416,6 +416,7 @@ fn type_hint(key: &str) -> Option<&'static str> {
         "heartbeat_interval"
         | "heartbeat_timeout"
         | "drain_timeout"
+        | "drain_grace"
         | "handshake_timeout"
         | "reconnect_initial_delay"
         | "reconnect_max_delay"

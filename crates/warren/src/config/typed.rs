@@ -30,7 +30,7 @@ pub const MAX_SERVICE_NAME_LEN: usize = 64;
 pub const DEFAULT_HEARTBEAT_INTERVAL: Duration = Duration::from_secs(10);
 /// Default `[client] heartbeat_timeout`.
 pub const DEFAULT_HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(30);
-/// Default time a draining client gives its streams in flight.
+/// Default time a draining client or server gives its streams in flight.
 pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
 /// Default `handshake_timeout` on both sides.
 pub const DEFAULT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -429,6 +429,12 @@ pub struct ServerConfig {
     pub cipher_choice: CipherChoice,
     /// How often to send heartbeats.
     pub heartbeat_interval: Duration,
+    /// On SIGTERM (or [`crate::BoundServer::drain_token`]), how long streams in flight may
+    /// take to finish after the service ports closed.
+    pub drain_timeout: Duration,
+    /// On SIGTERM, how long the service ports keep taking visitors after `/readyz` said
+    /// the server drains (a load balancer checking it stops sending them first).
+    pub drain_grace: Duration,
     /// One deadline for handshake, hello and auth.
     pub handshake_timeout: Duration,
     /// Allows weak secrets, plaintext transport and the `none` cipher.
@@ -732,6 +738,8 @@ impl ServerConfig {
             ciphers: CipherSuite::default_preference(has_aes_hardware()),
             cipher_choice: CipherChoice::default(),
             heartbeat_interval: DEFAULT_HEARTBEAT_INTERVAL,
+            drain_timeout: DEFAULT_DRAIN_TIMEOUT,
+            drain_grace: Duration::ZERO,
             handshake_timeout: DEFAULT_HANDSHAKE_TIMEOUT,
             insecure: false,
             services: BTreeMap::new(),

@@ -52,6 +52,14 @@ impl AdminSource for ServerAdmin {
         "server"
     }
 
+    fn drain(&self) -> &crate::drain::Drain {
+        &self.shared.drain
+    }
+
+    fn readiness(&self) -> Result<(), String> {
+        super::drain::readiness(&self.shared)
+    }
+
     fn sessions(&self, page: Page) -> Paged<SessionInfo> {
         let mut sessions = self.shared.sessions_now();
         sessions.sort_by_key(|session| session.since);

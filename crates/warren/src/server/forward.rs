@@ -446,7 +446,10 @@ impl StreamHandler for ForwardStreams {
         match forward_for(&self.session, &open, &mut stream).await {
             Ok(forward) => {
                 let session = Arc::clone(&self.session);
-                serve_forward(&self.shared, session, stream, open, forward).await;
+                // Counted on the session: a drain waits for it.
+                (self.session.vitals)
+                    .counting(serve_forward(&self.shared, session, stream, open, forward))
+                    .await;
             }
             Err(rejected) => rejected.log(self.session.peer),
         }

@@ -256,7 +256,8 @@ pub(super) async fn accept_loop(shared: Arc<Shared>, listener: TcpListener, tls:
     let connections = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     loop {
         let accepted = tokio::select! {
-            () = shared.cancel.cancelled() => return,
+            // The shutdown or a drain: the port closes with this loop.
+            () = shared.taking_visitors.cancelled() => return,
             accepted = listener.accept() => accepted,
         };
         let (stream, peer) = match accepted {
@@ -405,9 +406,16 @@ where
                 debug!(event = "http_connection_closed", %peer, %error, "HTTP connection ended with an error");
             }
         }
-        () = shared.cancel.cancelled() => {
+        // A drain lets the requests in flight finish (its own timeout bounds them) and closes
+        // an idle keep-alive connection at once; a shutdown gives them DRAIN_TIMEOUT.
+        () = shared.taking_visitors.cancelled() => {
             connection.as_mut().graceful_shutdown();
-            let _ = tokio::time::timeout(DRAIN_TIMEOUT, connection).await;
+            tokio::select! {
+                _ = connection.as_mut() => {}
+                () = shared.cancel.cancelled() => {
+                    let _ = tokio::time::timeout(DRAIN_TIMEOUT, connection).await;
+                }
+            }
         }
     }
 }

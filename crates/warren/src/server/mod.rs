@@ -19,6 +19,7 @@
 
 mod admin;
 mod backend;
+mod drain;
 mod forward;
 mod hello;
 mod http;
@@ -388,9 +389,12 @@ impl Server {
             services.insert(service.name.clone(), binding);
         }
         let limits = Limits::new(bandwidth_limits(&self.config));
+        let taking_visitors = cancel.child_token();
         let shared = Arc::new(Shared {
             limits,
             layers,
+            drain: crate::drain::Drain::new(CancellationToken::new()),
+            taking_visitors,
             live: RwLock::new(Arc::new(Live::new(self.config))),
             sessions: Mutex::new(HashMap::new()),
             services: RwLock::new(services),
@@ -606,6 +610,13 @@ impl BoundServer {
         self.shared.cancel.clone()
     }
 
+    /// A token that drains the server when cancelled: the service ports close, clients are
+    /// told, the streams in flight finish (up to `drain_timeout`), then the server stops as
+    /// if [`BoundServer::shutdown_token`] had fired. See `server::drain`.
+    pub fn drain_token(&self) -> CancellationToken {
+        self.shared.drain.token()
+    }
+
     /// Hands new configs to the running server (see [`reload`] for what a reload touches).
     pub fn reloader(&self) -> Reloader<ServerConfig> {
         self.reloader.clone()
@@ -642,6 +653,16 @@ impl BoundServer {
                 async move { reload::apply(&shared, config).await }
             },
         );
+        let draining = Arc::clone(&shared);
+        shared.tasks.spawn(async move {
+            tokio::select! {
+                () = draining.cancel.cancelled() => {}
+                () = draining.drain.asked() => {
+                    drain::drain(&draining).await;
+                    draining.cancel.cancel();
+                }
+            }
+        });
         let live = shared.live();
         if let Some(admin_listener) = admin_listener {
             let access = live
@@ -779,6 +800,8 @@ fn spawn_service(shared: &Arc<Shared>, binding: Binding) {
         }
         // Requests reach it through the HTTP front (rebuilt with the services).
         (ServiceSocket::Http, _) => {}
+        // Drained: nothing takes visitors any more.
+        (ServiceSocket::Closed, _) => {}
         (ServiceSocket::Udp(socket), kind) => {
             let settings = match kind {
                 ServiceKind::Udp(settings) => settings,
@@ -844,6 +867,11 @@ struct Shared {
     limits: Limits,
     /// TLS and WebSocket on the server port (set at start; a reload does not change them).
     layers: ServerLayers,
+    /// The drain (SIGTERM, the admin API, [`BoundServer::drain_token`]).
+    drain: crate::drain::Drain,
+    /// Cancelled when the service and HTTP ports stop taking visitors: a drain, or the
+    /// server's shutdown (it is the shutdown token's child).
+    taking_visitors: CancellationToken,
 }
 
 /// What a service's relays do to its bytes besides carrying them.
@@ -983,6 +1011,8 @@ enum ServiceSocket {
     Udp(Arc<UdpSocket>),
     /// An http service has no socket of its own: the `[server.http]` ports route to it.
     Http,
+    /// A TCP service whose listener a drain closed.
+    Closed,
 }
 
 impl ServiceSocket {
@@ -1010,6 +1040,9 @@ impl ServiceSocket {
             ServiceSocket::Udp(socket) => socket.local_addr(),
             ServiceSocket::Http => Err(std::io::Error::other(
                 "an http service is served on the shared HTTP ports",
+            )),
+            ServiceSocket::Closed => Err(std::io::Error::other(
+                "the server is draining: its service ports are closed",
             )),
         }
     }
@@ -1114,6 +1147,8 @@ enum Rejected {
     Refused(warren_proto::handshake::Refusal),
     Tokens(Vec<String>),
     TooManySessions,
+    /// The server drains: it takes no new session.
+    Draining,
     Protocol(String),
     /// A v1 client's hello over v1's one-message caps (the client must upgrade).
     HelloTooLarge(String),
@@ -1144,6 +1179,10 @@ impl Rejected {
                 ),
                 true,
             )),
+            Rejected::Draining => Some((
+                "the server is draining for a restart (SIGTERM or POST /api/v1/drain) and takes no new sessions; retrying until it, or its successor, is back".to_owned(),
+                true,
+            )),
             _ => None,
         }
     }
@@ -1157,6 +1196,7 @@ impl Rejected {
             Rejected::Refused(_) => HandshakeFailure::Refused,
             Rejected::Tokens(_) => HandshakeFailure::BadToken,
             Rejected::TooManySessions => HandshakeFailure::TooManySessions,
+            Rejected::Draining => HandshakeFailure::Refused,
             Rejected::Protocol(_) | Rejected::HelloTooLarge(_) => HandshakeFailure::Protocol,
         })
     }
@@ -1180,6 +1220,9 @@ impl Rejected {
             ),
             Rejected::TooManySessions => {
                 warn!(event = "session_refused", %peer, "too many sessions; refused a client")
+            }
+            Rejected::Draining => {
+                info!(event = "session_refused", %peer, "draining; refused a new session")
             }
             Rejected::Protocol(what) => {
                 warn!(event = "protocol_error", %peer, what = %what, "protocol violation during hello")
@@ -1346,6 +1389,9 @@ async fn serve_hello(
     version: u16,
 ) -> Result<Arc<ServerSession>, Rejected> {
     let hello = hello::receive(channel, version).await?;
+    if shared.drain.is_draining() {
+        return Err(Rejected::Draining);
+    }
     let judgement = forward::judge(shared, &keys, &hello.claims, peer, hello.probe()).await;
     if !judgement.refused.is_empty() {
         Rejected::Tokens(judgement.refused.clone()).log(peer);
@@ -1592,35 +1638,63 @@ async fn serve_visitors(
     loop {
         let accepted = tokio::select! {
             () = until.cancelled() => return,
+            // A drain: visitors the kernel already took are served, then the listener
+            // closes with this loop (the drain dropped the binding's handle on it first).
+            () = shared.taking_visitors.cancelled() => {
+                while let Some(visitor) = queued_visitor(&listener) {
+                    take_visitor(&shared, &slot, &streams, visitor);
+                }
+                return;
+            }
             accepted = listener.accept() => accepted,
         };
         match accepted {
-            Ok((visitor, peer)) => {
-                let Ok(permit) = Arc::clone(&streams).try_acquire_owned() else {
-                    debug!(event = "visitor_rejected", service = %slot.name, %peer, "too many streams on this service; resetting the visitor");
-                    tcp::reset(visitor);
-                    continue;
-                };
-                tcp::tune_peer(&visitor, peer);
-                let slot = Arc::clone(&slot);
-                let cancel = slot.stop.clone();
-                let telemetry = Arc::clone(&shared.telemetry);
-                let shaping = Shaping {
-                    limit: shared.limits.get(&slot.name),
-                    codec: (shared.live().config.services.get(&slot.name))
-                        .and_then(|service| service.compression),
-                };
-                shared.tasks.spawn(async move {
-                    serve_visitor(slot, (visitor, peer), cancel, telemetry, shaping).await;
-                    drop(permit);
-                });
-            }
+            Ok(visitor) => take_visitor(&shared, &slot, &streams, visitor),
             Err(error) => {
                 warn!(event = "accept_failed", service = %slot.name, %error, "accept failed on a service port; retrying");
                 tokio::time::sleep(ACCEPT_ERROR_BACKOFF).await;
             }
         }
     }
+}
+
+/// A connection the kernel completed and queued on `listener`, taken without waiting
+/// (`accept` on the non-blocking socket itself: tokio's own would wait for the reactor to
+/// report what the kernel already holds).
+fn queued_visitor(listener: &TcpListener) -> Option<(TcpStream, SocketAddr)> {
+    let (socket, peer) = socket2::SockRef::from(listener).accept().ok()?;
+    let peer = peer.as_socket()?;
+    socket.set_nonblocking(true).ok()?;
+    let stream = TcpStream::from_std(std::net::TcpStream::from(socket)).ok()?;
+    Some((stream, peer))
+}
+
+/// Serves one accepted visitor of `slot` in a task of its own, or resets it when the
+/// service has `streams` open already.
+fn take_visitor(
+    shared: &Arc<Shared>,
+    slot: &Arc<ServiceSlot>,
+    streams: &Arc<tokio::sync::Semaphore>,
+    (visitor, peer): (TcpStream, SocketAddr),
+) {
+    let Ok(permit) = Arc::clone(streams).try_acquire_owned() else {
+        debug!(event = "visitor_rejected", service = %slot.name, %peer, "too many streams on this service; resetting the visitor");
+        tcp::reset(visitor);
+        return;
+    };
+    tcp::tune_peer(&visitor, peer);
+    let slot = Arc::clone(slot);
+    let cancel = slot.stop.clone();
+    let telemetry = Arc::clone(&shared.telemetry);
+    let shaping = Shaping {
+        limit: shared.limits.get(&slot.name),
+        codec: (shared.live().config.services.get(&slot.name))
+            .and_then(|service| service.compression),
+    };
+    shared.tasks.spawn(async move {
+        serve_visitor(slot, (visitor, peer), cancel, telemetry, shaping).await;
+        drop(permit);
+    });
 }
 
 async fn serve_visitor(

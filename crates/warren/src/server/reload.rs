@@ -45,6 +45,12 @@ pub(super) fn handshake_changed(old: &ServerConfig, new: &ServerConfig) -> bool 
 /// Validates `new` and applies what differs from the config in force.
 pub(super) async fn apply(shared: &Arc<Shared>, mut new: ServerConfig) -> ReloadResult {
     new.validate().map_err(ReloadError::Invalid)?;
+    if shared.drain.is_draining() {
+        return Err(ReloadError::Unappliable(
+            "the server is draining for a restart; start the new one with the new config"
+                .to_owned(),
+        ));
+    }
     let live = shared.live();
     let old = &live.config;
     let mut summary = ReloadSummary::default();

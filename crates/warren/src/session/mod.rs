@@ -75,15 +75,26 @@ pub async fn send_control(
 ///
 /// # Errors
 /// [`SessionEnd`] for a closed connection or a record that is not a control message.
+/// A message of a kind from a later version is skipped (see [`message::DecodeError::UnknownKind`]).
 pub async fn recv_control(channel: &mut Stream) -> Result<ControlMessage, SessionEnd> {
-    match channel.reader.read_message().await {
-        Ok(Ok(bytes)) => {
-            message::decode_control(bytes).map_err(|e| SessionEnd::Protocol(e.to_string()))
+    loop {
+        match channel.reader.read_message().await {
+            Ok(Ok(bytes)) => match message::decode_control(bytes) {
+                Ok(message) => return Ok(message),
+                Err(message::DecodeError::UnknownKind(kind)) => {
+                    tracing::debug!(
+                        event = "control_ignored",
+                        kind,
+                        "skipping a control message of a kind from a later version"
+                    );
+                }
+                Err(error) => return Err(SessionEnd::Protocol(error.to_string())),
+            },
+            Ok(Err(reason)) => return Err(SessionEnd::Goodbye(reason.into_owned())),
+            Err(StreamError::Cut) => return Err(SessionEnd::Closed),
+            Err(StreamError::Protocol(what)) => return Err(SessionEnd::Protocol(what.into())),
+            Err(error) => return Err(SessionEnd::Transport(error)),
         }
-        Ok(Err(reason)) => Err(SessionEnd::Goodbye(reason.into_owned())),
-        Err(StreamError::Cut) => Err(SessionEnd::Closed),
-        Err(StreamError::Protocol(what)) => Err(SessionEnd::Protocol(what.into())),
-        Err(error) => Err(SessionEnd::Transport(error)),
     }
 }
 

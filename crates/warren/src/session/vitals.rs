@@ -54,6 +54,19 @@ impl Vitals {
         self.open.fetch_sub(1, Ordering::Relaxed);
     }
 
+    /// Counts a stream on the session while `f` runs (however it ends, dropped too).
+    pub async fn counting<T>(&self, f: impl std::future::Future<Output = T>) -> T {
+        struct Open<'a>(&'a Vitals);
+        impl Drop for Open<'_> {
+            fn drop(&mut self) {
+                self.0.stream_closed();
+            }
+        }
+        self.stream_opened();
+        let _open = Open(self);
+        f.await
+    }
+
     /// Streams open on the session now.
     pub fn open_streams(&self) -> u64 {
         self.open.load(Ordering::Relaxed)

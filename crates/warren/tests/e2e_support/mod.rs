@@ -162,6 +162,18 @@ impl Proc {
         args: &[&str],
         envs: &[(&str, &str)],
     ) -> Proc {
+        Proc::spawn_with(dir, name, program, args, envs, |_| {})
+    }
+
+    /// [`Proc::spawn`] with `adjust` applied to the command first (a group id, say).
+    pub fn spawn_with(
+        dir: &TestDir,
+        name: &str,
+        program: &str,
+        args: &[&str],
+        envs: &[(&str, &str)],
+        adjust: impl FnOnce(&mut Command),
+    ) -> Proc {
         let (stdout, stderr) = (1..)
             .map(|n| {
                 (
@@ -184,6 +196,7 @@ impl Proc {
         for (key, value) in envs {
             command.env(key, value);
         }
+        adjust(&mut command);
         let child = command
             .spawn()
             .unwrap_or_else(|e| panic!("cannot start {program} {args:?}: {e}"));
