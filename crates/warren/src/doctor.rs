@@ -908,6 +908,10 @@ fn handshake_fix(error: &EstablishError, target: &HostPort) -> String {
         EstablishError::Connect { .. } => format!(
             "is the server running and listening on {target}? check `server` in [client], firewalls, and the server's `bind` and `transports`"
         ),
+        // A draining server (a rolling restart) or a full one: it says when.
+        EstablishError::HelloRefused { retry: true, .. } => {
+            "the server says a later try may work: wait for it (a draining server's successor starts, a full server frees a session) or use another server".to_owned()
+        }
         EstablishError::HelloRefused { .. } => {
             "see the server's reason; upgrading the older side usually fixes it".to_owned()
         }

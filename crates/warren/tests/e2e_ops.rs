@@ -417,3 +417,64 @@ async fn hot_reload_adds_a_service_while_a_transfer_keeps_flowing() {
         "no secret in the logs"
     );
 }
+
+/// SIGTERM drains a server (issue 43): doctor says so while it does, `--drain-timeout`
+/// bounds the wait for a stream that never ends, and a second SIGTERM stops it at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_draining_server_shows_in_doctor_and_its_drain_is_bounded() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let dir = TestDir::new("drain-flags");
+    let mut tunnel = Tunnel::to(echo_target().await).start(&dir).await;
+    let config = tunnel.server_config.to_str().unwrap().to_owned();
+    for (timeout, second_term) in [("1s", false), ("60s", true)] {
+        tunnel.server.kill();
+        tunnel.server = Proc::warren(
+            &dir,
+            "server",
+            &["server", &config, "--drain-timeout", timeout],
+            &[("WARREN_PSK", PSK)],
+        );
+        tunnel.wait_ready().await;
+        // A visitor that stays open: the drain waits for it.
+        let mut visitor = tokio::net::TcpStream::connect(tunnel.service())
+            .await
+            .unwrap();
+        visitor.write_all(b"still here").await.unwrap();
+        let mut echo = [0u8; 10];
+        visitor.read_exact(&mut echo).await.unwrap();
+        let asked = tokio::time::Instant::now();
+        tunnel.server.terminate();
+        // While it drains, doctor names the state.
+        let (code, out, err) = doctor(&dir, &tunnel.client_config, PSK).await;
+        assert_eq!(code, 1, "{out}\n{err}");
+        assert!(
+            out.contains("the server is draining for a restart"),
+            "{out}"
+        );
+        if second_term {
+            tunnel.server.terminate();
+        }
+        let status = tunnel.server.wait_exit(Duration::from_secs(20)).await;
+        let took = asked.elapsed();
+        let logs = tunnel.server.logs();
+        assert!(status.is_some_and(|s| s.success()), "{status:?}\n{logs}");
+        if second_term {
+            assert!(
+                took < Duration::from_secs(20) && !logs.contains("drain_timeout"),
+                "a second SIGTERM did not stop the draining server at once ({took:?})\n{logs}"
+            );
+        } else {
+            assert!(
+                logs.contains("event=\"drain_timeout\"") && logs.contains("open_streams=1"),
+                "--drain-timeout 1s did not end the drain\n{logs}"
+            );
+            assert!(took >= Duration::from_secs(1), "{took:?}\n{logs}");
+        }
+        // The cut visitor ends (reset or closed), it does not hang.
+        let mut rest = Vec::new();
+        let ended =
+            tokio::time::timeout(Duration::from_secs(10), visitor.read_to_end(&mut rest)).await;
+        assert!(ended.is_ok(), "the cut visitor hung\n{logs}");
+    }
+    tunnel.client.kill();
+}

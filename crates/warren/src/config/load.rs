@@ -499,6 +499,8 @@ default_token = "${WARREN_TEST_TOKEN}"
 transport = "noise"
 ciphers = ["aes-256-gcm", "chacha20-poly1305"]
 heartbeat_interval = "250ms"
+drain_timeout = "45s"
+drain_grace = "2s"
 handshake_timeout = "1m30s"
 insecure = false
 
@@ -520,6 +522,8 @@ bind = "127.0.0.1:2222"
             [CipherSuite::Aes256Gcm, CipherSuite::ChaCha20Poly1305]
         );
         assert_eq!(server.heartbeat_interval, Duration::from_millis(250));
+        assert_eq!(server.drain_timeout, Duration::from_secs(45));
+        assert_eq!(server.drain_grace, Duration::from_secs(2));
         assert_eq!(server.handshake_timeout, Duration::from_secs(90));
         assert!(!server.insecure);
         let web = &server.services["web"];
@@ -594,6 +598,8 @@ token = "db-token-0123456789"
             CipherSuite::default_preference(has_aes_hardware())
         );
         assert_eq!(server.heartbeat_interval, Duration::from_secs(10));
+        assert_eq!(server.drain_timeout, Duration::from_secs(30));
+        assert_eq!(server.drain_grace, Duration::ZERO);
         assert_eq!(server.handshake_timeout, Duration::from_secs(10));
         assert_eq!(server.transport, Transport::Noise);
 
