@@ -386,14 +386,14 @@ impl Cluster {
                     std::fs::write(dir.path().join(format!("www/f{n}")), file).expect("file");
                 }
                 let [port] = stable_ports();
-                let nginx = spawn_nginx(
+                let mut nginx = spawn_nginx(
                     &dir,
                     &format!(
                         "  server {{ listen 127.0.0.1:{port}; root {}/www; }}\n",
                         dir.path().display()
                     ),
                 );
-                wait_listening(port, "nginx").await;
+                nginx.wait_listening(port).await;
                 (loopback(port), Visitor::Get(Arc::new(files)), Some(nginx))
             }
         };
@@ -411,8 +411,8 @@ impl Cluster {
 
         let mut server1 = start_server(&dir, &server1_toml);
         let mut server2 = start_server(&dir, &server2_toml);
-        wait_listening(ports[0], "server 1").await;
-        wait_listening(ports[1], "server 2").await;
+        server1.wait_listening(ports[0]).await;
+        server2.wait_listening(ports[1]).await;
         let client_a = match group_a {
             Some(gid) => Proc::spawn_with(
                 &dir,
@@ -428,14 +428,14 @@ impl Cluster {
             None => start_client(&dir, &client_toml, PSK),
         };
         let client_b = start_client(&dir, &client_toml, PSK);
-        let haproxy = Proc::spawn(
+        let mut haproxy = Proc::spawn(
             &dir,
             "haproxy",
             "haproxy",
             &["-db", "-f", haproxy_cfg.to_str().expect("path")],
             &[],
         );
-        wait_listening(front, "haproxy").await;
+        haproxy.wait_listening(front).await;
         // Both clients with both servers: each server logs two sessions.
         for server in [&mut server1, &mut server2] {
             wait_sessions(server, 2, "clients did not connect").await;
@@ -725,7 +725,7 @@ async fn two_servers_two_clients_behind_haproxy_survive_sigkill_of_each() {
 
     // Without any operator action the service is whole again: server 1 serves it with both
     // clients (the restarted client reconnected, and so did client B to the new server 1).
-    wait_listening(cluster.webs[0], "restarted server 1").await;
+    cluster.server1.wait_listening(cluster.webs[0]).await;
     wait_sessions(
         &mut cluster.server1,
         2,
