@@ -563,11 +563,12 @@ async fn client_reconnects_after_a_server_restart_and_a_cut_upload_is_an_error()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sigterm_stops_server_and_client_with_exit_code_0() {
+async fn sigterm_drains_server_and_client_and_they_exit_with_code_0() {
     let dir = TestDir::new("sigterm");
     let echo = echo_target().await;
     let mut tunnel = Tunnel::to(echo).start(&dir).await;
-    // An open, idle visitor must not hold the shutdown up.
+    // SIGTERM drains (issue 43): an open visitor holds both sides until it ends (or their
+    // drain_timeout), then they exit at once.
     let mut visitor = TcpStream::connect(tunnel.service()).await.unwrap();
     visitor.write_all(b"ping").await.unwrap();
     let mut buf = [0u8; 4];
@@ -579,14 +580,33 @@ async fn sigterm_stops_server_and_client_with_exit_code_0() {
 
     tunnel.server.terminate();
     tunnel.client.terminate();
+    tokio::time::sleep(Duration::from_secs(1)).await;
     for (name, proc) in [
         ("server", &mut tunnel.server),
         ("client", &mut tunnel.client),
     ] {
-        let status = proc.wait_exit(Duration::from_secs(5)).await;
+        assert!(
+            proc.is_running(),
+            "{name} stopped with a visitor open instead of draining\n{}",
+            proc.logs()
+        );
+    }
+    // The visitor still gets its bytes while they drain, then leaves.
+    visitor.write_all(b"pong").await.unwrap();
+    tokio::time::timeout(Duration::from_secs(5), visitor.read_exact(&mut buf))
+        .await
+        .expect("echo within 5s while draining")
+        .expect("echo while draining");
+    assert_eq!(&buf, b"pong");
+    drop(visitor);
+    for (name, proc) in [
+        ("server", &mut tunnel.server),
+        ("client", &mut tunnel.client),
+    ] {
+        let status = proc.wait_exit(Duration::from_secs(10)).await;
         assert!(
             status.is_some(),
-            "{name} did not exit within 5s of SIGTERM\n{}",
+            "{name} did not exit within 10s of its last stream's end\n{}",
             proc.logs()
         );
         assert_eq!(
