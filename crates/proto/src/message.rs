@@ -450,9 +450,10 @@ pub enum DecodeError {
         /// Limit.
         max: usize,
     },
-    /// A control message of a kind this version does not know, from a later version:
-    /// skip it (its sender does not rely on an answer).
-    #[error("control message of unknown kind {0} (from a later version); skipped")]
+    /// A control message of a kind this version does not know, from a later version: a
+    /// session skips it (its sender does not rely on an answer); in a hello it is a
+    /// protocol violation.
+    #[error("control message of unknown kind {0} (from a later version?)")]
     UnknownKind(u32),
 }
 
@@ -475,13 +476,15 @@ pub fn encode<T: Serialize>(message: &T) -> Vec<u8> {
 pub fn decode_control(bytes: &[u8]) -> Result<ControlMessage, DecodeError> {
     let message: ControlMessage = match decode(bytes) {
         Ok(message) => message,
-        Err(error) => {
-            // The kind is the leading varint: a later version's kind is skipped, not fatal.
+        // The kind is the leading varint: a later version's kind is told apart from
+        // garbage (the size cap was checked first and stays the answer).
+        Err(DecodeError::Malformed(error)) => {
             return Err(match postcard::take_from_bytes::<u32>(bytes) {
                 Ok((kind, _)) if kind >= CONTROL_KINDS => DecodeError::UnknownKind(kind),
-                _ => error,
+                _ => DecodeError::Malformed(error),
             });
         }
+        Err(error) => return Err(error),
     };
     if let ControlMessage::Hello { services } = &message {
         check_len("services", services.len(), MAX_SERVICES_PER_SESSION)?;
@@ -1077,6 +1080,13 @@ mod tests {
             decode_control(&[0x80, 0x01, 0]),
             Err(DecodeError::UnknownKind(128))
         );
+        // Over the size cap is that, whatever the kind.
+        let mut big = vec![0x63u8; MAX_CONTROL_LEN + 1];
+        big[0] = 99;
+        assert!(matches!(
+            decode_control(&big),
+            Err(DecodeError::TooLarge { .. })
+        ));
         // A known kind with a corrupt body is still malformed.
         assert!(matches!(
             decode_control(&[14, 5, b'a']),
