@@ -195,6 +195,13 @@ impl<R: Rng> Line<R> {
         self.queue_bytes
     }
 
+    /// How long the queued bytes take to leave at the rate: while this is long, a packet that
+    /// arrives now leaves at a time set by the bucket, not by its arrival, so the caller may
+    /// read its input late by up to that much without changing any departure.
+    pub fn backlog_ns(&self) -> u64 {
+        (self.queue_bytes as f64 / self.bucket.bytes_per_ns) as u64
+    }
+
     /// A packet arrives at `now`. Returns the buffer back if the packet was dropped, so the
     /// caller can reuse it.
     pub fn arrive(&mut self, now: u64, pkt: Vec<u8>) -> Option<Vec<u8>> {
@@ -493,5 +500,18 @@ mod tests {
         // The bucket would allow the next at 4 ms; one arriving at 100 ms leaves at 100 ms.
         l.arrive(100 * MS, vec![0; 1000]);
         assert_eq!(l.next_event(), Some(110 * MS));
+    }
+
+    #[test]
+    fn backlog_is_queue_drain_time() {
+        let mut cfg = LineConfig::new(8_000_000, 10 * MS, 0.0, 1.0);
+        cfg.burst_bytes = 1000;
+        let mut l = line(cfg);
+        assert_eq!(l.backlog_ns(), 0);
+        for _ in 0..4 {
+            l.arrive(0, vec![0; 1000]);
+        }
+        // One left on the burst; three wait, 1 ms each at 1 byte/µs.
+        assert_eq!(l.backlog_ns(), 3 * MS);
     }
 }
