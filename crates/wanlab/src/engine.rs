@@ -67,6 +67,9 @@ pub struct RunOptions {
 
 /// Runs the lab until SIGINT or SIGTERM, then writes the final report and returns.
 pub fn run(o: RunOptions) -> Result<()> {
+    // Input first, then the host: a bad address is the caller's fix whatever exists.
+    netns::check_doc_addr(o.addr_a)?;
+    netns::check_doc_addr(o.addr_b)?;
     netns::check_exists(&o.ns_a)?;
     netns::check_exists(&o.ns_b)?;
     if o.ns_a == o.ns_b {
@@ -75,8 +78,6 @@ pub fn run(o: RunOptions) -> Result<()> {
             o.ns_a
         );
     }
-    netns::check_doc_addr(o.addr_a)?;
-    netns::check_doc_addr(o.addr_b)?;
     if o.addr_a == o.addr_b {
         bail!(
             "--addr-a and --addr-b are both {}: give each side its own address",

@@ -1,4 +1,4 @@
-//! Proof that the lab shapes a link as configured: ping RTT against 2 × delay, iperf3 TCP
+//! Proof that the lab shapes a link as configured: ping RTT (median) against 2 × delay, iperf3 TCP
 //! goodput against the rate, iperf3 UDP loss against the set loss.
 //!
 //! Needs root and `ip`, `iperf3`, `ping`, `chrt`; otherwise every test prints SKIPPED and
@@ -50,6 +50,10 @@ macro_rules! skip_unless_ready {
 }
 
 fn lab(rate_bps: u64, delay_ms: u64, loss: f64) -> Lab {
+    lab_with(rate_bps, delay_ms, loss, &[])
+}
+
+fn lab_with(rate_bps: u64, delay_ms: u64, loss: f64, extra: &[&str]) -> Lab {
     let p = Profile {
         name: "test",
         delay: Duration::from_millis(delay_ms),
@@ -58,6 +62,7 @@ fn lab(rate_bps: u64, delay_ms: u64, loss: f64) -> Lab {
     };
     let mut o = LabOptions::new(p);
     o.bin = env!("CARGO_BIN_EXE_wanlab").into();
+    o.extra_args = extra.iter().map(|s| s.to_string()).collect();
     Lab::start_with(o).expect("lab starts")
 }
 
@@ -211,31 +216,51 @@ fn iperf3(lab: &Lab, args: &[&str]) -> Value {
 #[allow(dead_code)] // Printed through Debug.
 struct Rtt {
     min_ms: f64,
+    median_ms: f64,
     avg_ms: f64,
     max_ms: f64,
+    replies: usize,
 }
 
+/// 25 pings, ping itself SCHED_FIFO: it stamps its send time in user space, so a preempted
+/// ping would otherwise report the host's scheduling as RTT.
 fn ping(lab: &Lab) -> Rtt {
-    let mut c = lab.cmd_a("ping");
-    c.args(["-c", "25", "-i", "0.04", "-q", &ADDR_B.to_string()]);
+    let mut c = lab.cmd_a("chrt");
+    c.args([
+        "-f",
+        "5",
+        "ping",
+        "-n",
+        "-c",
+        "25",
+        "-i",
+        "0.04",
+        &ADDR_B.to_string(),
+    ]);
     let out = run(c);
+    // 64 bytes from 198.51.100.2: icmp_seq=1 ttl=64 time=40.2 ms
+    let mut t: Vec<f64> = out
+        .lines()
+        .filter_map(|l| l.split("time=").nth(1))
+        .filter_map(|x| x.split_whitespace().next()?.parse().ok())
+        .collect();
+    assert!(t.len() >= 20, "only {} of 25 ping replies:\n{out}", t.len());
+    t.sort_by(f64::total_cmp);
+    // The summary has 3 decimals; per-reply times only 3 significant digits (1 ms at 100 ms).
     // rtt min/avg/max/mdev = 40.193/40.262/40.351/0.043 ms
-    let line = out
+    let sum: Vec<f64> = out
         .lines()
         .find(|l| l.contains("min/avg/max"))
-        .expect("ping summary");
-    let nums: Vec<f64> = line
-        .split('=')
-        .nth(1)
-        .unwrap()
-        .trim()
-        .split(['/', ' '])
-        .filter_map(|x| x.parse().ok())
-        .collect();
+        .and_then(|l| l.split('=').nth(1))
+        .map(|x| x.split(['/', ' ']).filter_map(|v| v.parse().ok()).collect())
+        .unwrap_or_default();
+    assert!(sum.len() >= 3, "no ping summary:\n{out}");
     Rtt {
-        min_ms: nums[0],
-        avg_ms: nums[1],
-        max_ms: nums[2],
+        min_ms: sum[0],
+        median_ms: t[t.len() / 2],
+        avg_ms: sum[1],
+        max_ms: sum[2],
+        replies: t.len(),
     }
 }
 
@@ -255,10 +280,14 @@ fn rtt_is_twice_the_delay() {
                 if r.min_ms < want - 0.05 {
                     return Err(format!("min RTT {:.3} ms below {want} ms", r.min_ms));
                 }
-                if (r.avg_ms - want).abs() > 1.0 {
+                // The mean, or else the median (rounded by ping to at most 0.5 ms here, so
+                // held to 0.5 ms): one reply delayed by the host is not the link's RTT.
+                let mean_ok = (r.avg_ms - want).abs() <= 1.0;
+                let median_ok = (r.median_ms - want).abs() <= 0.5;
+                if !mean_ok && !median_ok {
                     return Err(format!(
-                        "avg RTT {:.3} ms not within 1 ms of {want} ms",
-                        r.avg_ms
+                        "RTT mean {:.3} ms / median {:.1} ms not within 1 ms of {want} ms",
+                        r.avg_ms, r.median_ms
                     ));
                 }
                 Ok(())
@@ -305,7 +334,10 @@ fn udp_loss_matches_the_setting() {
     skip_unless_ready!("udp_loss_matches_the_setting");
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let set_pct = 1.0;
-    let lab = lab(100_000_000, 20, set_pct / 100.0);
+    // A fixed seed: the loss decisions are then the same sequence on every run, so the test
+    // checks the lab's accounting end to end without a 1-in-10^5 statistical failure. The
+    // generator itself is checked for bias in the unit tests.
+    let lab = lab_with(100_000_000, 20, set_pct / 100.0, &["--seed", "44"]);
     let measure = || {
         // 40 Mbit/s of 1200-byte datagrams for 5 s: ~20 800 packets, below the link so the
         // queue never drops; σ of the loss ≈ 0.07 points, so ±0.3 is over 4σ.
