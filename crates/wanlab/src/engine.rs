@@ -294,10 +294,16 @@ fn forward(
             let nap = wait.min(lazy).saturating_sub(spin_ns);
             if nap > 0 {
                 thread::sleep(Duration::from_nanos(nap));
+                st.record_wake(clock().saturating_sub(now + nap));
             }
         } else if wait > spin_ns {
-            sys::wait_readable(&rx, Duration::from_nanos(wait - spin_ns))
+            let readable = sys::wait_readable(&rx, Duration::from_nanos(wait - spin_ns))
                 .context("ppoll on TUN")?;
+            if !readable {
+                // A timed-out wait says how late the scheduler runs us, including on an idle
+                // line where no delivery is late: the input may have waited just as long.
+                st.record_wake(clock().saturating_sub(now + wait - spin_ns));
+            }
         } else if wait > 0 {
             let end = now + wait;
             while clock() < end {

@@ -38,7 +38,8 @@ pub struct LabOptions {
 
 impl LabOptions {
     /// Options for `profile`, with the binary from `$WANLAB_BIN` or next to the current
-    /// executable (where cargo puts it for tests and benches).
+    /// executable (where cargo puts it for tests and benches), and the real-time priority
+    /// from `$WANLAB_RT_PRIORITY` (default 10; 0 to compare with normal scheduling).
     pub fn new(profile: Profile) -> LabOptions {
         let bin = std::env::var_os("WANLAB_BIN")
             .map(PathBuf::from)
@@ -53,12 +54,16 @@ impl LabOptions {
                     up
                 }
             });
+        let rt_priority = std::env::var("WANLAB_RT_PRIORITY")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(10);
         LabOptions {
             bin,
             profile,
             extra_args: Vec::new(),
             congestion_control: "cubic".into(),
-            rt_priority: 10,
+            rt_priority,
         }
     }
 }

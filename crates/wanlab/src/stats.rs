@@ -30,6 +30,11 @@ pub struct DirStats {
     pub late_over_1ms: AtomicU64,
     /// Peak drop-tail queue occupancy, bytes.
     pub queue_peak_bytes: AtomicU64,
+    /// Worst overshoot of a timed sleep, ns.
+    pub wake_late_max_ns: AtomicU64,
+    /// Timed sleeps that overshot by over 1 ms: the thread was starved even if no delivery
+    /// was late (an idle line's input waits just as long).
+    pub wake_over_1ms: AtomicU64,
     /// The thread's CPU time in µs, stored as it exits (its /proc entry goes with it).
     pub final_cpu_us: AtomicU64,
 }
@@ -51,6 +56,14 @@ impl DirStats {
         let s = cpu_seconds("/proc/thread-self/stat", ticks).unwrap_or(0.0);
         // At least 1 µs so the value reads as "stored".
         self.final_cpu_us.store(((s * 1e6) as u64).max(1), Relaxed);
+    }
+
+    /// Records how late a timed sleep returned.
+    pub fn record_wake(&self, late_ns: u64) {
+        self.wake_late_max_ns.fetch_max(late_ns, Relaxed);
+        if late_ns > 1_000_000 {
+            self.wake_over_1ms.fetch_add(1, Relaxed);
+        }
     }
 
     /// Records one delivery `late_ns` after its deadline.
@@ -83,6 +96,8 @@ impl DirStats {
             late_max_us: self.late_max_ns.load(Relaxed) as f64 / 1e3,
             late_over_1ms: self.late_over_1ms.load(Relaxed),
             queue_peak_bytes: self.queue_peak_bytes.load(Relaxed),
+            wake_late_max_us: self.wake_late_max_ns.load(Relaxed) as f64 / 1e3,
+            wake_over_1ms: self.wake_over_1ms.load(Relaxed),
             cpu_s: match self.final_cpu_us.load(Relaxed) {
                 0 if tid > 0 => {
                     cpu_seconds(&format!("/proc/self/task/{tid}/stat"), ticks).unwrap_or(0.0)
@@ -120,6 +135,12 @@ pub struct DirReport {
     pub late_over_1ms: u64,
     /// Peak queue occupancy, bytes.
     pub queue_peak_bytes: u64,
+    /// Worst overshoot of a timed sleep, µs.
+    #[serde(default)]
+    pub wake_late_max_us: f64,
+    /// Timed sleeps that overshot by over 1 ms.
+    #[serde(default)]
+    pub wake_over_1ms: u64,
     /// CPU time of this direction's thread (utime + stime), s.
     pub cpu_s: f64,
 }
@@ -184,7 +205,7 @@ impl Report {
     pub fn human(&self) -> String {
         let dir = |name: &str, d: &DirReport| {
             format!(
-                "  {name}: fwd {} pkts {} bytes, random drops {}, queue drops {}, delay drops {}, write errors {}, late avg {:.0} µs max {:.0} µs (>1ms: {}), queue peak {} B, thread cpu {:.2} s",
+                "  {name}: fwd {} pkts {} bytes, random drops {}, queue drops {}, delay drops {}, write errors {}, late avg {:.0} µs max {:.0} µs (>1ms: {}), wake late max {:.0} µs (>1ms: {}), queue peak {} B, thread cpu {:.2} s",
                 d.fwd_pkts,
                 d.fwd_bytes,
                 d.random_drops,
@@ -194,6 +215,8 @@ impl Report {
                 d.late_avg_us,
                 d.late_max_us,
                 d.late_over_1ms,
+                d.wake_late_max_us,
+                d.wake_over_1ms,
                 d.queue_peak_bytes,
                 d.cpu_s
             )

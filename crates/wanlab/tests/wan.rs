@@ -3,8 +3,8 @@
 //!
 //! Needs root and `ip`, `iperf3`, `ping`, `chrt`; otherwise every test prints SKIPPED and
 //! passes. The host may be busy, so a measurement out of bounds is retried, and a miss only
-//! fails the test when the lab's own report shows it was not starved (no delivery over 1 ms
-//! late, not CPU-bound) — a miss the lab cannot explain is the lab's. Misses explained by
+//! fails the test when the lab's own report shows it was not starved (no delivery or timed
+//! wake-up over 1 ms late, not CPU-bound) — a miss the lab cannot explain is the lab's. Misses explained by
 //! starvation on every attempt are printed as INCONCLUSIVE rather than failed.
 
 use std::process::{Child, Command, Stdio};
@@ -76,6 +76,7 @@ fn loadavg() -> String {
 /// What the lab says about itself between two reports.
 struct Window {
     late_over_1ms: u64,
+    wake_over_1ms: u64,
     cpu_bound: bool,
     cpu_pct: f64,
     ab_in: u64,
@@ -92,6 +93,9 @@ impl Window {
             late_over_1ms: b.a_to_b.late_over_1ms + b.b_to_a.late_over_1ms
                 - a.a_to_b.late_over_1ms
                 - a.b_to_a.late_over_1ms,
+            wake_over_1ms: b.a_to_b.wake_over_1ms + b.b_to_a.wake_over_1ms
+                - a.a_to_b.wake_over_1ms
+                - a.b_to_a.wake_over_1ms,
             cpu_bound: b.cpu_bound,
             cpu_pct: (b.cpu_s - a.cpu_s) / secs * 100.0,
             ab_in: b.a_to_b.in_pkts - a.a_to_b.in_pkts,
@@ -103,13 +107,14 @@ impl Window {
     }
 
     fn starved(&self) -> bool {
-        self.late_over_1ms > 0 || self.cpu_bound
+        self.late_over_1ms > 0 || self.wake_over_1ms > 0 || self.cpu_bound
     }
 
     fn describe(&self) -> String {
         format!(
-            "lab: {} deliveries >1 ms late, cpu {:.0}% of a core{}, load {}",
+            "lab: {} deliveries and {} wake-ups >1 ms late, cpu {:.0}% of a core{}, load {}",
             self.late_over_1ms,
+            self.wake_over_1ms,
             self.cpu_pct,
             if self.cpu_bound { " (CPU-BOUND)" } else { "" },
             loadavg()
