@@ -90,7 +90,8 @@ pub fn delete(ns: &str) {
     let _ = ip(&["netns", "del", ns]);
 }
 
-/// Serialises edits of the init namespace's allowed list between labs in one process.
+/// Serialises edits of the init namespace's allowed list between labs in one process; the
+/// file lock below does it between processes (a test and a bench started together).
 static CC_LOCK: Mutex<()> = Mutex::new(());
 
 const ALLOWED: &str = "/proc/sys/net/ipv4/tcp_allowed_congestion_control";
@@ -100,6 +101,11 @@ const ALLOWED: &str = "/proc/sys/net/ipv4/tcp_allowed_congestion_control";
 /// for the moment of the change and the old list is put back right after, whatever happened.
 pub fn set_congestion_control(namespaces: &[&str], cc: &str) -> Result<()> {
     let _g = CC_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    // Without it two processes could each save the other's temporary list as "old" and
+    // leave cubic allowed for good. The lock is on the sysctl file itself, so no lock file
+    // is left behind.
+    let lock = std::fs::File::open(ALLOWED).with_context(|| format!("opening {ALLOWED}"))?;
+    lock.lock().with_context(|| format!("locking {ALLOWED}"))?;
     let old = std::fs::read_to_string(ALLOWED)
         .with_context(|| format!("reading {ALLOWED}"))?
         .trim()
