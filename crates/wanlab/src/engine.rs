@@ -1,11 +1,10 @@
-//! The running lab: opens the two TUN devices, moves them into their namespaces, runs one
-//! forwarding thread per direction and reports until SIGINT/SIGTERM.
+//! The running lab: opens the two TUN devices, moves them into their namespaces, runs the
+//! forwarding thread(s) and reports until SIGINT/SIGTERM.
 //!
-//! One thread per direction, each owning its [`Line`], means no locks on the packet path and
-//! each direction's wake-ups are independent. A thread sleeps in `ppoll` on its input TUN with
-//! a nanosecond timeout set to the line's next event, so it wakes either for a packet or for a
-//! deadline; an optional short spin covers the kernel's wake-up latency when that matters more
-//! than CPU.
+//! Each thread owns its [`Line`]s, so there are no locks on the packet path. A thread sleeps
+//! in `ppoll` on its input TUNs with a nanosecond timeout set to the lines' next event, so it
+//! wakes either for a packet or for a deadline; an optional short spin covers the kernel's
+//! wake-up latency when that matters more than CPU.
 
 use std::fs::File;
 use std::io::{ErrorKind, Read, Write};
@@ -63,6 +62,8 @@ pub struct RunOptions {
     pub seed: Option<u64>,
     /// Run the forwarding threads in SCHED_FIFO at this priority (0: normal scheduling).
     pub rt_priority: i32,
+    /// 1: one thread serves both directions (fewer wake-ups); 2: one thread each.
+    pub threads: u8,
 }
 
 /// Runs the lab until SIGINT or SIGTERM, then writes the final report and returns.
@@ -108,24 +109,40 @@ pub fn run(o: RunOptions) -> Result<()> {
         Some(s) => StdRng::seed_from_u64(s),
         None => StdRng::from_os_rng(),
     };
-    let mut spawn = |name: &str, rx: &File, tx: &File, st: &Arc<DirStats>| -> Result<_> {
-        let (rx, tx) = (rx.try_clone()?, tx.try_clone()?);
-        let line = Line::new(o.line.clone(), StdRng::from_rng(&mut seeder), 0);
-        let (st, stop, spin, rt) = (st.clone(), stop.clone(), o.spin, o.rt_priority);
-        Ok(thread::Builder::new()
-            .name(name.to_string())
-            .spawn(move || {
-                if rt > 0 {
-                    sys::set_realtime(rt)
-                        .context("SCHED_FIFO for the forwarding thread (needs root)")?;
-                }
-                let r = forward(rx, tx, line, &st, &stop, t0, spin);
-                st.record_exit_cpu(sys::clock_ticks());
-                r
-            })?)
+    let mut dir = |rx: &File, tx: &File, st: &Arc<DirStats>| -> Result<Dir> {
+        Ok(Dir {
+            rx: rx.try_clone()?,
+            tx: tx.try_clone()?,
+            line: Line::new(o.line.clone(), StdRng::from_rng(&mut seeder), 0),
+            st: st.clone(),
+        })
     };
-    let h_ab = spawn("wanlab-a2b", &tun_a, &tun_b, &st_ab)?;
-    let h_ba = spawn("wanlab-b2a", &tun_b, &tun_a, &st_ba)?;
+    let ab = dir(&tun_a, &tun_b, &st_ab)?;
+    let ba = dir(&tun_b, &tun_a, &st_ba)?;
+    // One thread for both directions by default: a delivery written into one TUN runs the
+    // far stack, whose reply (an ACK, or the next segments) is then already readable on the
+    // other TUN, so one wake-up serves both instead of waking a second thread for it.
+    let groups = if o.threads == 1 {
+        vec![("wanlab-line", vec![ab, ba])]
+    } else {
+        vec![("wanlab-a2b", vec![ab]), ("wanlab-b2a", vec![ba])]
+    };
+    let mut handles = Vec::new();
+    for (name, dirs) in groups {
+        let (stop, spin, rt) = (stop.clone(), o.spin, o.rt_priority);
+        handles.push(thread::Builder::new().name(name.into()).spawn(move || {
+            if rt > 0 {
+                sys::set_realtime(rt)
+                    .context("SCHED_FIFO for the forwarding thread (needs root)")?;
+            }
+            let sts: Vec<_> = dirs.iter().map(|d| d.st.clone()).collect();
+            let r = forward(dirs, &stop, t0, spin);
+            for st in sts {
+                st.record_exit_cpu(sys::clock_ticks());
+            }
+            r
+        })?);
+    }
 
     let ticks = sys::clock_ticks();
     let cfg = ConfigReport {
@@ -172,7 +189,7 @@ pub fn run(o: RunOptions) -> Result<()> {
         if sys::wait_stop_signal(tick).is_some() {
             break;
         }
-        if h_ab.is_finished() || h_ba.is_finished() {
+        if handles.iter().any(|h| h.is_finished()) {
             // A thread died (its error is reported below); stop rather than run half a lab.
             break;
         }
@@ -183,17 +200,19 @@ pub fn run(o: RunOptions) -> Result<()> {
         write_json(&r)?;
     }
     stop.store(true, Relaxed);
-    let res_ab = h_ab
-        .join()
-        .map_err(|_| anyhow::anyhow!("A->B thread panicked"))?;
-    let res_ba = h_ba
-        .join()
-        .map_err(|_| anyhow::anyhow!("B->A thread panicked"))?;
+    let results: Vec<_> = handles
+        .into_iter()
+        .map(|h| {
+            h.join()
+                .map_err(|_| anyhow::anyhow!("forwarding thread panicked"))
+        })
+        .collect();
     let r = reporter.report(t0, &st_ab, &st_ba, true);
     println!("{}", r.human());
     write_json(&r)?;
-    res_ab.context("A->B forwarding")?;
-    res_ba.context("B->A forwarding")?;
+    for r in results {
+        r?.context("forwarding")?;
+    }
     // tun_a/tun_b close here, which removes the devices: nothing else was created.
     drop((tun_a, tun_b));
     Ok(())
@@ -235,74 +254,88 @@ impl Reporter {
     }
 }
 
-fn forward(
+/// One direction as a forwarding thread sees it.
+struct Dir {
     rx: File,
     tx: File,
-    mut line: Line<StdRng>,
-    st: &DirStats,
-    stop: &AtomicBool,
-    t0: Instant,
-    spin: Duration,
-) -> Result<()> {
+    line: Line<StdRng>,
+    st: Arc<DirStats>,
+}
+
+/// Forwards `dirs` (one direction, or both in one thread) until `stop`.
+fn forward(mut dirs: Vec<Dir>, stop: &AtomicBool, t0: Instant, spin: Duration) -> Result<()> {
     sys::set_timer_slack_min();
-    st.tid.store(sys::gettid(), Relaxed);
+    for d in &dirs {
+        d.st.tid.store(sys::gettid(), Relaxed);
+    }
     let clock = || t0.elapsed().as_nanos() as u64;
     let spin_ns = spin.as_nanos() as u64;
+    let idle_ns = IDLE_WAIT.as_nanos() as u64;
     let mut buf = vec![0u8; 65536];
     let mut pool: Vec<Vec<u8>> = Vec::new();
     while !stop.load(Relaxed) {
-        for _ in 0..READ_BATCH {
-            match (&rx).read(&mut buf) {
-                Ok(0) => break,
-                Ok(n) => {
-                    let mut v = pool.pop().unwrap_or_default();
-                    v.clear();
-                    v.extend_from_slice(&buf[..n]);
-                    if let Some(dropped) = line.arrive(clock(), v) {
-                        pool.push(dropped);
+        for d in dirs.iter_mut() {
+            for _ in 0..READ_BATCH {
+                match (&d.rx).read(&mut buf) {
+                    Ok(0) => break,
+                    Ok(n) => {
+                        let mut v = pool.pop().unwrap_or_default();
+                        v.clear();
+                        v.extend_from_slice(&buf[..n]);
+                        if let Some(dropped) = d.line.arrive(clock(), v) {
+                            pool.push(dropped);
+                        }
                     }
+                    Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                    Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                    Err(e) => return Err(e).context("reading from TUN"),
                 }
-                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
-                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
-                Err(e) => return Err(e).context("reading from TUN"),
             }
+            d.st.queue_peak_bytes
+                .fetch_max(d.line.queued_bytes() as u64, Relaxed);
         }
-        st.queue_peak_bytes
-            .fetch_max(line.queued_bytes() as u64, Relaxed);
-        while let Some((pkt, deadline)) = line.pop_due(clock()) {
-            if (&tx).write(&pkt).is_err() {
-                // The far side's interface may be down or gone; count it, keep the line running.
-                st.write_errors.fetch_add(1, Relaxed);
+        for d in dirs.iter_mut() {
+            while let Some((pkt, deadline)) = d.line.pop_due(clock()) {
+                if (&d.tx).write(&pkt).is_err() {
+                    // The far side's interface may be down or gone; count it, keep running.
+                    d.st.write_errors.fetch_add(1, Relaxed);
+                }
+                d.st.record_late(clock().saturating_sub(deadline));
+                if pool.len() < POOL_MAX {
+                    pool.push(pkt);
+                }
             }
-            st.record_late(clock().saturating_sub(deadline));
-            if pool.len() < POOL_MAX {
-                pool.push(pkt);
-            }
+            d.st.publish(&d.line.counters);
         }
-        st.publish(&line.counters);
         let now = clock();
-        let wait = line
-            .next_event()
-            .map_or(IDLE_WAIT.as_nanos() as u64, |t| t.saturating_sub(now));
-        let wait = wait.min(IDLE_WAIT.as_nanos() as u64);
-        let backlog = line.backlog_ns();
-        if backlog >= LAZY_READ_MIN {
-            // A saturated line: new arrivals leave when the bucket says, whenever they are read,
-            // so sleep to the next deadline (or the lazy bound) without waking per packet.
-            // Context switches are most of the lab's CPU.
-            let lazy = (backlog - LAZY_READ_MARGIN).min(LAZY_READ_MAX);
-            let nap = wait.min(lazy).saturating_sub(spin_ns);
-            if nap > 0 {
-                thread::sleep(Duration::from_nanos(nap));
-                st.record_wake(clock().saturating_sub(now + nap));
+        let mut wait = idle_ns;
+        // Inputs worth a wake-up per packet: those of lines that are not backlogged. A
+        // backlogged line's arrivals leave when the bucket says, whenever they are read, so
+        // it is read lazily (at most LAZY_READ_MAX late) instead: context switches are most
+        // of the lab's CPU.
+        let mut watch: Vec<&File> = Vec::with_capacity(2);
+        for d in &dirs {
+            if let Some(t) = d.line.next_event() {
+                wait = wait.min(t.saturating_sub(now));
             }
-        } else if wait > spin_ns {
-            let readable = sys::wait_readable(&rx, Duration::from_nanos(wait - spin_ns))
-                .context("ppoll on TUN")?;
+            let backlog = d.line.backlog_ns();
+            if backlog >= LAZY_READ_MIN {
+                wait = wait.min((backlog - LAZY_READ_MARGIN).min(LAZY_READ_MAX));
+            } else {
+                watch.push(&d.rx);
+            }
+        }
+        if wait > spin_ns {
+            let nap = wait - spin_ns;
+            let readable =
+                sys::wait_readable(&watch, Duration::from_nanos(nap)).context("ppoll on TUN")?;
             if !readable {
                 // A timed-out wait says how late the scheduler runs us, including on an idle
                 // line where no delivery is late: the input may have waited just as long.
-                st.record_wake(clock().saturating_sub(now + wait - spin_ns));
+                let late = clock().saturating_sub(now + nap);
+                for d in &dirs {
+                    d.st.record_wake(late);
+                }
             }
         } else if wait > 0 {
             let end = now + wait;

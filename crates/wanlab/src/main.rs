@@ -80,6 +80,10 @@ struct RunArgs {
     /// busy host does not delay deliveries. They sleep between packets.
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(i32).range(0..=99))]
     rt_priority: i32,
+    /// Forwarding threads: 1 serves both directions (fewer wake-ups, less CPU); 2 gives each
+    /// direction its own thread and its own CPU figure.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=2))]
+    threads: u8,
 }
 
 fn parse_bdp(s: &str) -> Result<f64, String> {
@@ -129,6 +133,7 @@ fn main() -> ExitCode {
                 spin: a.spin,
                 seed: a.seed,
                 rt_priority: a.rt_priority,
+                threads: a.threads,
             };
             match run(o) {
                 Ok(()) => ExitCode::SUCCESS,

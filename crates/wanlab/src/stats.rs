@@ -141,7 +141,8 @@ pub struct DirReport {
     /// Timed sleeps that overshot by over 1 ms.
     #[serde(default)]
     pub wake_over_1ms: u64,
-    /// CPU time of this direction's thread (utime + stime), s.
+    /// CPU time (utime + stime) of the thread serving this direction, s; with one thread for
+    /// both directions (the default) both show that thread's total.
     pub cpu_s: f64,
 }
 

@@ -51,21 +51,31 @@ pub fn open_tun(name: &str) -> io::Result<File> {
     Ok(f)
 }
 
-/// Waits until `fd` is readable or `timeout` passes, with nanosecond resolution (`poll()`
-/// only has milliseconds, which alone would cost up to 1 ms of delay accuracy). Returns
-/// whether the fd is readable.
-pub fn wait_readable(fd: &File, timeout: Duration) -> io::Result<bool> {
-    let mut pfd = libc::pollfd {
-        fd: fd.as_raw_fd(),
-        events: libc::POLLIN,
-        revents: 0,
-    };
+/// Waits until one of `fds` is readable or `timeout` passes, with nanosecond resolution
+/// (`poll()` only has milliseconds, which alone would cost up to 1 ms of delay accuracy).
+/// With no fds it is a precise sleep. Returns whether anything is readable.
+pub fn wait_readable(fds: &[&File], timeout: Duration) -> io::Result<bool> {
+    let mut pfds: Vec<libc::pollfd> = fds
+        .iter()
+        .map(|f| libc::pollfd {
+            fd: f.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        })
+        .collect();
     let ts = libc::timespec {
         tv_sec: timeout.as_secs() as libc::time_t,
         tv_nsec: timeout.subsec_nanos() as libc::c_long,
     };
-    // SAFETY: one valid pollfd, a valid timespec, no signal mask change.
-    let rc = unsafe { libc::ppoll(&mut pfd, 1, &ts, std::ptr::null()) };
+    // SAFETY: `pfds` holds `len` valid pollfds (or none), a valid timespec, no mask change.
+    let rc = unsafe {
+        libc::ppoll(
+            pfds.as_mut_ptr(),
+            pfds.len() as libc::nfds_t,
+            &ts,
+            std::ptr::null(),
+        )
+    };
     if rc < 0 {
         let e = io::Error::last_os_error();
         if e.kind() == io::ErrorKind::Interrupted {
