@@ -2,7 +2,7 @@
 # The one test command: formatting, lints, unit and integration tests, then the end-to-end
 # tests against the release binary. CI runs it through .ci/run.
 #
-# On a fresh Debian machine it first installs what is missing (iperf3, dnsmasq-base,
+# On a fresh Debian machine it first installs what is missing (iperf3, iputils-ping, dnsmasq-base,
 # dnsutils, microsocks, tinyproxy, haproxy, nftables, curl, wrk, nginx, chromium and openssh via apt-get; the rustfmt
 # and clippy components via rustup; playwright in a venv under target/); on a machine that has
 # everything it installs nothing. Usage: scripts/test.sh
@@ -26,6 +26,7 @@ as_root() {
 banner "1/9 tools"
 missing_packages=()
 command -v iperf3 >/dev/null 2>&1 || missing_packages+=(iperf3)
+command -v ping >/dev/null 2>&1 || missing_packages+=(iputils-ping)
 command -v dnsmasq >/dev/null 2>&1 || missing_packages+=(dnsmasq-base)
 command -v dig >/dev/null 2>&1 || missing_packages+=(dnsutils)
 command -v sockperf >/dev/null 2>&1 || missing_packages+=(sockperf)
@@ -64,7 +65,7 @@ if [ "${#missing_packages[@]}" -gt 0 ]; then
         as_root rm -f /usr/sbin/policy-rc.d
     fi
 else
-    echo "have: iperf3 dnsmasq dig sockperf microsocks tinyproxy haproxy iptables nft ip prlimit tshark curl wrk nginx chromium scp sshd conntrack"
+    echo "have: iperf3 ping dnsmasq dig sockperf microsocks tinyproxy haproxy iptables nft ip prlimit tshark curl wrk nginx chromium scp sshd conntrack"
 fi
 for component in rustfmt clippy; do
     if ! cargo "${component/rustfmt/fmt}" --version >/dev/null 2>&1; then
