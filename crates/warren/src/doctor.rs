@@ -29,6 +29,7 @@ use crate::config::{ClientConfig, Config, MIN_SECRET_LEN, ServerConfig, ServiceK
 use crate::crypto::secret::Secret;
 use crate::crypto::speed;
 use crate::transport;
+use crate::transport::congestion::{self, TcpCongestion};
 use crate::transport::proxy::ProxyError;
 use crate::transport::tcp::{self, Family};
 
@@ -768,7 +769,7 @@ async fn quic_hello(
                 socket.recv_buffer / 1024,
             ))
         }
-        crate::session::link::Carrier::Tcp => None,
+        crate::session::link::Carrier::Tcp { .. } => None,
     };
     Ok((session, facts))
 }
@@ -925,6 +926,37 @@ fn handshake_fix(error: &EstablishError, target: &HostPort) -> String {
     }
 }
 
+/// The congestion control this end of the session runs, and on a TCP transport whether
+/// `tcp_congestion` got what it asked for (the server's end is in its admin API,
+/// `/api/v1/sessions`).
+fn congestion_line(
+    report: &mut Report,
+    config: &ClientConfig,
+    carrier: &crate::session::link::Carrier,
+) {
+    let running = carrier
+        .congestion()
+        .unwrap_or_else(|| "the system's (this platform cannot say which)".to_owned());
+    if let crate::session::link::Carrier::Quic(_) = carrier {
+        let line = format!("{running} (quinn's controller, [client.quic] congestion)");
+        return report.push(Status::Ok, "congestion", line);
+    }
+    let setting = &config.tcp_congestion;
+    let mut line =
+        format!("{running} on this end's TCP connections (tcp_congestion = \"{setting}\")");
+    if *setting == TcpCongestion::Auto && running != congestion::PREFERRED {
+        line.push_str(&format!(
+            "; the kernel offers no {0}, which carries many times more on lossy paths: \
+             `modprobe tcp_{0}`",
+            congestion::PREFERRED
+        ));
+    }
+    match setting.check().refused {
+        Some(why) => report.push_fix(Status::Warn, "congestion", line, why),
+        None => report.push(Status::Ok, "congestion", line),
+    }
+}
+
 /// The report's lines for a session that came up: the handshake, the cipher or QUIC path,
 /// and the server's verdict on every service; then a goodbye.
 async fn report_session(
@@ -964,6 +996,7 @@ async fn report_session(
             ),
         ),
     }
+    congestion_line(report, config, &session.carrier);
     let several = config.servers().len() > 1;
     for (claim, verdict) in claims.iter().zip(&session.verdicts) {
         let name = if several {

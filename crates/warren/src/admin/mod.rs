@@ -175,6 +175,10 @@ pub struct SessionInfo {
     /// QUIC sessions: RTT, congestion window, packet size, losses.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub quic: Option<crate::session::quic::QuicPath>,
+    /// The congestion control of the session's connection: the kernel's (`TCP_CONGESTION`
+    /// of the control connection; `tcp_congestion` sets it) on TCP transports, quinn's
+    /// controller on QUIC. `None` where the platform cannot say.
+    pub congestion: Option<String>,
 }
 
 /// The transport name of a session on the server, from what carries it and its keys: a

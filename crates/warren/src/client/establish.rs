@@ -153,6 +153,7 @@ pub async fn establish(
     })?;
     let connect_time = started.elapsed();
     let server_addr = connected.peer;
+    let congestion = connected.congestion;
     // `tls` binds the handshake to the TLS session; `wss` proves it, in case nothing
     // between here and the server ends the TLS (see `warren_proto::speed_ext`).
     let mut stream = connected.wire;
@@ -197,7 +198,7 @@ pub async fn establish(
     let channel = Stream::tcp(Channel::new(stream, sealer, opener));
     let up = Authenticated {
         channel,
-        carrier: Carrier::Tcp,
+        carrier: Carrier::Tcp { congestion },
         keys,
         server_addr,
         connect_time,
@@ -457,8 +458,15 @@ pub async fn probe_session(
                 }
             };
             // Ping and the P2P mailbox speak `noise`; the web transports are the client's.
+            // A relayed transfer's TCP leg is one of these: it runs the default congestion
+            // control of every tunnel connection.
             let dial = async {
-                let stream = crate::transport::tcp::connect(server, deadline).await?;
+                let how = (
+                    crate::transport::tcp::Family::Any,
+                    &crate::transport::congestion::TcpCongestion::Auto,
+                );
+                let stream =
+                    crate::transport::tcp::dial_server(server, None, None, deadline, how).await?;
                 ClientLayers::plain().wrap(stream).await
             };
             establish(

@@ -65,7 +65,8 @@ pub(crate) async fn dial_server(
     deadline: Duration,
 ) -> io::Result<Connected> {
     let attempt = async {
-        let stream = tcp::dial_server(server, proxy, None, deadline, family(config)).await?;
+        let how = (family(config), &config.tcp_congestion);
+        let stream = tcp::dial_server(server, proxy, None, deadline, how).await?;
         layers.wrap(stream).await
     };
     tokio::time::timeout(deadline, attempt)

@@ -549,12 +549,22 @@ impl Client {
         });
         let config = shared.config();
         let servers: Vec<String> = config.servers().iter().map(|s| s.to_string()).collect();
+        let uses_tcp = config
+            .transport_list()
+            .iter()
+            .any(|entry| entry.transport != crate::config::Transport::Quic);
+        let tcp_congestion = if uses_tcp {
+            config.tcp_congestion.announce("client")
+        } else {
+            "-".to_owned()
+        };
         info!(
             event = "client_started",
             server = %servers.join(","),
             transport = %config.transport,
             services = config.services.len(),
             p2p_services = config.p2p.len(),
+            tcp_congestion = %tcp_congestion,
             "warren client starting"
         );
         // One link per server, each with its own session and reconnect backoff: losing one
@@ -875,6 +885,8 @@ pub(crate) struct ClientSession {
     since: std::time::SystemTime,
     /// Streams open on the session now, and whether the server still answers.
     vitals: Vitals,
+    /// The congestion control its connection runs ([`Carrier::congestion`]).
+    congestion: Option<String>,
 }
 
 /// How long a replaced session still takes streams from the server: it may have opened one
@@ -904,6 +916,7 @@ impl ClientSession {
             ),
             version: warren_proto::handshake::PROTOCOL_VERSION,
             quic,
+            congestion: self.congestion.clone(),
         }
     }
 
@@ -1087,6 +1100,7 @@ async fn establish_session(
         addr: server_addr,
         proxy,
         family: forward::family(&config),
+        congestion: config.tcp_congestion.clone(),
         timeout: deadline,
         keys: Arc::clone(&keys),
         layers,
@@ -1096,6 +1110,7 @@ async fn establish_session(
         server: server.clone(),
         transport,
         server_addr,
+        congestion: carrier.congestion(),
         link: ClientLink::new(carrier, dialer, shared.tasks.clone()),
         services: accepted,
         forwards,

@@ -34,6 +34,7 @@ use super::typed::{
 use super::web;
 use crate::crypto::secret::Secret;
 use crate::transport::compress::Codec;
+use crate::transport::congestion::TcpCongestion;
 
 impl TryFrom<FileConfig> for Config {
     type Error = ConfigErrors;
@@ -188,6 +189,7 @@ pub(crate) fn convert_server(file: FileServer, report: &mut Report) -> ServerCon
         file.drain_grace.as_ref(),
         std::time::Duration::ZERO,
     );
+    config.tcp_congestion = tcp_congestion(report, side, file.tcp_congestion.as_deref());
     config.handshake_timeout = duration(
         report,
         "server.handshake_timeout",
@@ -589,6 +591,7 @@ pub(crate) fn convert_client(file: FileClient, report: &mut Report) -> ClientCon
     );
     config.insecure = insecure;
     config.prefer_ipv6 = file.prefer_ipv6.unwrap_or(false);
+    config.tcp_congestion = tcp_congestion(report, side, file.tcp_congestion.as_deref());
     config.p2p_identity = file.p2p_identity.map(std::path::PathBuf::from);
     if let Some(text) = &file.proxy {
         match text.parse::<ProxySetting>() {
@@ -1307,6 +1310,16 @@ fn udp_settings(
     ServiceKind::Udp(UdpSettings {
         idle_timeout,
         max_sessions,
+    })
+}
+
+fn tcp_congestion(report: &mut Report, side: &str, name: Option<&str>) -> TcpCongestion {
+    let Some(name) = name else {
+        return TcpCongestion::default();
+    };
+    TcpCongestion::parse(name).unwrap_or_else(|error| {
+        report.push(ConfigError::new(join_key(side, "tcp_congestion"), error));
+        TcpCongestion::default()
     })
 }
 

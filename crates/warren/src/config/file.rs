@@ -67,6 +67,10 @@ pub struct FileServer {
     /// On SIGTERM, how long the service ports keep taking visitors after `/readyz` turned
     /// 503, for a load balancer's health check to notice. Default `"0s"`.
     pub drain_grace: Option<RawDuration>,
+    /// TCP congestion control of clients' connections to the TCP-family transports:
+    /// `"auto"` (default: BBR where the kernel has it, else the system default),
+    /// `"system"`, or a kernel name (`"cubic"`, `"bbr"`).
+    pub tcp_congestion: Option<String>,
     /// One deadline for handshake, hello and auth. Default `"10s"`.
     pub handshake_timeout: Option<RawDuration>,
     /// Allows weak or placeholder secrets, `transport = "tcp"` and the `none` cipher.
@@ -213,6 +217,9 @@ pub struct FileClient {
     pub proxy: Option<String>,
     /// Try IPv6 addresses first when a name resolves to both. Default `false`.
     pub prefer_ipv6: Option<bool>,
+    /// TCP congestion control of the connections to the server, as for the server.
+    /// Default `"auto"`.
+    pub tcp_congestion: Option<String>,
     /// P2P services: this client's long-term identity, an Ed25519 key kept in this file
     /// (created on first start). Default: a fresh identity per connection.
     pub p2p_identity: Option<String>,

@@ -407,6 +407,7 @@ fn type_hint(key: &str) -> Option<&'static str> {
         }
         "transport" => "write \"noise\" or \"tcp\"",
         "cipher_choice" => "write \"fastest\" or \"ordered\"",
+        "tcp_congestion" => "write \"auto\", \"system\" or a kernel name such as \"bbr\"",
         "ciphers" => {
             "write a list of names, e.g. ciphers = [\"aes-256-gcm\", \"chacha20-poly1305\"]"
         }
@@ -613,6 +614,23 @@ token = "db-token-0123456789"
         assert_eq!(client.drain_timeout, Duration::from_secs(30));
         assert_eq!(client.reconnect_initial_delay, Duration::from_secs(1));
         assert_eq!(client.reconnect_max_delay, Duration::from_secs(30));
+    }
+
+    #[test]
+    fn tcp_congestion_is_auto_unless_set_and_checked_when_set() {
+        use crate::transport::congestion::TcpCongestion;
+        let psk = "psk = \"${WARREN_TEST_PSK}\"\n";
+        let server = server(&format!("[server]\nbind = \"[::]:7000\"\n{psk}"));
+        assert_eq!(server.tcp_congestion, TcpCongestion::Auto);
+        let client = client(&format!(
+            "[client]\nserver = \"a:1\"\n{psk}tcp_congestion = \"cubic\"\n"
+        ));
+        assert_eq!(client.tcp_congestion, TcpCongestion::Named("cubic".into()));
+        let bad = errors(&format!(
+            "[server]\nbind = \"[::]:7000\"\n{psk}tcp_congestion = \"BBR!\"\n"
+        ));
+        assert_eq!(error_keys(&bad), ["server.tcp_congestion"]);
+        assert!(bad.to_string().contains("\"system\""), "{bad}");
     }
 
     #[test]

@@ -18,6 +18,7 @@ use super::duration::format_duration;
 use super::error::{ConfigError, ConfigErrors, Report, join_index, join_key};
 use super::proxy::{PortRange, ProxySetting};
 use crate::crypto::secret::Secret;
+use crate::transport::congestion::TcpCongestion;
 pub use warren_proto::proxy_header::Version as ProxyProtocol;
 
 /// Shortest PSK or token accepted without `insecure = true`.
@@ -435,6 +436,9 @@ pub struct ServerConfig {
     /// On SIGTERM, how long the service ports keep taking visitors after `/readyz` said
     /// the server drains (a load balancer checking it stops sending them first).
     pub drain_grace: Duration,
+    /// The TCP congestion control of the connections clients make to the TCP-family
+    /// transports' ports (set on the listeners; accepted connections inherit it).
+    pub tcp_congestion: TcpCongestion,
     /// One deadline for handshake, hello and auth.
     pub handshake_timeout: Duration,
     /// Allows weak secrets, plaintext transport and the `none` cipher.
@@ -610,6 +614,9 @@ pub struct ClientConfig {
     pub proxy: Option<ProxySetting>,
     /// When a host name resolves to both, try IPv6 addresses first (default: IPv4 first).
     pub prefer_ipv6: bool,
+    /// The TCP congestion control of every connection to a server (control and data
+    /// channels, or the proxy's connection).
+    pub tcp_congestion: TcpCongestion,
     /// The QUIC transport's settings (used with `transport = "quic"`).
     pub quic: super::quic::QuicConfig,
     /// How `tls` and `wss` check the server.
@@ -740,6 +747,7 @@ impl ServerConfig {
             heartbeat_interval: DEFAULT_HEARTBEAT_INTERVAL,
             drain_timeout: DEFAULT_DRAIN_TIMEOUT,
             drain_grace: Duration::ZERO,
+            tcp_congestion: TcpCongestion::default(),
             handshake_timeout: DEFAULT_HANDSHAKE_TIMEOUT,
             insecure: false,
             services: BTreeMap::new(),
@@ -927,6 +935,7 @@ impl ClientConfig {
             p2p_identity: None,
             proxy: None,
             prefer_ipv6: false,
+            tcp_congestion: TcpCongestion::default(),
             quic: super::quic::QuicConfig::default(),
             tls: super::web::ClientTlsConfig::default(),
             ws: super::web::WsConfig::default(),

@@ -82,6 +82,7 @@ impl AdminSource for ServerAdmin {
                     rtt_ms: session.vitals.rtt_millis(),
                     version: session.version,
                     quic,
+                    congestion: session.congestion.clone(),
                 }
             })
             .collect();

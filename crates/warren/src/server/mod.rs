@@ -473,7 +473,12 @@ impl Listeners {
             } else {
                 "a transport's port (server.transports)"
             };
-            tcp.push(bind_listener(what, addr).await?);
+            let listener = bind_listener(what, addr).await?;
+            // Connections accepted from it inherit the choice (`tcp_ca_openreq_child`).
+            config
+                .tcp_congestion
+                .apply(socket2::SockRef::from(&listener));
+            tcp.push(listener);
         }
         let tcp_bind_port = tcp
             .first()
@@ -689,11 +694,17 @@ impl BoundServer {
             .values()
             .cloned()
             .collect();
+        let tcp_congestion = if listener.tcp.is_empty() {
+            "-".to_owned()
+        } else {
+            live.config.tcp_congestion.announce("server")
+        };
         info!(
             event = "server_started",
             bind = %listener.primary,
             transports = %live.config.transport_list().iter().map(|e| e.to_string()).collect::<Vec<_>>().join(","),
             services = bindings.len(),
+            tcp_congestion = %tcp_congestion,
             "warren server listening"
         );
         for binding in bindings {
@@ -1260,6 +1271,7 @@ async fn authenticate(
         Err(error) => return Err(Rejected::Io(PreambleError::Io(error))),
     };
     let binding = connected.binding;
+    let congestion = connected.congestion;
     let mut stream = connected.wire;
     match preamble::server_read_preamble(&mut stream).await? {
         Incoming::Data(hello) => accept_data_channel(shared, stream, &hello, binding).await,
@@ -1267,7 +1279,8 @@ async fn authenticate(
             forward::accept_open_channel(shared, stream, &hello, binding).await
         }
         Incoming::Control(message1) => {
-            accept_control_channel(shared, stream, peer, &message1, binding).await
+            let carrier = Carrier::Tcp { congestion };
+            accept_control_channel(shared, stream, (peer, carrier), &message1, binding).await
         }
     }
 }
@@ -1317,7 +1330,7 @@ async fn accept_channel_of_session(
 async fn accept_control_channel(
     shared: &Arc<Shared>,
     mut stream: Wire,
-    peer: SocketAddr,
+    (peer, carrier): (SocketAddr, Carrier),
     message1: &[u8],
     binding: Option<[u8; 32]>,
 ) -> Result<Authenticated, Rejected> {
@@ -1355,16 +1368,7 @@ async fn accept_control_channel(
     let (sealer, opener) = keys.control_channel(Side::Server);
     let mut channel = Stream::tcp(Channel::new(stream, sealer, opener));
     // From here on the peer has proven the PSK: a refusal says why before it closes.
-    match serve_hello(
-        shared,
-        &live,
-        &mut channel,
-        (keys, Carrier::Tcp),
-        peer,
-        version,
-    )
-    .await
-    {
+    match serve_hello(shared, &live, &mut channel, (keys, carrier), peer, version).await {
         Ok(session) => Ok(Authenticated::Control {
             session,
             channel: Box::new(channel),

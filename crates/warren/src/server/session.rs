@@ -45,6 +45,8 @@ pub struct ServerSession {
     control_rx: Mutex<Option<mpsc::Receiver<ControlMessage>>>,
     /// The session's streams.
     pub(super) link: ServerLink,
+    /// The congestion control its connection runs ([`Carrier::congestion`]).
+    pub(super) congestion: Option<String>,
     /// Its round trip, streams open (visitors of every service it serves), and whether
     /// the client still answers.
     pub(super) vitals: Vitals,
@@ -61,6 +63,7 @@ impl ServerSession {
         tasks: TaskTracker,
     ) -> Self {
         let (control, control_rx) = mpsc::channel(CONTROL_QUEUE);
+        let congestion = carrier.congestion();
         let link = ServerLink::new(carrier, control.clone(), cancel.clone(), tasks);
         ServerSession {
             keys,
@@ -76,6 +79,7 @@ impl ServerSession {
             control,
             control_rx: Mutex::new(Some(control_rx)),
             link,
+            congestion,
             vitals: Vitals::default(),
         }
     }

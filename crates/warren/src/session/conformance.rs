@@ -254,6 +254,7 @@ async fn tcp_harness(suite: CipherSuite, transport: Transport) -> Harness {
         addr,
         proxy: None,
         family: Family::Any,
+        congestion: Default::default(),
         timeout: DEADLINE,
         keys,
     };

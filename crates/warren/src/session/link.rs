@@ -85,10 +85,37 @@ impl Drop for Replenish {
 
 /// What a session's connection runs on, as its handshake found it.
 pub enum Carrier {
-    /// A TCP transport: streams are data channels (the control channel is one more).
-    Tcp,
+    /// A TCP transport: streams are data channels (the control channel is one more), each
+    /// under the congestion control the control connection reported.
+    Tcp {
+        /// The control connection's TCP congestion control, as the kernel reports it.
+        congestion: Option<String>,
+    },
     /// A QUIC connection: streams are its streams.
     Quic(quinn::Connection),
+}
+
+impl Carrier {
+    /// The congestion control the session's connection runs: the kernel's name for a TCP
+    /// transport, quinn's controller (asked of the connection itself) for QUIC.
+    pub fn congestion(&self) -> Option<String> {
+        match self {
+            Carrier::Tcp { congestion } => congestion.clone(),
+            Carrier::Quic(connection) => {
+                let controller = connection.congestion_state().into_any();
+                let name = if controller.is::<quinn::congestion::Cubic>() {
+                    "cubic"
+                } else if controller.is::<quinn::congestion::Bbr>() {
+                    "bbr"
+                } else if controller.is::<quinn::congestion::NewReno>() {
+                    "newreno"
+                } else {
+                    "custom"
+                };
+                Some(name.to_owned())
+            }
+        }
+    }
 }
 
 /// The server's side of a session's streams.
@@ -109,7 +136,7 @@ impl ServerLink {
         tasks: TaskTracker,
     ) -> Self {
         match carrier {
-            Carrier::Tcp => ServerLink::Tcp(ServerPool::new(control, cancel)),
+            Carrier::Tcp { .. } => ServerLink::Tcp(ServerPool::new(control, cancel)),
             Carrier::Quic(connection) => ServerLink::Quic(QuicLink::new(connection, tasks)),
         }
     }
@@ -183,7 +210,7 @@ impl ClientLink {
     /// `dialer`. Accept loops and pooled channels run on `tasks`.
     pub fn new(carrier: Carrier, dialer: super::tcp::Dialer, tasks: TaskTracker) -> Self {
         match carrier {
-            Carrier::Tcp => ClientLink::Tcp(ClientPool::new(dialer, tasks)),
+            Carrier::Tcp { .. } => ClientLink::Tcp(ClientPool::new(dialer, tasks)),
             Carrier::Quic(connection) => ClientLink::Quic(QuicLink::new(connection, tasks)),
         }
     }

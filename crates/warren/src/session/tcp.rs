@@ -33,6 +33,7 @@ use crate::config::HostPort;
 use crate::config::proxy::ProxyUrl;
 use crate::crypto::keys::SessionKeys;
 use crate::crypto::record::RecordKind;
+use crate::transport::congestion::TcpCongestion;
 use crate::transport::layers::ClientLayers;
 use crate::transport::records::Record;
 use crate::transport::tcp::{self, Family};
@@ -148,6 +149,8 @@ pub struct Dialer {
     pub proxy: Option<ProxyUrl>,
     /// Which address family to try first (with a proxy).
     pub family: Family,
+    /// The congestion control of every data channel.
+    pub congestion: TcpCongestion,
     /// Deadline for connect and preamble together.
     pub timeout: Duration,
     /// The session's keys (data channels prove they belong to it).
@@ -165,7 +168,7 @@ impl Dialer {
                 self.proxy.as_ref(),
                 Some(self.addr),
                 self.timeout,
-                self.family,
+                (self.family, &self.congestion),
             )
             .await
             .map_err(|e| e.to_string())?;

@@ -20,7 +20,10 @@ use std::net::SocketAddr;
 use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
 
+use socket2::SockRef;
+
 use super::Transport;
+use super::congestion;
 use super::tls::{TlsClient, TlsServer, TlsSession};
 use super::wire::{BaseReader, BaseWriter, Wire, tcp_halves, tls_halves};
 use super::ws::{self, Role, Upgrade, WsServer};
@@ -33,6 +36,8 @@ pub struct Connected {
     pub binding: Option<[u8; 32]>,
     /// The TCP peer (a proxy's address when there is one).
     pub peer: SocketAddr,
+    /// The TCP congestion control under the connection, as the kernel reports it.
+    pub congestion: Option<String>,
 }
 
 /// How a client wraps its connections to the server.
@@ -82,6 +87,7 @@ impl ClientLayers {
     /// TLS and WebSocket handshake failures, with what to check.
     pub async fn wrap(&self, stream: TcpStream) -> io::Result<Connected> {
         let peer = stream.peer_addr()?;
+        let congestion = congestion::in_use(SockRef::from(&stream));
         let ((mut reader, mut writer), binding) = match &self.tls {
             Some((client, name)) => tls_base(client.connect(stream, name).await?),
             None => (tcp_halves(stream), None),
@@ -91,6 +97,7 @@ impl ClientLayers {
                 wire: Wire::from_base(reader, writer),
                 binding,
                 peer,
+                congestion,
             });
         };
         ws::client_upgrade(&mut reader, &mut writer, host, path)
@@ -102,6 +109,7 @@ impl ClientLayers {
             wire: Wire::ws(reader, writer),
             binding,
             peer,
+            congestion,
         })
     }
 }
@@ -133,6 +141,7 @@ impl ServerLayers {
         if stream.peek(&mut first).await? == 0 {
             return Err(io::ErrorKind::UnexpectedEof.into());
         }
+        let congestion = congestion::in_use(SockRef::from(&stream));
         let ((mut reader, mut writer), tls_binding) = if first[0] == TLS_HANDSHAKE {
             let Some(tls) = &self.tls else {
                 return Err(io::Error::new(
@@ -158,6 +167,7 @@ impl ServerLayers {
                 wire: Wire::from_base(reader, writer),
                 binding: tls_binding,
                 peer,
+                congestion,
             }));
         };
         match ws::server_upgrade(&mut reader, &mut writer, ws_server)
@@ -174,6 +184,7 @@ impl ServerLayers {
                     wire: Wire::ws(reader, writer),
                     binding: tls_binding,
                     peer,
+                    congestion,
                 }))
             }
         }

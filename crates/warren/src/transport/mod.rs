@@ -8,11 +8,13 @@
 //! [`crate::session`] without changing the code above it.
 //!
 //! * [`tcp`]: socket set-up, connect with deadline, reset.
+//! * [`congestion`]: the TCP congestion control of the tunnel's own sockets.
 //! * [`records`]: the record layer over a byte stream.
 //! * [`preamble`]: the first frames of a connection, both sides.
 
 pub mod buffers;
 pub mod compress;
+pub mod congestion;
 pub mod layers;
 pub mod preamble;
 pub mod proxy;

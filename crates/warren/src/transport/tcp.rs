@@ -10,6 +10,7 @@ use tokio::net::{TcpStream, lookup_host};
 
 use crate::config::HostPort;
 use crate::config::proxy::ProxyUrl;
+use crate::transport::congestion::TcpCongestion;
 
 /// Which address family to try first when a name resolves to both.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -76,11 +77,26 @@ pub async fn connect_preferring(
 /// Opens a TCP connection to a Warren server: the one place a client does. Through `proxy`
 /// when there is one; else to `resolved` (where an earlier connection of the session went,
 /// so every connection of a session reaches the same server behind a name), else to
-/// `server` resolved now, trying `family` first.
+/// `server` resolved now, trying `family` first. The connection runs `congestion` (the
+/// one to the proxy, when there is one: that is the one crossing the internet).
 ///
 /// # Errors
 /// Connect, proxy and deadline failures, naming the server or the proxy.
 pub async fn dial_server(
+    server: &HostPort,
+    proxy: Option<&ProxyUrl>,
+    resolved: Option<SocketAddr>,
+    deadline: Duration,
+    (family, congestion): (Family, &TcpCongestion),
+) -> io::Result<TcpStream> {
+    let stream = connect_server(server, proxy, resolved, deadline, family).await?;
+    // Set once connected: the kernel starts the new controller from scratch then, which
+    // for a connection that has sent nothing yet is where it would have started anyway.
+    congestion.apply(socket2::SockRef::from(&stream));
+    Ok(stream)
+}
+
+async fn connect_server(
     server: &HostPort,
     proxy: Option<&ProxyUrl>,
     resolved: Option<SocketAddr>,
