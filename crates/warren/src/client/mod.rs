@@ -885,7 +885,8 @@ pub(crate) struct ClientSession {
     since: std::time::SystemTime,
     /// Streams open on the session now, and whether the server still answers.
     vitals: Vitals,
-    /// The congestion control its connection runs ([`Carrier::congestion`]).
+    /// The congestion control its connection runs
+    /// ([`crate::session::link::Carrier::congestion`]).
     congestion: Option<String>,
 }
 
