@@ -304,15 +304,15 @@ class Proc:
 
 
 class WarrenServer:
-    def __init__(self, warren: str, workdir: Path):
+    def __init__(self, warren: str, workdir: Path, host: str = LOOPBACK):
         port = B.free_port(udp=True)
         cfg = workdir / "warren-server.toml"
-        cfg.write_text(f'[server]\nbind = "{LOOPBACK}:{port}"\npsk = "${{WARREN_PSK}}"\n\n'
+        cfg.write_text(f'[server]\nbind = "{host}:{port}"\npsk = "${{WARREN_PSK}}"\n\n'
                        "[server.p2p]\nrate_per_minute = 10000\n")
-        self.addr = f"{LOOPBACK}:{port}"
+        self.addr = f"{host}:{port}"
         self.proc = B.PROCS.start([warren, "server", str(cfg)], workdir / "warren-server.log",
                                   env={"WARREN_PSK": PSK, "WARREN_LOG": "warn"})
-        B.wait_listening(port, proc=self.proc)
+        B.wait_listening(port, host=host, proc=self.proc)
         B.wait_udp_bound(port, proc=self.proc)
 
     def env(self) -> dict:
@@ -330,10 +330,10 @@ class WarrenServer:
 
 
 class Sshd:
-    """An sshd of our own on 127.0.0.1: own port, host key, authorized key and config in
-    the run's temporary directory; the system's sshd config is not read."""
+    """An sshd of our own on `host` (127.0.0.1 by default): own port, host key, authorized
+    key and config in the run's temporary directory; the system's sshd config is not read."""
 
-    def __init__(self, workdir: Path):
+    def __init__(self, workdir: Path, host: str = LOOPBACK):
         d = workdir / "ssh"
         d.mkdir(mode=0o700)
         self.dir = d
@@ -345,7 +345,7 @@ class Sshd:
         sftp = next((p for p in ("/usr/lib/openssh/sftp-server", "/usr/libexec/openssh/sftp-server")
                      if os.path.exists(p)), "internal-sftp")
         (d / "sshd_config").write_text(
-            f"Port {self.port}\nListenAddress {LOOPBACK}\nHostKey {d / 'host_key'}\n"
+            f"Port {self.port}\nListenAddress {host}\nHostKey {d / 'host_key'}\n"
             f"AuthorizedKeysFile {d / 'authorized_keys'}\nPidFile {d / 'sshd.pid'}\n"
             "PermitRootLogin prohibit-password\nPasswordAuthentication no\n"
             "KbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\nUseDNS no\n"
@@ -353,7 +353,8 @@ class Sshd:
         os.makedirs("/run/sshd", exist_ok=True)  # privilege separation directory
         self.proc = B.PROCS.start(["/usr/sbin/sshd", "-D", "-e", "-f", str(d / "sshd_config")],
                                   workdir / "sshd.log")
-        B.wait_listening(self.port, proc=self.proc)
+        self.host = host
+        B.wait_listening(self.port, host=host, proc=self.proc)
         self.user = os.environ.get("USER") or subprocess.run(
             ["id", "-un"], capture_output=True, text=True).stdout.strip()
 
@@ -367,13 +368,13 @@ class Sshd:
 
 
 class CrocRelay:
-    def __init__(self, croc: str, workdir: Path):
+    def __init__(self, croc: str, workdir: Path, host: str = LOOPBACK):
         ports = [B.free_port() for _ in range(5)]
-        self.addr = f"{LOOPBACK}:{ports[0]}"
-        self.proc = B.PROCS.start([croc, "relay", "--host", LOOPBACK, "--ports",
+        self.addr = f"{host}:{ports[0]}"
+        self.proc = B.PROCS.start([croc, "relay", "--host", host, "--ports",
                                    ",".join(map(str, ports))], workdir / "croc-relay.log",
                                   env={"HOME": str(workdir / "croc-home")})
-        B.wait_listening(ports[0], proc=self.proc)
+        B.wait_listening(ports[0], host=host, proc=self.proc)
 
 
 class Netns:
@@ -403,8 +404,10 @@ class Netns:
 
 def run_one(tool: str, ds: str, src: Path, send_path: Path, dst: Path, ctx: dict) -> dict:
     """One transfer of send_path (a file or a folder under src) into dst, which is empty.
-    Returns the figures; raises Failed."""
+    Returns the figures; raises Failed. The receiving side runs behind ctx["recv_prefix"]
+    (e.g. `ip netns exec` into the far side of bench/wan.py's lab), if given."""
     wd: Path = ctx["workdir"]
+    recv_prefix: list[str] = ctx.get("recv_prefix", [])
     res: dict = {}
     stop = threading.Event()
     fb: dict = {}
@@ -417,7 +420,7 @@ def run_one(tool: str, ds: str, src: Path, send_path: Path, dst: Path, ctx: dict
             res["code_s"] = t_code - snd.t0
             watcher = first_byte_watch(dst, stop, fb)
             rcv = Proc([ctx["warren"], "receive", "--out", str(dst), "--yes", "--json"] + relay, wd,
-                       "recv", env=env | {"WARREN_CODE": m.group(1)})
+                       "recv", env=env | {"WARREN_CODE": m.group(1)}, prefix=recv_prefix)
             both_exit("warren", snd, rcv, stop, watcher)
         finally:
             snd.kill()
@@ -444,14 +447,14 @@ def run_one(tool: str, ds: str, src: Path, send_path: Path, dst: Path, ctx: dict
         res["rss_recv_mib"] = rcv.rss_mib()
     elif tool in ("scp", "scp-aes128gcm", "rsync"):
         sshd: Sshd = ctx["sshd"]
-        remote = f"{sshd.user}@{LOOPBACK}:{send_path}"
+        remote = f"{sshd.user}@{sshd.host}:{send_path}"
         if tool == "rsync":
             argv = ["rsync", "-a", "-e", sshd.ssh_cmd(), remote, str(dst) + "/"]
         else:
             cipher = ["-c", "aes128-gcm@openssh.com"] if tool == "scp-aes128gcm" else []
             argv = ["scp", "-q", "-r", "-P", str(sshd.port)] + sshd.ssh_opts() + cipher + [remote, str(dst) + "/"]
         watcher = first_byte_watch(dst, stop, fb)
-        rcv = Proc(argv, wd, "recv")
+        rcv = Proc(argv, wd, "recv", prefix=recv_prefix)
         rc = rcv.wait(TIMEOUT)
         stop.set()
         watcher.join(2)
@@ -477,7 +480,7 @@ def run_one(tool: str, ds: str, src: Path, send_path: Path, dst: Path, ctx: dict
             watcher = first_byte_watch(dst, stop, fb)
             # --ip: straight to the relay, no multicast discovery of local senders.
             rcv = Proc([croc] + common + ["--ip", relay.addr, "--out", str(dst)], wd, "recv",
-                       env=home | {"CROC_SECRET": code})
+                       env=home | {"CROC_SECRET": code}, prefix=recv_prefix)
             both_exit("croc", snd, rcv, stop, watcher)
         finally:
             snd.kill()

@@ -18,9 +18,57 @@
 #                                     # writes bench/results/files-DATE.json, RESULTS.md's section
 #   bench/run.sh --files --smoke      # ~10 s: Warren only, direct + relayed, one small tree,
 #                                     # bytes verified by hash; non-zero exit on failure
+#   bench/run.sh --wan [--runs N]     # as root, across the WAN lab (issue 44): profiles W1-W4,
+#                                     # Warren's transports, rathole, frp, files, fairness
+#                                     # (~2.5 hours for 3 runs); writes bench/results/wan-DATE.json,
+#                                     # RESULTS.md's WAN section and README.md's WAN table
+#   bench/run.sh --wan --smoke        # ~40 s: W2, no tunnel + Warren default, one small tree
+#                                     # checked by hash; non-zero exit if Warren moved nothing
 #   bench/run.sh --help               # every option of bench/bench.py run
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+# The WAN benchmark (bench/wan.py, issue 44) has its own options too.
+for arg in "$@"; do
+    if [[ "$arg" == --wan ]]; then
+        args=(); smoke=0; write=1; only=""; files=""
+        while (($#)); do
+            case "$1" in
+                --wan) ;;
+                --smoke) smoke=1; args+=("$1") ;;
+                --only) write=0; only="$2"; args+=("$1" "$2"); shift ;;
+                --only=*) write=0; only="${1#--only=}"; args+=("$1") ;;
+                --files) files="$2"; args+=("$1" "$2"); shift ;;
+                --files=*) files="${1#--files=}"; args+=("$1") ;;
+                --no-write) write=0 ;;
+                -h|--help) exec python3 bench/wan.py run --help ;;
+                *) args+=("$1") ;;
+            esac
+            shift
+        done
+        [[ $(id -u) == 0 ]] || { echo "bench: --wan needs root (network namespaces, TUN devices)" >&2; exit 1; }
+        if [[ -n "${WARREN_BIN:-}" ]]; then
+            args+=(--warren "$WARREN_BIN")
+            cargo build --release --quiet -p wanlab
+        else
+            cargo build --release --quiet -p warren -p wanlab
+        fi
+        command -v iperf3 >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iperf3 >/dev/null
+        [[ -x /usr/bin/time ]] || bench/install-peers.sh files-debian
+        if ((!smoke)); then
+            if [[ -z "$only" || "$only" == *rathole* ]]; then bench/install-peers.sh rathole; fi
+            if [[ -z "$only" || "$only" == *frp* ]]; then bench/install-peers.sh frp; fi
+            if [[ -z "$files" || "$files" == *scp* || "$files" == *rsync* ]]; then
+                bench/install-peers.sh files-debian
+            fi
+            if [[ -z "$files" || "$files" == *croc* ]]; then
+                bench/install-peers.sh croc || echo "bench: croc could not be installed; files without it" >&2
+            fi
+        fi
+        ((smoke || !write)) || args+=(--write-results)
+        exec python3 bench/wan.py run "${args[@]}"
+    fi
+done
 
 # The file-transfer benchmark (bench/files.py, issue 17) has its own options too.
 for arg in "$@"; do

@@ -141,8 +141,9 @@ bash bench/run.sh --files --smoke
 banner "6/9 hostile peers and resource exhaustion (release; prints the measurements)"
 cargo test --release --locked -p warren --test hostile -- --nocapture --test-threads=1
 
-banner "7/9 faults: chaos relay, network namespaces (root, ip, iptables), the WAN lab (W2: congestion control on both ends), the NAT matrix through warren send/receive, --lan with mDNS, and through P2P tunnels with ssh and dig (nft), security"
+banner "7/9 faults: chaos relay, network namespaces (root, ip, iptables), the WAN lab (W2: congestion control on both ends; bench/run.sh --wan --smoke), the NAT matrix through warren send/receive, --lan with mDNS, and through P2P tunnels with ssh and dig (nft), security"
 WARREN_NETNS_TESTS=1 cargo test --release --locked -p warren --test faults --test netns --test e2e_files_nat --test e2e_files_lan --test e2e_p2p_nat --test e2e_wan -- --nocapture
+bash bench/run.sh --wan --smoke
 WARREN_E2E_REQUIRE_TOOLS=1 cargo test --release --locked -p warren --test security -- --nocapture
 
 banner "8/9 cargo deny (licenses, bans, sources; advisories when the database is reachable)"
