@@ -63,9 +63,12 @@ ALL_CONFIGS = [
     "warren-aegis256",
     "warren-p2p",
     "warren-p2p-relayed",
+    "warren-quic-cubic",  # only with --only: quinn's controllers, for comparison
+    "warren-quic-bbr",
 ]
 # What `run` measures without --only (warren-baseline needs --baseline-warren).
-DEFAULT_CONFIGS = [c for c in ALL_CONFIGS if c != "warren-baseline"]
+DEFAULT_CONFIGS = [c for c in ALL_CONFIGS
+                   if c not in ("warren-baseline", "warren-quic-cubic", "warren-quic-bbr")]
 # What `run --netns` measures without --only: the path is a 1500-byte veth, so
 # warren-quic-loopback (packets larger than that MTU) does not belong there.
 NETNS_CONFIGS = ["raw", "warren-default", "warren-quic", "frp-quic", "warren-tcp"]
@@ -111,6 +114,8 @@ LABELS = {
     "warren-quic": "Warren quic, 1452-byte packets",
     "warren-quic-loopback": "Warren quic, loopback packets",
     "warren-quic-1w": "Warren quic, 1452-byte packets, one worker thread per process (`--workers 1` both sides)",
+    "warren-quic-cubic": "Warren quic, 1452-byte packets, quinn's cubic (`congestion = \"cubic\"`)",
+    "warren-quic-bbr": "Warren quic, 1452-byte packets, quinn's bbr (`congestion = \"bbr\"`)",
     "warren-p2p": "Warren p2p tunnel, direct (no server hop)",
     "warren-p2p-relayed": "Warren p2p tunnel, through the server's relay",
     "rathole-tcp": "rathole 0.5.0 tcp",
@@ -146,7 +151,10 @@ WARREN_TRANSPORT = {"warren-tls": "tls", "warren-wss": "wss"}
 # batches exceed 64 KB; tune this with the transport.
 QUIC_LOOPBACK_PACKET = 65527
 WARREN_QUIC_PACKET = {"warren-quic": None, "warren-quic-loopback": QUIC_LOOPBACK_PACKET,
-                      "warren-quic-1w": None}
+                      "warren-quic-1w": None, "warren-quic-cubic": None, "warren-quic-bbr": None}
+# QUIC rows with one of quinn's controllers instead of Warren's default (`model`), both
+# sides' `[*.quic] congestion` (bench/wan.py compares them across the WAN lab).
+WARREN_QUIC_CONGESTION = {"warren-quic-cubic": "cubic", "warren-quic-bbr": "bbr"}
 # Configs whose server and client run with `--workers N` (the async runtime's threads)
 # instead of the default, one per core: with one, every hop between quinn's endpoint and
 # connection tasks and the stream tasks stays on one thread.
@@ -634,6 +642,9 @@ class Warren(Tunnel):
             s += f'\n[server.quic]\ncert = "{self.dir / "quic-cert.pem"}"\n'
             if packet:
                 s += f"max_packet = {packet}\n"
+        congestion = WARREN_QUIC_CONGESTION.get(self.name)
+        if congestion:
+            s += f'congestion = "{congestion}"\n'
         if web:
             s += f'\n[server.tls]\ncert = "{self.dir / "tls-cert.pem"}"\n'
         compression = WARREN_COMPRESSION.get(self.name)
@@ -645,8 +656,9 @@ class Warren(Tunnel):
             s += f'\n[server.services.iperf-udp]\ntype = "udp"\nbind = "{LOOPBACK}:{visitors["iperf"]}"\n'
         c = (f'[client]\nserver = "{host}:{server_port}"\n{common}'
              'reconnect_initial_delay = "100ms"\n')
-        if quic and packet:
-            c += f"\n[client.quic]\nmax_packet = {packet}\n"
+        if quic and (packet or congestion):
+            c += "\n[client.quic]\n" + (f"max_packet = {packet}\n" if packet else "") + (
+                f'congestion = "{congestion}"\n' if congestion else "")
         for svc, port in targets.items():
             c += f'\n[client.services.{svc}]\ntarget = "{target_host}:{port}"\n{compress}'
         if "iperf" in targets:

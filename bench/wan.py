@@ -62,14 +62,16 @@ README_START = "<!-- wan-bench:start -->"
 README_END = "<!-- wan-bench:end -->"
 
 CONFIGS = ["raw", "warren-default", "rathole-tcp", "warren-quic", "frp-tls", "warren-tcp",
-           "frp-quic", "warren-tls", "warren-wss"]
+           "frp-quic", "warren-tls", "warren-wss", "warren-quic-cubic", "warren-quic-bbr"]
 LABELS = {
     "raw": "no tunnel (cubic, across the lab)",
     "warren-default": "Warren, default config",
     "warren-tcp": "Warren tcp",
     "warren-tls": "Warren tls",
     "warren-wss": "Warren wss",
-    "warren-quic": "Warren quic",
+    "warren-quic": "Warren quic (its default controller, `model`)",
+    "warren-quic-cubic": "Warren quic, quinn's cubic",
+    "warren-quic-bbr": "Warren quic, quinn's bbr",
     "rathole-tcp": "rathole tcp",
     "frp-tls": "frp tls",
     "frp-quic": "frp quic",

@@ -376,13 +376,14 @@ fn quic_sessions_report_the_controller_each_end_runs() {
     }
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let lab = w2_lab();
-    // Each end picks its own controller for what it sends: BBR on the server only.
+    // Each end picks its own controller for what it sends: quinn's BBR on the server only;
+    // the client keeps Warren's default, `model`.
     let quic = format!("{}congestion = \"bbr\"\n", quic_server_table("quic"));
     let server = ("transport = \"quic\"", quic.as_str());
     let tunnel = tunnel_with(&lab, "wan-quic", server, "transport = \"quic\"");
     tunnel.fetch_exact(&lab);
     assert_eq!(tunnel.admin_congestion(&lab.ns_a, SERVER_ADMIN), ["bbr"]);
-    assert_eq!(tunnel.admin_congestion(&lab.ns_b, CLIENT_ADMIN), ["cubic"]);
+    assert_eq!(tunnel.admin_congestion(&lab.ns_b, CLIENT_ADMIN), ["model"]);
     assert!(
         kernel_congestion(&lab.ns_b, "dport", SERVER_PORT).is_empty(),
         "a QUIC session opens no TCP connection to the server"

@@ -8,7 +8,7 @@
 //! auth = "psk"                  # default: self-signed certificate + PSK proof
 //! cert = "/var/lib/warren/quic.pem"   # psk: made on first start (default: state dir)
 //! max_packet = 1452             # largest UDP payload QUIC sends; default 1452
-//! congestion = "cubic"          # or "bbr" (experimental in quinn)
+//! congestion = "model"          # Warren's own (default); or quinn's "cubic", "bbr"
 //!
 //! [client.quic]
 //! server_cert_sha256 = "…"      # psk: optional pin of the server's certificate
@@ -52,7 +52,7 @@ pub struct FileQuic {
     pub server_name: Option<String>,
     /// Largest UDP payload QUIC sends, 1200..=65527. Default 1452 (the internet's).
     pub max_packet: Option<i64>,
-    /// `"cubic"` (default) or `"bbr"`.
+    /// `"model"` (Warren's, the default), `"cubic"` or `"bbr"` (quinn's).
     pub congestion: Option<String>,
 }
 
@@ -98,7 +98,7 @@ impl Default for QuicConfig {
                 pin: None,
             },
             max_packet: INTERNET_UDP_PAYLOAD,
-            congestion: Congestion::Cubic,
+            congestion: Congestion::Model,
         }
     }
 }
@@ -187,12 +187,15 @@ pub(crate) fn convert(report: &mut Report, side: Side, file: Option<FileQuic>) -
         match name.trim().to_ascii_lowercase().as_str() {
             "cubic" => config.congestion = Congestion::Cubic,
             "bbr" => config.congestion = Congestion::BbrExperimental,
+            "model" => config.congestion = Congestion::Model,
             _ => report.fail(
                 ConfigError::new(
                     key("congestion"),
                     format!("unknown congestion controller `{name}`"),
                 )
-                .with_hint("write \"cubic\" (the default) or \"bbr\" (experimental)"),
+                .with_hint(
+                    "write \"model\" (Warren's own), \"cubic\" or \"bbr\" (quinn's, experimental)",
+                ),
             ),
         }
     }

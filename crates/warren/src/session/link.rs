@@ -107,6 +107,8 @@ impl Carrier {
                     "cubic"
                 } else if controller.is::<quinn::congestion::Bbr>() {
                     "bbr"
+                } else if controller.is::<crate::transport::quic::congestion::Model>() {
+                    "model"
                 } else if controller.is::<quinn::congestion::NewReno>() {
                     "newreno"
                 } else {

@@ -46,12 +46,14 @@
 //! * [`settings`]: [`QuicSettings`] and its presets.
 //! * [`tls`]: [`ServerTls`], [`ClientTls`], ALPN `warren/1`.
 //! * [`certs`]: the self-signed certificate and the development CA.
+//! * [`congestion`]: Warren's controller, `model` (BBR's idea, sized for quinn's pacer).
 //! * [`auth`]: [`connect`], [`accept`], [`Authenticated`]: handshake, PSK proofs, control stream.
 //! * [`endpoint`]: [`QuicEndpoint`], [`server_endpoint`], [`client_endpoint`], the handshake gate.
 //! * [`error`] holds [`QuicError`].
 
 pub mod auth;
 pub mod certs;
+pub mod congestion;
 pub mod endpoint;
 pub mod error;
 pub(crate) mod packet_key;
