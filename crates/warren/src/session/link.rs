@@ -107,7 +107,7 @@ impl Carrier {
                     "cubic"
                 } else if controller.is::<quinn::congestion::Bbr>() {
                     "bbr"
-                } else if controller.is::<crate::transport::quic::congestion::Model>() {
+                } else if controller.is::<crate::transport::quic::congestion::Combined>() {
                     "model"
                 } else if controller.is::<quinn::congestion::NewReno>() {
                     "newreno"
