@@ -68,7 +68,7 @@ const CONGESTION_BACKOFF: f64 = 0.85;
 /// Half of the minimum-RTT window.
 const MIN_RTT_BUCKET: Duration = Duration::from_secs(5);
 
-/// Makes [`Model`] controllers; `initial_window` in bytes.
+/// Makes [`Combined`] controllers (the model beside quinn's Cubic); `initial_window` in bytes.
 #[derive(Debug, Clone)]
 pub struct ModelConfig {
     /// Bytes in flight before the first acknowledgement.
